@@ -1,0 +1,40 @@
+// Shared helpers of the CPU kernels. Arguments are validated in Python before these run
+// (torch_sampling_ops/_checks.py); the kernels only guard memory safety against bad values.
+#pragma once
+
+#include <ATen/Parallel.h>
+#include <torch/extension.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+
+namespace tso {
+
+// Index-like inputs may be int32 or int64; the CPU kernels read them as contiguous int64.
+inline at::Tensor as_int64(const at::Tensor& t) { return t.to(at::kLong).contiguous(); }
+
+// A ragged per-slot list: slot r holds ids[r, :clamp(num[r], 0, W)].
+class RaggedList {
+ public:
+  RaggedList(const at::Tensor& ids, const at::Tensor& num)
+      : ids_(as_int64(ids)), num_(as_int64(num)), width_(ids.size(1)) {}
+
+  int64_t size(int64_t slot) const {
+    return std::clamp<int64_t>(num_.data_ptr<int64_t>()[slot], 0, width_);
+  }
+  const int64_t* row(int64_t slot) const { return ids_.data_ptr<int64_t>() + slot * width_; }
+
+ private:
+  at::Tensor ids_, num_;
+  int64_t width_;
+};
+
+inline bool is_finite(float x) { return std::abs(x) < std::numeric_limits<float>::infinity(); }
+
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+#define TSO_DISPATCH_LOGITS(TYPE, NAME, ...) \
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, TYPE, NAME, __VA_ARGS__)
+
+}  // namespace tso

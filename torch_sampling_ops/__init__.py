@@ -1,0 +1,11 @@
+"""LLM sampling steps as torch.library custom ops (namespace ``sampling``).
+
+Each op is callable as ``torch.ops.sampling.<name>`` and through the wrapper of the same name
+here; CUDA runs Triton kernels, CPU runs the C++ kernels of csrc/, and every op has a fake
+implementation for torch.compile. ``torch_sampling_ops.reference`` holds the float64 semantics.
+"""
+from . import reference
+from .constraints import apply_token_bitmask, logit_bias
+
+__all__ = ["apply_token_bitmask", "logit_bias", "reference"]
+__version__ = "0.1.0"

@@ -1,0 +1,81 @@
+"""Argument validation shared by every implementation (CPU, CUDA and fake) of every op.
+
+Checks read metadata only (dtype, device, shape, strides), so they run on the host before any
+launch, cost no sync and also run under FakeTensor tracing. Value checks, which need the data,
+run only when TORCH_SAMPLING_OPS_DEBUG=1 (see `debug_enabled`).
+"""
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+
+import torch
+
+LOGITS_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+INDEX_DTYPES = (torch.int32, torch.int64)
+
+
+def debug_enabled() -> bool:
+    """True when TORCH_SAMPLING_OPS_DEBUG=1: ops then also check values, at the cost of host syncs."""
+    return os.environ.get("TORCH_SAMPLING_OPS_DEBUG", "0") == "1"
+
+
+def _dtype_names(dtypes: Sequence[torch.dtype]) -> str:
+    return " or ".join(str(d).removeprefix("torch.") for d in dtypes)
+
+
+def check_logits(op: str, logits: torch.Tensor, name: str = "logits") -> tuple[int, int]:
+    """Checks a [T, V] logits matrix with unit column stride; returns (T, V)."""
+    check_tensor(op, name, logits, LOGITS_DTYPES, ndim=2, device=None)
+    if logits.size(1) > 1 and logits.stride(1) != 1:
+        raise ValueError(f"sampling.{op}: '{name}' must have stride(1) == 1, got strides {tuple(logits.stride())}")
+    if logits.size(1) == 0:
+        raise ValueError(f"sampling.{op}: '{name}' must have a vocabulary of at least one token, got shape {tuple(logits.shape)}")
+    return logits.size(0), logits.size(1)
+
+
+def check_tensor(
+    op: str,
+    name: str,
+    t: object,
+    dtypes: Sequence[torch.dtype],
+    *,
+    ndim: int,
+    device: torch.device | None,
+    shape: Sequence[int | None] = (),
+) -> None:
+    """Checks type, dtype, device, rank, sizes (None: any) and a unit last stride."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"sampling.{op}: '{name}' must be a Tensor, got {type(t).__name__}")
+    if t.dtype not in dtypes:
+        raise TypeError(f"sampling.{op}: '{name}' must be {_dtype_names(dtypes)}, got {t.dtype}")
+    if device is not None and t.device != device:
+        raise ValueError(f"sampling.{op}: '{name}' must be on {device} like 'logits', got {t.device}")
+    if t.dim() != ndim:
+        raise ValueError(f"sampling.{op}: '{name}' must have {ndim} dimension(s), got shape {tuple(t.shape)}")
+    for dim, want in enumerate(shape):
+        if want is not None and t.size(dim) != want:
+            expected = tuple("*" if s is None else s for s in shape)
+            raise ValueError(f"sampling.{op}: '{name}' must have shape {expected}, got {tuple(t.shape)}")
+    if t.size(-1) > 1 and t.stride(-1) != 1:
+        raise ValueError(f"sampling.{op}: '{name}' must have unit stride in its last dimension, got strides {tuple(t.stride())}")
+
+
+def check_ragged_list(
+    op: str, ids_name: str, ids: torch.Tensor, num_name: str, num: torch.Tensor, num_slots: int, device: torch.device
+) -> None:
+    """Checks a ragged per-slot list: ids [R, W] and num [R], integer."""
+    check_tensor(op, ids_name, ids, INDEX_DTYPES, ndim=2, device=device, shape=(num_slots, None))
+    check_tensor(op, num_name, num, INDEX_DTYPES, ndim=1, device=device, shape=(num_slots,))
+
+
+def check_values(op: str, name: str, ok: torch.Tensor, expected: str) -> None:
+    """Debug-mode value check: raises ValueError unless every element of `ok` is True (syncs)."""
+    if not bool(ok.all()):
+        raise ValueError(f"sampling.{op}: '{name}' must hold {expected} (TORCH_SAMPLING_OPS_DEBUG check)")
+
+
+def check_ragged_values(op: str, ids_name: str, ids: torch.Tensor, num: torch.Tensor, vocab_size: int) -> None:
+    """Debug-mode check of a ragged list: the listed ids (after clamping the counts) are in [0, V)."""
+    listed = torch.arange(ids.size(1), device=ids.device) < num.unsqueeze(1)
+    check_values(op, ids_name, ((ids >= 0) & (ids < vocab_size)) | ~listed, f"token ids in [0, {vocab_size})")

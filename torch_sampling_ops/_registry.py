@@ -1,0 +1,107 @@
+"""The one helper every op is registered through.
+
+`define_op` turns a schema and three bodies into a `torch.ops.sampling.<name>` custom op:
+
+- CUDA: argument checks, then the Triton launcher. Registered as a plain dispatcher kernel, which
+  keeps the eager cost of a call close to a raw Triton launch.
+- CPU: argument checks, then the C++ kernel from csrc/.
+- fake (meta): argument checks, then empty outputs of the right shapes, for torch.compile and export.
+
+Under torch.compile the CUDA body is also traced into the graph as Triton kernel nodes, as
+`torch.library.triton_op` does: a FunctionalTensorMode rule runs the launcher with `wrap_triton`,
+so Inductor sees (and can place and reinplace) the kernels instead of an opaque call. On other
+devices, and for torch.export, the op stays one opaque node.
+
+Triton launchers call `launch(kernel, grid, ...)`, never `kernel[grid](...)`, so that one body
+serves both the eager path and the traced path. Their Python bodies are also reachable through
+`triton_impl(name)`, which the tests use to run the kernels on CPU tensors under TRITON_INTERPRET=1.
+"""
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+
+import torch
+from torch._subclasses.functional_tensor import FunctionalTensorMode
+from torch.library import wrap_triton
+
+from . import _checks
+
+LIB = torch.library.Library("sampling", "DEF")
+
+_TRITON_IMPLS: dict[str, Callable] = {}
+_trace_triton = False
+
+
+def launch(kernel, grid, *args, **meta) -> None:
+    """Launches a Triton kernel, as a traceable graph node while torch.compile traces the op."""
+    if _trace_triton:
+        wrap_triton(kernel)[grid](*args, **meta)
+    else:
+        kernel[grid](*args, **meta)
+
+
+@contextlib.contextmanager
+def _tracing_triton():
+    global _trace_triton
+    previous, _trace_triton = _trace_triton, True
+    try:
+        yield
+    finally:
+        _trace_triton = previous
+
+
+def _inline_under_compile(op, args) -> bool:
+    from torch.export._trace import custom_triton_ops_decomposition_disabled
+
+    first = args[0]
+    return isinstance(first, torch.Tensor) and first.device.type == "cuda" and not custom_triton_ops_decomposition_disabled()
+
+
+def _functional_rule(mode, op, types, args, kwargs):
+    if _inline_under_compile(op, args):
+        with mode, _tracing_triton():
+            return _TRITON_IMPLS[op._opname](*args, **kwargs)
+    return mode.__torch_dispatch__(op, types, args, kwargs)
+
+
+def define_op(
+    schema: str,
+    *,
+    check: Callable[..., None],
+    triton: Callable,
+    cpu: Callable,
+    fake: Callable | None = None,
+    check_values: Callable[..., None] | None = None,
+) -> torch._ops.OpOverload:
+    """Defines `sampling::<name>` from `schema` and registers its implementations.
+
+    check(*args): metadata checks, raising TypeError/ValueError before anything runs.
+    triton(*args) / cpu(*args): the kernels, called after `check`.
+    fake(*args): outputs for fake tensors; omit for ops that return nothing.
+    check_values(*args): value checks run on real tensors when TORCH_SAMPLING_OPS_DEBUG=1.
+    """
+    name = schema.split("(", 1)[0]
+    LIB.define(schema)
+
+    def checked(body: Callable, values: bool) -> Callable:
+        def run(*args):
+            check(*args)
+            if values and check_values is not None and _checks.debug_enabled():
+                check_values(*args)
+            return body(*args) if body is not None else None
+
+        run.__name__ = f"{name}_{getattr(body, '__name__', 'fake')}"
+        return run
+
+    _TRITON_IMPLS[name] = checked(triton, values=False)
+    LIB.impl(name, checked(triton, values=True), "CUDA")
+    LIB.impl(name, checked(cpu, values=True), "CPU")
+    torch.library.register_fake(f"sampling::{name}", checked(fake, values=False), lib=LIB)
+    torch.library.register_torch_dispatch(f"sampling::{name}", FunctionalTensorMode, _functional_rule, lib=LIB)
+    return getattr(torch.ops.sampling, name).default
+
+
+def triton_impl(name: str) -> Callable:
+    """The checked Triton body of op `name`, callable on CPU tensors under TRITON_INTERPRET=1."""
+    return _TRITON_IMPLS[name]
