@@ -85,11 +85,11 @@ def define_op(
     LIB.define(schema)
 
     def checked(body: Callable, values: bool) -> Callable:
-        def run(*args):
-            check(*args)
+        def run(*args, **kwargs):
+            check(*args, **kwargs)
             if values and check_values is not None and _checks.debug_enabled():
-                check_values(*args)
-            return body(*args) if body is not None else None
+                check_values(*args, **kwargs)
+            return body(*args, **kwargs) if body is not None else None
 
         run.__name__ = f"{name}_{getattr(body, '__name__', 'fake')}"
         return run

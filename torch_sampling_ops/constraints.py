@@ -262,7 +262,7 @@ def logit_bias(
 # apply_token_bitmask
 
 
-def _check_token_bitmask(logits, bitmask, idx_mapping) -> None:
+def _check_token_bitmask(logits, bitmask, idx_mapping=None) -> None:
     op = "apply_token_bitmask"
     T, V = _checks.check_logits(op, logits)
     dev = logits.device
@@ -273,7 +273,7 @@ def _check_token_bitmask(logits, bitmask, idx_mapping) -> None:
         _checks.check_tensor(op, "idx_mapping", idx_mapping, _checks.INDEX_DTYPES, ndim=1, device=dev, shape=(T,))
 
 
-def _token_bitmask_triton(logits, bitmask, idx_mapping) -> None:
+def _token_bitmask_triton(logits, bitmask, idx_mapping=None) -> None:
     T, V = logits.shape
     if T == 0:
         return
@@ -284,7 +284,7 @@ def _token_bitmask_triton(logits, bitmask, idx_mapping) -> None:
     )
 
 
-def _token_bitmask_cpu(logits, bitmask, idx_mapping) -> None:
+def _token_bitmask_cpu(logits, bitmask, idx_mapping=None) -> None:
     _C.apply_token_bitmask(logits, bitmask, idx_mapping)
 
 

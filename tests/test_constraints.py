@@ -1,0 +1,227 @@
+"""logit_bias and apply_token_bitmask against the float64 reference, on every backend."""
+import pytest
+import torch
+from conftest import (BACKENDS, DTYPES, OP_BACKENDS, assert_pad_untouched, device_of, make_logits,
+                      run_op)
+
+from torch_sampling_ops import reference
+
+INT = torch.int32
+
+
+def tolerance(dtype):
+    # Results are float32 arithmetic rounded to the logits dtype; the reference rounds once from float64.
+    return {torch.float32: (1e-5, 1e-5), torch.float16: (2e-3, 2e-3), torch.bfloat16: (1.6e-2, 1.6e-2)}[dtype]
+
+
+def ragged(R, W, V, gen, *, lengths=None, dtype=INT):
+    """A ragged list [R, W] of random ids and its counts (default: random in [0, W])."""
+    ids = torch.randint(0, V, (R, W), generator=gen, dtype=dtype)
+    num = lengths if lengths is not None else torch.randint(0, W + 1, (R,), generator=gen, dtype=INT)
+    return ids, num
+
+
+def logit_bias_state(T, V, R, gen, *, allowed_w=8, bias_w=6, stop_w=3):
+    idx_mapping = torch.randint(0, R, (T,), generator=gen, dtype=INT)
+    output_lens = torch.randint(0, 8, (T,), generator=gen, dtype=torch.int64)
+    allowed_ids, num_allowed = ragged(R, allowed_w, V, gen)
+    bias_ids, num_bias = ragged(R, bias_w, V, gen)
+    # Unique bias ids per slot (the contract); duplicates have their own test.
+    bias_ids = torch.stack([torch.randperm(V, generator=gen)[:bias_w] for _ in range(R)]).to(INT)
+    bias_values = torch.randn(R, bias_w, generator=gen) * 2
+    stop_ids, num_stop = ragged(R, stop_w, V, gen)
+    min_tokens = torch.randint(0, 8, (R,), generator=gen, dtype=INT)
+    return [idx_mapping, output_lens, allowed_ids, num_allowed, bias_ids, bias_values, num_bias,
+            stop_ids, num_stop, min_tokens]
+
+
+def check_logit_bias(backend, logits, state):
+    device = device_of(backend)
+    state = [s.to(device) for s in state]
+    expected = reference.logit_bias(logits.cpu(), *[s.cpu() for s in state])
+    run_op(backend, "logit_bias", logits, *state)
+    atol, rtol = tolerance(logits.dtype)
+    torch.testing.assert_close(logits.cpu().double(), expected, atol=atol, rtol=rtol, equal_nan=True)
+    assert_pad_untouched(logits)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("T", [1, 3, 37])
+@pytest.mark.parametrize("V", [1000, 4096, 5003])
+def test_logit_bias_matches_reference(backend, dtype, T, V, gen):
+    R = 4
+    state = logit_bias_state(T, V, R, gen)
+    state[0][-1] = R + 5 if T > 1 else state[0][-1]  # a row whose slot is out of range: untouched
+    check_logit_bias(backend, make_logits(T, V, dtype, device_of(backend), generator=gen), state)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("token", [1, 5, 100, 500, 2518, 9834, 31999])
+def test_single_allowed_id_survives(backend, token, gen):
+    T, V, R = 2, 32000, 2
+    state = logit_bias_state(T, V, R, gen, bias_w=0, stop_w=0)
+    state[2] = torch.tensor([[token], [V - 1 - token]], dtype=INT)
+    state[3] = torch.tensor([1, 1], dtype=INT)
+    state[0] = torch.tensor([0, 1], dtype=INT)
+    logits = make_logits(T, V, torch.float32, device_of(backend), generator=gen)
+    original = logits.clone()
+    check_logit_bias(backend, logits, state)
+    assert logits[0, token] == original[0, token] and logits[1, V - 1 - token] == original[1, V - 1 - token]
+    assert int(torch.isfinite(logits).sum()) == 2
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("n_allowed", [1, 7, 300, 4096, 5000])
+def test_allowed_lists_spread_over_the_row(backend, n_allowed, gen):
+    T, V, R = 3, 32000, 2
+    state = logit_bias_state(T, V, R, gen, bias_w=4, stop_w=2)
+    state[2] = torch.stack([torch.randperm(V, generator=gen)[:n_allowed] for _ in range(R)]).to(INT)
+    state[3] = torch.tensor([n_allowed, n_allowed // 2], dtype=INT)
+    check_logit_bias(backend, make_logits(T, V, torch.float32, device_of(backend), generator=gen), state)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_duplicated_ids(backend, gen):
+    T, V, R = 2, 2000, 1
+    state = logit_bias_state(T, V, R, gen)
+    state[0] = torch.tensor([0, 0], dtype=INT)
+    state[1] = torch.tensor([0, 0])
+    state[2] = torch.tensor([[7, 7, 1500, 1500, 3, 7, 9, 11]], dtype=INT)
+    state[3] = torch.tensor([8], dtype=INT)
+    state[4] = torch.tensor([[7, 9, 7, 1500, 9, 7]], dtype=INT)
+    state[5] = torch.tensor([[1.0, 2.0, 4.0, 8.0, 16.0, 32.0]])
+    state[6] = torch.tensor([6], dtype=INT)
+    state[7] = torch.tensor([[11, 11, 11]], dtype=INT)
+    state[8] = torch.tensor([3], dtype=INT)
+    state[9] = torch.tensor([5], dtype=INT)
+    logits = make_logits(T, V, torch.float32, device_of(backend), generator=gen)
+    original = logits.clone().cpu()
+    run_op(backend, "logit_bias", logits, *[s.to(logits.device) for s in state])
+    out = logits.cpu()
+
+    def got_one_of(t, token, biases):  # one of its biases, never a sum
+        return any(abs(float(out[t, token]) - float(original[t, token] + b)) < 1e-5 for b in biases)
+
+    for t in range(T):
+        assert got_one_of(t, 7, [1.0, 4.0, 32.0]) and got_one_of(t, 9, [2.0, 16.0]) and got_one_of(t, 1500, [8.0])
+        assert out[t, 3] == original[t, 3] and out[t, 11] == float("-inf")
+        assert int(torch.isfinite(out[t]).sum()) == 4
+    assert_pad_untouched(logits)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("case", ["stop_is_whole_vocab", "stop_covers_allowed", "stop_covers_finite"])
+def test_min_tokens_keeps_stops_when_nothing_else_is_left(backend, case, gen):
+    T, V, R = 2, 5000, 2
+    state = logit_bias_state(T, V, R, gen, bias_w=0)
+    state[0] = torch.tensor([0, 1], dtype=INT)
+    state[1] = torch.tensor([0, 10])  # row 1 is past min_tokens: its stops are never masked
+    state[9] = torch.tensor([3, 3], dtype=INT)
+    logits = make_logits(T, V, torch.float32, device_of(backend), generator=gen)
+    if case == "stop_is_whole_vocab":
+        state[7] = torch.arange(V, dtype=INT).flip(0).repeat(R, 1)
+        state[8] = torch.tensor([V, V], dtype=INT)
+        state[2], state[3] = torch.zeros(R, 0, dtype=INT), torch.zeros(R, dtype=INT)
+    elif case == "stop_covers_allowed":
+        state[2] = torch.tensor([[4, 4500, 4999], [4, 4500, 4999]], dtype=INT)
+        state[3] = torch.tensor([3, 3], dtype=INT)
+        state[7] = torch.tensor([[4999, 4, 4500, 12]] * R, dtype=INT)
+        state[8] = torch.tensor([4, 4], dtype=INT)
+    else:
+        logits[:, :4990] = float("-inf")
+        state[2], state[3] = torch.zeros(R, 0, dtype=INT), torch.zeros(R, dtype=INT)
+        state[7] = torch.arange(4990, V, dtype=INT).repeat(R, 1)
+        state[8] = torch.tensor([V - 4990] * R, dtype=INT)
+    check_logit_bias(backend, logits, state)
+    stops = state[7][0, :int(state[8][0])].long()
+    assert bool(torch.isfinite(logits[0, stops.to(logits.device)]).any()), "the stop tokens must survive"
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_bad_values_follow_the_documented_result(backend, gen):
+    """Out-of-range slots leave the row untouched, out-of-range ids are ignored, NaN stays NaN."""
+    T, V, R = 4, 3000, 2
+    state = logit_bias_state(T, V, R, gen)
+    state[0] = torch.tensor([0, -1, 2, 1], dtype=INT)
+    state[2][0, :3] = torch.tensor([-5, V, 2**30], dtype=INT)
+    state[3][:] = 8
+    state[4][1, 0] = -3
+    state[6][:] = 6
+    state[7][:, 0] = V + 1
+    state[8] = torch.tensor([9, -4], dtype=INT)  # counts are clamped to [0, W]
+    logits = make_logits(T, V, torch.float32, device_of(backend), generator=gen)
+    logits[0, state[2][0, 5]] = float("nan")
+    logits[3, 17] = float("nan")
+    check_logit_bias(backend, logits, state)
+
+
+# ----------------------------------------------------------------------------------------------
+# apply_token_bitmask
+
+
+def random_bitmask(rows, V, gen, density=0.5):
+    words = (V + 31) // 32
+    bits = torch.rand(rows, words * 32, generator=gen) < density
+    weights = (1 << torch.arange(32, dtype=torch.int64))
+    packed = (bits.view(rows, words, 32).long() * weights).sum(-1)
+    return packed.to(torch.int64).where(packed < 2**31, packed - 2**32).to(torch.int32)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("T", [1, 3, 37])
+@pytest.mark.parametrize("V", [1000, 4096, 5003])
+@pytest.mark.parametrize("mapped", [False, True], ids=["rows", "idx_mapping"])
+def test_token_bitmask_matches_reference(backend, dtype, T, V, mapped, gen):
+    device = device_of(backend)
+    logits = make_logits(T, V, dtype, device, generator=gen)
+    R = 5
+    bitmask = random_bitmask(R if mapped else T, V, gen, density=0.7)
+    idx_mapping = None
+    if mapped:
+        idx_mapping = torch.randint(0, R, (T,), generator=gen, dtype=torch.int64)
+        idx_mapping[0] = R if T > 1 else 0  # out of range: untouched
+        idx_mapping = idx_mapping.to(device)
+    expected = reference.apply_token_bitmask(logits.cpu(), bitmask, None if idx_mapping is None else idx_mapping.cpu())
+    run_op(backend, "apply_token_bitmask", logits, bitmask.to(device), idx_mapping)
+    torch.testing.assert_close(logits.cpu().double(), expected, atol=0, rtol=0)
+    assert_pad_untouched(logits)
+
+
+# ----------------------------------------------------------------------------------------------
+# Through the dispatcher: opcheck, torch.compile, CUDA graphs
+
+
+def example_args(op, device, gen, T=5, V=1000):
+    logits = make_logits(T, V, torch.float32, device, generator=gen)
+    if op == "logit_bias":
+        return [logits] + [s.to(device) for s in logit_bias_state(T, V, 3, gen)]
+    return [logits, random_bitmask(3, V, gen).to(device), torch.randint(0, 3, (T,), generator=gen).to(device)]
+
+
+REFERENCES = {"logit_bias": reference.logit_bias, "apply_token_bitmask": reference.apply_token_bitmask}
+
+
+@pytest.mark.parametrize("backend", OP_BACKENDS)
+@pytest.mark.parametrize("op", ["logit_bias", "apply_token_bitmask"])
+def test_opcheck(backend, op, gen):
+    torch.library.opcheck(getattr(torch.ops.sampling, op).default, example_args(op, device_of(backend), gen))
+
+
+@pytest.mark.parametrize("backend", OP_BACKENDS)
+@pytest.mark.parametrize("compile_backend", ["aot_eager", "inductor"])
+@pytest.mark.parametrize("op", ["logit_bias", "apply_token_bitmask"])
+def test_compile_fullgraph(backend, compile_backend, op, gen):
+    torch._dynamo.reset()
+    fn = getattr(torch.ops.sampling, op)
+
+    def step(logits, *state):
+        logits = logits * 1.0  # a fresh tensor for the op to process in place, as a decode step would
+        fn(logits, *state)
+        return logits
+
+    args = example_args(op, device_of(backend), gen)
+    expected = REFERENCES[op](args[0].cpu(), *[a.cpu() for a in args[1:]])
+    compiled = torch.compile(step, backend=compile_backend, fullgraph=True)
+    torch.testing.assert_close(compiled(*args).cpu().double(), expected, atol=1e-5, rtol=1e-5)
