@@ -34,7 +34,11 @@ inline bool is_finite(float x) { return std::abs(x) < std::numeric_limits<float>
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
-#define TSO_DISPATCH_LOGITS(TYPE, NAME, ...) \
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, TYPE, NAME, __VA_ARGS__)
+// The logits dtypes of the contract: float32, float16, bfloat16.
+#define TSO_DISPATCH_LOGITS(TYPE, NAME, ...)                   \
+  AT_DISPATCH_SWITCH(TYPE, NAME,                               \
+                     AT_DISPATCH_CASE(at::kFloat, __VA_ARGS__) \
+                     AT_DISPATCH_CASE(at::kHalf, __VA_ARGS__)  \
+                     AT_DISPATCH_CASE(at::kBFloat16, __VA_ARGS__))
 
 }  // namespace tso

@@ -225,3 +225,59 @@ def test_compile_fullgraph(backend, compile_backend, op, gen):
     expected = REFERENCES[op](args[0].cpu(), *[a.cpu() for a in args[1:]])
     compiled = torch.compile(step, backend=compile_backend, fullgraph=True)
     torch.testing.assert_close(compiled(*args).cpu().double(), expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_graph_replays_with_changed_state(gen):
+    T, V, R = 6, 5000, 3
+    src = make_logits(T, V, torch.float32, "cuda", generator=gen)
+    logits = torch.empty_like(src)
+    state = [s.cuda() for s in logit_bias_state(T, V, R, gen)]
+    bitmask = random_bitmask(R, V, gen).cuda()
+
+    def step():
+        logits.copy_(src)
+        torch.ops.sampling.apply_token_bitmask(logits, bitmask, state[0])
+        torch.ops.sampling.logit_bias(logits, *state)
+
+    step()  # compile the kernels before capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    for replay in range(3):
+        fresh = [s.cuda() for s in logit_bias_state(T, V, R, gen)]
+        for s, f in zip(state, fresh):
+            s.copy_(f)
+        bitmask.copy_(random_bitmask(R, V, gen))
+        src.copy_(make_logits(T, V, torch.float32, "cuda", generator=gen))
+        graph.replay()
+        expected = reference.apply_token_bitmask(src.cpu(), bitmask.cpu(), state[0].cpu())
+        expected = reference.logit_bias(expected, *[s.cpu() for s in state])
+        torch.testing.assert_close(logits.cpu().double(), expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_more_than_2_pow_31_elements():
+    """Rows past element 2**31 are addressed with 64-bit offsets (the last row is checked)."""
+    V = 151936
+    T = 2**31 // V + 2
+    logits = torch.randn(T, V, device="cuda", dtype=torch.float16)
+    last = logits[-1].clone()
+    allowed = torch.tensor([[3, V - 1]], dtype=INT, device="cuda")
+    idx_mapping = torch.full((T,), 1, dtype=INT, device="cuda")  # slot 1 is out of range: untouched
+    idx_mapping[-1] = 0
+    empty = torch.zeros(1, 0, dtype=INT, device="cuda")
+    one = torch.ones(1, dtype=INT, device="cuda")
+    torch.ops.sampling.logit_bias(
+        logits, idx_mapping, torch.zeros(T, dtype=INT, device="cuda"), allowed, 2 * one,
+        torch.tensor([[V - 1]], dtype=INT, device="cuda"), torch.tensor([[1.0]], device="cuda"), one,
+        empty, 0 * one, 0 * one)
+    assert int(torch.isfinite(logits[-1]).sum()) == 2
+    assert logits[-1, 3] == last[3] and logits[-1, V - 1] == (last[V - 1].float() + 1.0).half()
+    assert bool(torch.isfinite(logits[-2]).all())
+    bitmask = torch.zeros(T, (V + 31) // 32, dtype=INT, device="cuda")
+    bitmask[:-1] = -1  # only the last row is masked (entirely)
+    torch.ops.sampling.apply_token_bitmask(logits, bitmask)
+    assert bool(torch.isinf(logits[-1]).all()) and bool(torch.isfinite(logits[-2]).all())

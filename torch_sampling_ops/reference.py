@@ -1,8 +1,10 @@
-"""Float64 PyTorch references that define the semantics of every op (see docs/ops.md).
+"""PyTorch references that define the semantics of every op (see docs/ops.md).
 
 Each reference takes the op's arguments, leaves them untouched and returns the result: for an
-in-place op, the processed logits as a new float64 tensor. They favour clarity over speed: the
-tests and benchmarks compare the kernels against them on small and mid-size inputs.
+in-place op, the processed logits as a new tensor of `compute_dtype`. They are batched
+compositions of PyTorch ops that run on any device: float64 (the default) is the reference the
+tests compare against; with `compute_dtype=torch.float32` the same functions are the
+composed-PyTorch baseline that the benchmarks time.
 """
 from __future__ import annotations
 
@@ -11,58 +13,60 @@ import torch
 NEG_INF = float("-inf")
 
 
-def _ragged_row(ids: torch.Tensor, num: torch.Tensor, slot: int, vocab_size: int) -> torch.Tensor:
-    """The listed ids of one slot (count clamped to [0, W]), without ids outside [0, V)."""
-    n = min(max(int(num[slot]), 0), ids.size(1))
-    row = ids[slot, :n].long()
-    return row[(row >= 0) & (row < vocab_size)]
+def _slots(idx_mapping: torch.Tensor | None, T: int, num_slots: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(slot of each row clamped into [0, R), whether the row's slot was in range)."""
+    slots = torch.arange(T, device=device) if idx_mapping is None else idx_mapping.long()
+    valid = (slots >= 0) & (slots < num_slots)
+    return slots.clamp(0, num_slots - 1), valid
 
 
-def _slot(idx_mapping: torch.Tensor | None, t: int, num_slots: int) -> int | None:
-    r = t if idx_mapping is None else int(idx_mapping[t])
-    return r if 0 <= r < num_slots else None
+def _listed(ids: torch.Tensor, num: torch.Tensor, slots: torch.Tensor, valid: torch.Tensor, vocab_size: int):
+    """Each row's ragged list: (ids [T, W] int64, listed [T, W] bool), dropping ids outside [0, V)."""
+    width = ids.size(1)
+    row_ids = ids[slots].long()
+    listed = torch.arange(width, device=ids.device) < num[slots].clamp(0, width).unsqueeze(1)
+    return row_ids, listed & valid.unsqueeze(1) & (row_ids >= 0) & (row_ids < vocab_size)
+
+
+def _token_mask(row_ids: torch.Tensor, listed: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """bool [T, V]: the listed tokens of each row."""
+    T = row_ids.size(0)
+    mask = torch.zeros(T, vocab_size + 1, dtype=torch.bool, device=row_ids.device)
+    return mask.scatter_(1, torch.where(listed, row_ids, vocab_size), True)[:, :vocab_size]
 
 
 def logit_bias(logits, idx_mapping, output_lens, allowed_ids, num_allowed, bias_ids, bias_values,
-               num_bias, stop_ids, num_stop, min_tokens) -> torch.Tensor:
-    out = logits.double().clone()
-    T, V = out.shape
-    R = min_tokens.size(0)
-    for t in range(T):
-        r = _slot(idx_mapping, t, R)
-        if r is None:
-            continue
-        row = out[t]
-        allowed = _ragged_row(allowed_ids, num_allowed, r, V)
-        if allowed.numel() > 0:
-            keep = torch.zeros(V, dtype=torch.bool)
-            keep[allowed] = True
-            row.masked_fill_(~keep, NEG_INF)
-        n_bias = min(max(int(num_bias[r]), 0), bias_ids.size(1))
-        ids, values = bias_ids[r, :n_bias].long(), bias_values[r, :n_bias].double()
-        ok = (ids >= 0) & (ids < V)
-        ids, values = ids[ok], values[ok]
-        row[ids] = row[ids] + values  # a duplicated id gets one of its biases (here: the last)
-        stops = _ragged_row(stop_ids, num_stop, r, V)
-        if stops.numel() > 0 and int(output_lens[t]) < int(min_tokens[r]):
-            others = torch.ones(V, dtype=torch.bool)
-            others[stops] = False
-            if bool(torch.isfinite(row[others]).any()):
-                row[stops] = NEG_INF
-    return out
+               num_bias, stop_ids, num_stop, min_tokens, *, compute_dtype=torch.float64) -> torch.Tensor:
+    T, V = logits.shape
+    out = logits.to(compute_dtype, copy=True)
+    slots, valid = _slots(idx_mapping, T, min_tokens.size(0), logits.device)
+
+    ids, listed = _listed(allowed_ids, num_allowed, slots, valid, V)
+    restricted = valid & (num_allowed[slots] > 0)
+    out.masked_fill_(restricted.unsqueeze(1) & ~_token_mask(ids, listed, V), NEG_INF)
+
+    ids, listed = _listed(bias_ids, num_bias, slots, valid, V)
+    padded = torch.cat([out, out.new_zeros(T, 1)], dim=1)  # column V takes the unlisted entries
+    target = torch.where(listed, ids, V)
+    biased = padded.gather(1, target) + bias_values[slots].to(compute_dtype)
+    out = padded.scatter(1, target, biased)[:, :V]  # a duplicated id gets one of its biases
+
+    ids, listed = _listed(stop_ids, num_stop, slots, valid, V)
+    stops = _token_mask(ids, listed, V)
+    active = valid & (output_lens.long() < min_tokens[slots])
+    others_finite = (torch.isfinite(out) & ~stops).any(dim=1)
+    return out.masked_fill_(stops & (active & others_finite).unsqueeze(1), NEG_INF)
 
 
 def unpack_bitmask(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
     """int32 [rows, ceil(V/32)] bitmask -> bool [rows, V]; bit j of word w is token 32 * w + j."""
-    bits = (bitmask.long().unsqueeze(-1) >> torch.arange(32)) & 1
-    return bits.flatten(1)[:, :vocab_size].bool()
+    shifts = torch.arange(32, dtype=torch.int32, device=bitmask.device)
+    bits = (bitmask.unsqueeze(-1) >> shifts) & 1
+    return bits.flatten(-2)[..., :vocab_size].bool()
 
 
-def apply_token_bitmask(logits, bitmask, idx_mapping=None) -> torch.Tensor:
-    out = logits.double().clone()
-    allowed = unpack_bitmask(bitmask.cpu(), out.size(1))
-    for t in range(out.size(0)):
-        r = _slot(idx_mapping, t, bitmask.size(0))
-        if r is not None:
-            out[t].masked_fill_(~allowed[r].to(out.device), NEG_INF)
-    return out
+def apply_token_bitmask(logits, bitmask, idx_mapping=None, *, compute_dtype=torch.float64) -> torch.Tensor:
+    T, V = logits.shape
+    slots, valid = _slots(idx_mapping, T, bitmask.size(0), logits.device)
+    banned = ~unpack_bitmask(bitmask[slots], V) & valid.unsqueeze(1)
+    return logits.to(compute_dtype, copy=True).masked_fill_(banned, NEG_INF)
