@@ -1,15 +1,17 @@
 """Constraint steps of logit processing, in place: `logit_bias` (allowed lists, bias, min tokens) and `apply_token_bitmask`.
 
-logit_bias runs as two launches, so that no thread ever reads a logit another thread of the same
-step is about to overwrite:
+logit_bias is one launch, one program per row. The program owns its row, so the phases below
+read and overwrite the same logits only in program order: each phase ends with a CTA barrier
+(`tl.debug_barrier`), and every load of data another thread wrote earlier bypasses L1 (`.cg`).
 
-1. `_allowed_tokens_kernel` (rows with an allowed list only): one pass that decides each token's
-   fate from a per-block histogram of the allowed ids and writes the whole row once; the old
-   logit is read only where it is kept. No save / fill -inf / restore, so no phases to order.
-2. `_bias_and_min_tokens_kernel` (one program per row): the bias scatter (all listed logits are
-   read, then a barrier, then written), a barrier, then the min-tokens check, which scans the row
-   for a finite logit outside the stop list (usually ending in the first block) and, if there is
-   one, writes -inf over the stop ids.
+1. allowed list: the ids are OR-ed into a per-row bit scratch (zeroed first), then one pass over
+   the row writes each token's fate: its old logit where listed (read only there), -inf elsewhere.
+   No logit is saved, filled with -inf and restored.
+2. bias: every listed logit plus its bias is gathered into a per-row scratch, then written back,
+   so a duplicated id gets one of its biases.
+3. min tokens: the stop logits are saved to the scratch and set to -inf; the row is scanned for a
+   finite logit (the scan stops at the first one, usually in the first block); if there is none,
+   the saved stop logits are written back.
 """
 from __future__ import annotations
 
@@ -25,10 +27,10 @@ try:
 except ImportError:  # the C++ extension is not built: the CPU implementation raises when called
     _C = None
 
-# Vocabulary tokens handled by one program of the dense kernels.
+# Vocabulary tokens one program handles per step.
 _BLOCK_V = 4096
 # Largest chunk of list ids one program holds at once.
-_MAX_BLOCK_IDS = 4096
+_MAX_BLOCK_IDS = 2048
 
 
 def _ids_block(width: int) -> int:
@@ -48,84 +50,98 @@ def _list_length(num_ptr, slot, width):
 
 
 @triton.jit
-def _listed_in_block(ids_row_ptr, n, v0, BLOCK_V: tl.constexpr, BLOCK_IDS: tl.constexpr):
-    """Mask over tokens [v0, v0 + BLOCK_V): which of them appear in ids_row_ptr[:n]."""
-    counts = tl.zeros([BLOCK_V], dtype=tl.int32)
-    for i in range(0, n, BLOCK_IDS):
-        k = i + tl.arange(0, BLOCK_IDS)
-        local = tl.load(ids_row_ptr + k, mask=k < n, other=-1).to(tl.int64) - v0
-        in_block = (k < n) & (local >= 0) & (local < BLOCK_V)
-        counts += tl.histogram(tl.where(in_block, local, 0).to(tl.int32), BLOCK_V, mask=in_block)
-    return counts > 0
+def _gather_to_scratch(row_ptr, ids_ptr, n, scratch_ptr, vocab_size, add_ptr, BLOCK: tl.constexpr, HAS_ADD: tl.constexpr):
+    """scratch[i] = row[ids[i]] (+ add[i]) for i < n; ids outside [0, V) are skipped."""
+    for i in range(0, n, BLOCK):
+        k = i + tl.arange(0, BLOCK)
+        ids = tl.load(ids_ptr + k, mask=k < n, other=-1)
+        ok = (k < n) & (ids >= 0) & (ids < vocab_size)
+        vals = tl.load(row_ptr + ids, mask=ok, cache_modifier=".cg").to(tl.float32)
+        if HAS_ADD:
+            vals += tl.load(add_ptr + k, mask=ok, other=0.0)
+        tl.store(scratch_ptr + k, vals, mask=ok)
 
 
 @triton.jit
-def _allowed_tokens_kernel(
-    logits_ptr, logits_stride, idx_mapping_ptr, allowed_ids_ptr, allowed_stride, num_allowed_ptr,
-    num_slots, vocab_size, max_allowed,
-    BLOCK_V: tl.constexpr, BLOCK_IDS: tl.constexpr,
-):
-    t = tl.program_id(0)
-    slot = _load_slot(idx_mapping_ptr, t, num_slots)
-    if slot < 0:
-        return
-    n = _list_length(num_allowed_ptr, slot, max_allowed)
-    if n == 0:
-        return
-    v0 = tl.program_id(1) * BLOCK_V
-    keep = _listed_in_block(allowed_ids_ptr + slot * allowed_stride, n, v0, BLOCK_V, BLOCK_IDS)
-    offs = v0 + tl.arange(0, BLOCK_V)
-    row_ptr = logits_ptr + t.to(tl.int64) * logits_stride
-    in_row = offs < vocab_size
-    kept = tl.load(row_ptr + offs, mask=keep & in_row)
-    tl.store(row_ptr + offs, tl.where(keep, kept, float("-inf")), mask=in_row)
+def _scatter_from_scratch(row_ptr, ids_ptr, n, scratch_ptr, vocab_size, BLOCK: tl.constexpr, FILL_NEG_INF: tl.constexpr):
+    """row[ids[i]] = scratch[i] (or -inf) for i < n; ids outside [0, V) are skipped."""
+    for i in range(0, n, BLOCK):
+        k = i + tl.arange(0, BLOCK)
+        ids = tl.load(ids_ptr + k, mask=k < n, other=-1)
+        ok = (k < n) & (ids >= 0) & (ids < vocab_size)
+        if FILL_NEG_INF:
+            vals = tl.full([BLOCK], float("-inf"), tl.float32)
+        else:
+            vals = tl.load(scratch_ptr + k, mask=ok, cache_modifier=".cg")
+        tl.store(row_ptr + ids, vals.to(row_ptr.dtype.element_ty), mask=ok)
 
 
 @triton.jit
-def _bias_and_min_tokens_kernel(
+def _logit_bias_kernel(
     logits_ptr, logits_stride, idx_mapping_ptr, output_lens_ptr,
+    allowed_ids_ptr, allowed_stride, num_allowed_ptr, max_allowed,
     bias_ids_ptr, bias_ids_stride, bias_values_ptr, bias_values_stride, num_bias_ptr, max_bias,
     stop_ids_ptr, stop_stride, num_stop_ptr, max_stop, min_tokens_ptr,
+    bits_ptr, scratch_ptr, scratch_stride,
     num_slots, vocab_size,
-    BLOCK_V: tl.constexpr, BLOCK_BIAS: tl.constexpr, BLOCK_STOP: tl.constexpr,
+    BLOCK_V: tl.constexpr, BLOCK_ALLOWED: tl.constexpr, BLOCK_BIAS: tl.constexpr, BLOCK_STOP: tl.constexpr,
 ):
     t = tl.program_id(0)
     slot = _load_slot(idx_mapping_ptr, t, num_slots)
     if slot < 0:
         return
     row_ptr = logits_ptr + t.to(tl.int64) * logits_stride
+    scratch_ptr += t.to(tl.int64) * scratch_stride
+
+    n_allowed = _list_length(num_allowed_ptr, slot, max_allowed)
+    if n_allowed > 0:
+        words = (vocab_size + 31) // 32
+        bits_row_ptr = bits_ptr + t.to(tl.int64) * words
+        for w in range(0, words, BLOCK_V):
+            offs = w + tl.arange(0, BLOCK_V)
+            tl.store(bits_row_ptr + offs, tl.zeros([BLOCK_V], tl.int32), mask=offs < words)
+        tl.debug_barrier()
+        ids_ptr = allowed_ids_ptr + slot * allowed_stride
+        for i in range(0, n_allowed, BLOCK_ALLOWED):
+            k = i + tl.arange(0, BLOCK_ALLOWED)
+            ids = tl.load(ids_ptr + k, mask=k < n_allowed, other=-1)
+            ok = (k < n_allowed) & (ids >= 0) & (ids < vocab_size)
+            tl.atomic_or(bits_row_ptr + (ids >> 5), tl.full([BLOCK_ALLOWED], 1, tl.int32) << (ids & 31), mask=ok, sem="relaxed")
+        tl.debug_barrier()
+        for v0 in range(0, vocab_size, BLOCK_V):
+            offs = v0 + tl.arange(0, BLOCK_V)
+            in_row = offs < vocab_size
+            word = tl.load(bits_row_ptr + (offs >> 5), mask=in_row, other=0, cache_modifier=".cg")
+            keep = ((word >> (offs & 31)) & 1) != 0
+            kept = tl.load(row_ptr + offs, mask=keep & in_row)
+            tl.store(row_ptr + offs, tl.where(keep, kept, float("-inf")), mask=in_row)
+        tl.debug_barrier()
 
     n_bias = _list_length(num_bias_ptr, slot, max_bias)
-    for i in range(0, n_bias, BLOCK_BIAS):
-        k = i + tl.arange(0, BLOCK_BIAS)
-        ids = tl.load(bias_ids_ptr + slot * bias_ids_stride + k, mask=k < n_bias, other=-1)
-        ok = (k < n_bias) & (ids >= 0) & (ids < vocab_size)
-        bias = tl.load(bias_values_ptr + slot * bias_values_stride + k, mask=ok, other=0.0)
-        biased = tl.load(row_ptr + ids, mask=ok).to(tl.float32) + bias
-        # Read every listed logit before writing any: a duplicated id then gets one bias, not two.
+    if n_bias > 0:
+        bias_ids_row = bias_ids_ptr + slot * bias_ids_stride
+        _gather_to_scratch(row_ptr, bias_ids_row, n_bias, scratch_ptr, vocab_size,
+                           bias_values_ptr + slot * bias_values_stride, BLOCK_BIAS, True)
         tl.debug_barrier()
-        tl.store(row_ptr + ids, biased.to(logits_ptr.dtype.element_ty), mask=ok)
+        _scatter_from_scratch(row_ptr, bias_ids_row, n_bias, scratch_ptr, vocab_size, BLOCK_BIAS, False)
         tl.debug_barrier()
 
     n_stop = _list_length(num_stop_ptr, slot, max_stop)
-    min_tokens = tl.load(min_tokens_ptr + slot)
-    if (n_stop > 0) & (tl.load(output_lens_ptr + t) < min_tokens):
-        # Mask the stop ids only if a finite logit outside the stop list survives.
-        stop_row_ptr = stop_ids_ptr + slot * stop_stride
+    if (n_stop > 0) & (tl.load(output_lens_ptr + t) < tl.load(min_tokens_ptr + slot)):
+        stop_ids_row = stop_ids_ptr + slot * stop_stride
+        _gather_to_scratch(row_ptr, stop_ids_row, n_stop, scratch_ptr, vocab_size, scratch_ptr, BLOCK_STOP, False)
+        tl.debug_barrier()
+        _scatter_from_scratch(row_ptr, stop_ids_row, n_stop, scratch_ptr, vocab_size, BLOCK_STOP, True)
+        tl.debug_barrier()
         found = 0
         v0 = 0
         while (found == 0) & (v0 < vocab_size):
             offs = v0 + tl.arange(0, BLOCK_V)
-            vals = tl.load(row_ptr + offs, mask=offs < vocab_size, other=float("-inf")).to(tl.float32)
-            is_stop = _listed_in_block(stop_row_ptr, n_stop, v0, BLOCK_V, BLOCK_STOP)
-            found = tl.max(((tl.abs(vals) < float("inf")) & ~is_stop).to(tl.int32), axis=0)
+            vals = tl.load(row_ptr + offs, mask=offs < vocab_size, other=float("-inf"), cache_modifier=".cg")
+            found = tl.max((tl.abs(vals.to(tl.float32)) < float("inf")).to(tl.int32), axis=0)
             v0 += BLOCK_V
-        if found != 0:
-            for i in range(0, n_stop, BLOCK_STOP):
-                k = i + tl.arange(0, BLOCK_STOP)
-                ids = tl.load(stop_row_ptr + k, mask=k < n_stop, other=-1)
-                ok = (k < n_stop) & (ids >= 0) & (ids < vocab_size)
-                tl.store(row_ptr + ids, tl.full([BLOCK_STOP], float("-inf"), logits_ptr.dtype.element_ty), mask=ok)
+        if found == 0:  # masking the stops would leave no finite logit: they keep their values
+            _scatter_from_scratch(row_ptr, stop_ids_row, n_stop, scratch_ptr, vocab_size, BLOCK_STOP, False)
 
 
 @triton.jit
@@ -143,10 +159,12 @@ def _token_bitmask_kernel(
     offs = tl.program_id(1) * BLOCK_V + tl.arange(0, BLOCK_V)
     in_row = offs < vocab_size
     words = tl.load(bitmask_ptr + mask_row * bitmask_stride + (offs >> 5), mask=in_row, other=-1)
-    banned = ((words >> (offs & 31)) & 1) == 0
-    # Write-only: the logits of banned tokens are overwritten without being read.
+    allowed = ((words >> (offs & 31)) & 1) != 0
+    # A full read and write of the row: masked stores of scattered tokens would leave partly written
+    # sectors, which cost the memory system more than rewriting them whole.
     row_ptr = logits_ptr + t.to(tl.int64) * logits_stride
-    tl.store(row_ptr + offs, tl.full([BLOCK_V], float("-inf"), logits_ptr.dtype.element_ty), mask=in_row & banned)
+    vals = tl.load(row_ptr + offs, mask=in_row)
+    tl.store(row_ptr + offs, tl.where(allowed, vals, float("-inf")), mask=in_row)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -182,26 +200,22 @@ def _check_logit_bias_values(logits, idx_mapping, output_lens, allowed_ids, num_
 def _logit_bias_triton(logits, idx_mapping, output_lens, allowed_ids, num_allowed, bias_ids, bias_values,
                        num_bias, stop_ids, num_stop, min_tokens) -> None:
     T, V = logits.shape
-    R = min_tokens.size(0)
-    if T == 0:
+    if T == 0 or (allowed_ids.size(1) == 0 and bias_ids.size(1) == 0 and stop_ids.size(1) == 0):
         return
-    if allowed_ids.size(1) > 0:
-        launch(
-            _allowed_tokens_kernel, (T, triton.cdiv(V, _BLOCK_V)),
-            logits, logits.stride(0), idx_mapping, allowed_ids, allowed_ids.stride(0), num_allowed,
-            R, V, allowed_ids.size(1),
-            BLOCK_V=_BLOCK_V, BLOCK_IDS=_ids_block(allowed_ids.size(1)), num_warps=8,
-        )
-    if bias_ids.size(1) > 0 or stop_ids.size(1) > 0:
-        launch(
-            _bias_and_min_tokens_kernel, (T,),
-            logits, logits.stride(0), idx_mapping, output_lens,
-            bias_ids, bias_ids.stride(0), bias_values, bias_values.stride(0), num_bias, bias_ids.size(1),
-            stop_ids, stop_ids.stride(0), num_stop, stop_ids.size(1), min_tokens,
-            R, V,
-            BLOCK_V=_BLOCK_V, BLOCK_BIAS=_ids_block(bias_ids.size(1)), BLOCK_STOP=_ids_block(stop_ids.size(1)),
-            num_warps=8,
-        )
+    # Per-row scratch: allowed-token bits, and the gathered bias / stop logits.
+    bits = logits.new_empty((T, (V + 31) // 32) if allowed_ids.size(1) > 0 else (1,), dtype=torch.int32)
+    scratch = logits.new_empty((T, max(bias_ids.size(1), stop_ids.size(1), 1)), dtype=torch.float32)
+    launch(
+        _logit_bias_kernel, (T,),
+        logits, logits.stride(0), idx_mapping, output_lens,
+        allowed_ids, allowed_ids.stride(0), num_allowed, allowed_ids.size(1),
+        bias_ids, bias_ids.stride(0), bias_values, bias_values.stride(0), num_bias, bias_ids.size(1),
+        stop_ids, stop_ids.stride(0), num_stop, stop_ids.size(1), min_tokens,
+        bits, scratch, scratch.stride(0),
+        min_tokens.size(0), V,
+        BLOCK_V=_BLOCK_V, BLOCK_ALLOWED=_ids_block(allowed_ids.size(1)), BLOCK_BIAS=_ids_block(bias_ids.size(1)),
+        BLOCK_STOP=_ids_block(stop_ids.size(1)), num_warps=8,
+    )
 
 
 def _logit_bias_cpu(*args) -> None:
