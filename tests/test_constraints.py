@@ -82,6 +82,25 @@ def test_allowed_lists_spread_over_the_row(backend, n_allowed, gen):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("stops_cover_finite", [False, True])
+def test_lists_longer_than_a_register_block(backend, stops_cover_finite, gen):
+    """Bias and stop lists wider than 2048 ids are staged through a scratch buffer."""
+    T, V, R = 3, 6000, 2
+    state = logit_bias_state(T, V, R, gen, allowed_w=0, bias_w=3000, stop_w=2500)
+    state[1] = torch.zeros(T, dtype=torch.int64)
+    state[9] = torch.full((R,), 5, dtype=INT)
+    logits = make_logits(T, V, torch.float32, device_of(backend), generator=gen)
+    if stops_cover_finite:  # every finite logit is a stop token: the stops keep their values
+        state[8] = torch.full((R,), 2500, dtype=INT)
+        state[5].fill_(0.5)
+        keep = torch.zeros(T, V, dtype=torch.bool)
+        for t in range(T):
+            keep[t, state[7][int(state[0][t])].long()] = True
+        logits.masked_fill_(~keep.to(logits.device), float("-inf"))
+    check_logit_bias(backend, logits, state)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_duplicated_ids(backend, gen):
     T, V, R = 2, 2000, 1
     state = logit_bias_state(T, V, R, gen)

@@ -1,17 +1,19 @@
 """Constraint steps of logit processing, in place: `logit_bias` (allowed lists, bias, min tokens) and `apply_token_bitmask`.
 
-logit_bias is one launch, one program per row. The program owns its row, so the phases below
-read and overwrite the same logits only in program order: each phase ends with a CTA barrier
-(`tl.debug_barrier`), and every load of data another thread wrote earlier bypasses L1 (`.cg`).
+logit_bias is two launches. In each, a program reads and overwrites logits only in a part of
+the row that it alone owns, and orders its own phases with CTA barriers (`tl.debug_barrier`);
+loads of data that other threads of the program wrote earlier bypass L1 (`.cg`).
 
-1. allowed list: the ids are OR-ed into a per-row bit scratch (zeroed first), then one pass over
-   the row writes each token's fate: its old logit where listed (read only there), -inf elsewhere.
-   No logit is saved, filled with -inf and restored.
-2. bias: every listed logit plus its bias is gathered into a per-row scratch, then written back,
-   so a duplicated id gets one of its biases.
-3. min tokens: the stop logits are saved to the scratch and set to -inf; the row is scanned for a
-   finite logit (the scan stops at the first one, usually in the first block); if there is none,
-   the saved stop logits are written back.
+1. `_allowed_and_bias_kernel`, one program per (row, chunk of 16384 tokens):
+   - allowed list: the listed ids of the chunk are OR-ed into a bit scratch (zeroed first), then
+     one pass writes each token's fate: its old logit where listed (read only there), -inf
+     elsewhere. No logit is saved, filled with -inf and restored;
+   - bias: the listed logits of the chunk are all read (plus bias), then written back, so a
+     duplicated id gets one of its biases.
+2. `_min_tokens_kernel`, one program per row with active min-tokens: the stop logits are saved and
+   set to -inf, the row is scanned for a finite logit (the scan stops at the first one, usually in
+   the first block), and if there is none the saved stop logits are written back.
+Lists longer than one register block (2048 ids) stage their values in a [T, W] scratch instead.
 """
 from __future__ import annotations
 
@@ -27,10 +29,9 @@ try:
 except ImportError:  # the C++ extension is not built: the CPU implementation raises when called
     _C = None
 
-# Vocabulary tokens one program handles per step.
-_BLOCK_V = 4096
-# Largest chunk of list ids one program holds at once.
-_MAX_BLOCK_IDS = 2048
+_BLOCK_V = 4096  # tokens per step of a pass over the row
+_CHUNK_V = 4 * _BLOCK_V  # tokens per program of _allowed_and_bias_kernel
+_MAX_BLOCK_IDS = 2048  # list ids one program holds in registers
 
 
 def _ids_block(width: int) -> int:
@@ -50,12 +51,18 @@ def _list_length(num_ptr, slot, width):
 
 
 @triton.jit
-def _gather_to_scratch(row_ptr, ids_ptr, n, scratch_ptr, vocab_size, add_ptr, BLOCK: tl.constexpr, HAS_ADD: tl.constexpr):
-    """scratch[i] = row[ids[i]] (+ add[i]) for i < n; ids outside [0, V) are skipped."""
+def _load_listed(ids_ptr, k, n, lo, hi):
+    """ids[k] and whether entry k is listed (k < n) with an id in [lo, hi)."""
+    ids = tl.load(ids_ptr + k, mask=k < n, other=-1)
+    return ids, (k < n) & (ids >= lo) & (ids < hi)
+
+
+@triton.jit
+def _save_listed(row_ptr, ids_ptr, n, lo, hi, scratch_ptr, add_ptr, BLOCK: tl.constexpr, HAS_ADD: tl.constexpr):
+    """scratch[i] = row[ids[i]] (+ add[i]) for the listed ids in [lo, hi)."""
     for i in range(0, n, BLOCK):
         k = i + tl.arange(0, BLOCK)
-        ids = tl.load(ids_ptr + k, mask=k < n, other=-1)
-        ok = (k < n) & (ids >= 0) & (ids < vocab_size)
+        ids, ok = _load_listed(ids_ptr, k, n, lo, hi)
         vals = tl.load(row_ptr + ids, mask=ok, cache_modifier=".cg").to(tl.float32)
         if HAS_ADD:
             vals += tl.load(add_ptr + k, mask=ok, other=0.0)
@@ -63,12 +70,11 @@ def _gather_to_scratch(row_ptr, ids_ptr, n, scratch_ptr, vocab_size, add_ptr, BL
 
 
 @triton.jit
-def _scatter_from_scratch(row_ptr, ids_ptr, n, scratch_ptr, vocab_size, BLOCK: tl.constexpr, FILL_NEG_INF: tl.constexpr):
-    """row[ids[i]] = scratch[i] (or -inf) for i < n; ids outside [0, V) are skipped."""
+def _write_listed(row_ptr, ids_ptr, n, lo, hi, scratch_ptr, BLOCK: tl.constexpr, FILL_NEG_INF: tl.constexpr):
+    """row[ids[i]] = scratch[i] (or -inf) for the listed ids in [lo, hi)."""
     for i in range(0, n, BLOCK):
         k = i + tl.arange(0, BLOCK)
-        ids = tl.load(ids_ptr + k, mask=k < n, other=-1)
-        ok = (k < n) & (ids >= 0) & (ids < vocab_size)
+        ids, ok = _load_listed(ids_ptr, k, n, lo, hi)
         if FILL_NEG_INF:
             vals = tl.full([BLOCK], float("-inf"), tl.float32)
         else:
@@ -77,71 +83,104 @@ def _scatter_from_scratch(row_ptr, ids_ptr, n, scratch_ptr, vocab_size, BLOCK: t
 
 
 @triton.jit
-def _logit_bias_kernel(
-    logits_ptr, logits_stride, idx_mapping_ptr, output_lens_ptr,
-    allowed_ids_ptr, allowed_stride, num_allowed_ptr, max_allowed,
+def _allowed_and_bias_kernel(
+    logits_ptr, logits_stride, idx_mapping_ptr,
+    allowed_ids_ptr, allowed_stride, num_allowed_ptr, max_allowed, bits_ptr,
     bias_ids_ptr, bias_ids_stride, bias_values_ptr, bias_values_stride, num_bias_ptr, max_bias,
+    scratch_ptr, scratch_stride, num_slots, vocab_size,
+    HAS_ALLOWED: tl.constexpr, HAS_BIAS: tl.constexpr, BIAS_IN_REGISTERS: tl.constexpr,
+    BLOCK_V: tl.constexpr, CHUNK_V: tl.constexpr, BLOCK_ALLOWED: tl.constexpr, BLOCK_BIAS: tl.constexpr,
+):
+    t = tl.program_id(0)
+    chunk = tl.program_id(1)
+    slot = _load_slot(idx_mapping_ptr, t, num_slots)
+    if slot < 0:
+        return
+    row_ptr = logits_ptr + t.to(tl.int64) * logits_stride
+    lo = chunk * CHUNK_V
+    hi = tl.minimum(lo + CHUNK_V, vocab_size)
+
+    if HAS_ALLOWED:
+        n_allowed = _list_length(num_allowed_ptr, slot, max_allowed)
+        if n_allowed > 0:
+            words_ptr = bits_ptr + (t.to(tl.int64) * tl.num_programs(1) + chunk) * (CHUNK_V // 32)
+            tl.store(words_ptr + tl.arange(0, CHUNK_V // 32), tl.zeros([CHUNK_V // 32], tl.int32))
+            tl.debug_barrier()
+            ids_ptr = allowed_ids_ptr + slot * allowed_stride
+            for i in range(0, n_allowed, BLOCK_ALLOWED):
+                ids, ok = _load_listed(ids_ptr, i + tl.arange(0, BLOCK_ALLOWED), n_allowed, lo, hi)
+                bit = tl.full([BLOCK_ALLOWED], 1, tl.int32) << (ids & 31)
+                tl.atomic_or(words_ptr + ((ids - lo) >> 5), bit, mask=ok, sem="relaxed")
+            tl.debug_barrier()
+            for v0 in range(lo, hi, BLOCK_V):
+                offs = v0 + tl.arange(0, BLOCK_V)
+                in_row = offs < hi
+                word = tl.load(words_ptr + ((offs - lo) >> 5), mask=in_row, other=0, cache_modifier=".cg")
+                keep = ((word >> (offs & 31)) & 1) != 0
+                kept = tl.load(row_ptr + offs, mask=keep & in_row)
+                tl.store(row_ptr + offs, tl.where(keep, kept, float("-inf")), mask=in_row)
+            tl.debug_barrier()
+
+    if HAS_BIAS:
+        n_bias = _list_length(num_bias_ptr, slot, max_bias)
+        ids_ptr = bias_ids_ptr + slot * bias_ids_stride
+        values_ptr = bias_values_ptr + slot * bias_values_stride
+        if BIAS_IN_REGISTERS:
+            k = tl.arange(0, BLOCK_BIAS)
+            ids, ok = _load_listed(ids_ptr, k, n_bias, lo, hi)
+            biased = tl.load(row_ptr + ids, mask=ok, cache_modifier=".cg").to(tl.float32)
+            biased += tl.load(values_ptr + k, mask=ok, other=0.0)
+            tl.debug_barrier()  # every listed logit is read before any is written
+            tl.store(row_ptr + ids, biased.to(logits_ptr.dtype.element_ty), mask=ok)
+        else:
+            scratch_row = scratch_ptr + t.to(tl.int64) * scratch_stride
+            _save_listed(row_ptr, ids_ptr, n_bias, lo, hi, scratch_row, values_ptr, BLOCK_BIAS, True)
+            tl.debug_barrier()
+            _write_listed(row_ptr, ids_ptr, n_bias, lo, hi, scratch_row, BLOCK_BIAS, False)
+
+
+@triton.jit
+def _min_tokens_kernel(
+    logits_ptr, logits_stride, idx_mapping_ptr, output_lens_ptr,
     stop_ids_ptr, stop_stride, num_stop_ptr, max_stop, min_tokens_ptr,
-    bits_ptr, scratch_ptr, scratch_stride,
-    num_slots, vocab_size,
-    BLOCK_V: tl.constexpr, BLOCK_ALLOWED: tl.constexpr, BLOCK_BIAS: tl.constexpr, BLOCK_STOP: tl.constexpr,
+    scratch_ptr, scratch_stride, num_slots, vocab_size,
+    STOP_IN_REGISTERS: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_STOP: tl.constexpr,
 ):
     t = tl.program_id(0)
     slot = _load_slot(idx_mapping_ptr, t, num_slots)
     if slot < 0:
         return
-    row_ptr = logits_ptr + t.to(tl.int64) * logits_stride
-    scratch_ptr += t.to(tl.int64) * scratch_stride
-
-    n_allowed = _list_length(num_allowed_ptr, slot, max_allowed)
-    if n_allowed > 0:
-        words = (vocab_size + 31) // 32
-        bits_row_ptr = bits_ptr + t.to(tl.int64) * words
-        for w in range(0, words, BLOCK_V):
-            offs = w + tl.arange(0, BLOCK_V)
-            tl.store(bits_row_ptr + offs, tl.zeros([BLOCK_V], tl.int32), mask=offs < words)
-        tl.debug_barrier()
-        ids_ptr = allowed_ids_ptr + slot * allowed_stride
-        for i in range(0, n_allowed, BLOCK_ALLOWED):
-            k = i + tl.arange(0, BLOCK_ALLOWED)
-            ids = tl.load(ids_ptr + k, mask=k < n_allowed, other=-1)
-            ok = (k < n_allowed) & (ids >= 0) & (ids < vocab_size)
-            tl.atomic_or(bits_row_ptr + (ids >> 5), tl.full([BLOCK_ALLOWED], 1, tl.int32) << (ids & 31), mask=ok, sem="relaxed")
-        tl.debug_barrier()
-        for v0 in range(0, vocab_size, BLOCK_V):
-            offs = v0 + tl.arange(0, BLOCK_V)
-            in_row = offs < vocab_size
-            word = tl.load(bits_row_ptr + (offs >> 5), mask=in_row, other=0, cache_modifier=".cg")
-            keep = ((word >> (offs & 31)) & 1) != 0
-            kept = tl.load(row_ptr + offs, mask=keep & in_row)
-            tl.store(row_ptr + offs, tl.where(keep, kept, float("-inf")), mask=in_row)
-        tl.debug_barrier()
-
-    n_bias = _list_length(num_bias_ptr, slot, max_bias)
-    if n_bias > 0:
-        bias_ids_row = bias_ids_ptr + slot * bias_ids_stride
-        _gather_to_scratch(row_ptr, bias_ids_row, n_bias, scratch_ptr, vocab_size,
-                           bias_values_ptr + slot * bias_values_stride, BLOCK_BIAS, True)
-        tl.debug_barrier()
-        _scatter_from_scratch(row_ptr, bias_ids_row, n_bias, scratch_ptr, vocab_size, BLOCK_BIAS, False)
-        tl.debug_barrier()
-
     n_stop = _list_length(num_stop_ptr, slot, max_stop)
-    if (n_stop > 0) & (tl.load(output_lens_ptr + t) < tl.load(min_tokens_ptr + slot)):
-        stop_ids_row = stop_ids_ptr + slot * stop_stride
-        _gather_to_scratch(row_ptr, stop_ids_row, n_stop, scratch_ptr, vocab_size, scratch_ptr, BLOCK_STOP, False)
+    if (n_stop == 0) | (tl.load(output_lens_ptr + t) >= tl.load(min_tokens_ptr + slot)):
+        return
+    row_ptr = logits_ptr + t.to(tl.int64) * logits_stride
+    ids_ptr = stop_ids_ptr + slot * stop_stride
+    if not STOP_IN_REGISTERS:
+        scratch_row = scratch_ptr + t.to(tl.int64) * scratch_stride
+
+    if STOP_IN_REGISTERS:
+        ids, ok = _load_listed(ids_ptr, tl.arange(0, BLOCK_STOP), n_stop, 0, vocab_size)
+        saved = tl.load(row_ptr + ids, mask=ok, cache_modifier=".cg")
+        tl.debug_barrier()  # a duplicated stop id must not save another thread's -inf
+        tl.store(row_ptr + ids, tl.full([BLOCK_STOP], float("-inf"), logits_ptr.dtype.element_ty), mask=ok)
+    else:
+        _save_listed(row_ptr, ids_ptr, n_stop, 0, vocab_size, scratch_row, scratch_row, BLOCK_STOP, False)
         tl.debug_barrier()
-        _scatter_from_scratch(row_ptr, stop_ids_row, n_stop, scratch_ptr, vocab_size, BLOCK_STOP, True)
-        tl.debug_barrier()
-        found = 0
-        v0 = 0
-        while (found == 0) & (v0 < vocab_size):
-            offs = v0 + tl.arange(0, BLOCK_V)
-            vals = tl.load(row_ptr + offs, mask=offs < vocab_size, other=float("-inf"), cache_modifier=".cg")
-            found = tl.max((tl.abs(vals.to(tl.float32)) < float("inf")).to(tl.int32), axis=0)
-            v0 += BLOCK_V
-        if found == 0:  # masking the stops would leave no finite logit: they keep their values
-            _scatter_from_scratch(row_ptr, stop_ids_row, n_stop, scratch_ptr, vocab_size, BLOCK_STOP, False)
+        _write_listed(row_ptr, ids_ptr, n_stop, 0, vocab_size, scratch_row, BLOCK_STOP, True)
+    tl.debug_barrier()
+
+    found = 0
+    v0 = 0
+    while (found == 0) & (v0 < vocab_size):
+        offs = v0 + tl.arange(0, BLOCK_V)
+        vals = tl.load(row_ptr + offs, mask=offs < vocab_size, other=float("-inf"), cache_modifier=".cg")
+        found = tl.max((tl.abs(vals.to(tl.float32)) < float("inf")).to(tl.int32), axis=0)
+        v0 += BLOCK_V
+    if found == 0:  # masking the stops would leave no finite logit: they keep their values
+        if STOP_IN_REGISTERS:
+            tl.store(row_ptr + ids, saved, mask=ok)
+        else:
+            _write_listed(row_ptr, ids_ptr, n_stop, 0, vocab_size, scratch_row, BLOCK_STOP, False)
 
 
 @triton.jit
@@ -200,22 +239,36 @@ def _check_logit_bias_values(logits, idx_mapping, output_lens, allowed_ids, num_
 def _logit_bias_triton(logits, idx_mapping, output_lens, allowed_ids, num_allowed, bias_ids, bias_values,
                        num_bias, stop_ids, num_stop, min_tokens) -> None:
     T, V = logits.shape
-    if T == 0 or (allowed_ids.size(1) == 0 and bias_ids.size(1) == 0 and stop_ids.size(1) == 0):
+    R = min_tokens.size(0)
+    allowed_w, bias_w, stop_w = allowed_ids.size(1), bias_ids.size(1), stop_ids.size(1)
+    if T == 0:
         return
-    # Per-row scratch: allowed-token bits, and the gathered bias / stop logits.
-    bits = logits.new_empty((T, (V + 31) // 32) if allowed_ids.size(1) > 0 else (1,), dtype=torch.int32)
-    scratch = logits.new_empty((T, max(bias_ids.size(1), stop_ids.size(1), 1)), dtype=torch.float32)
-    launch(
-        _logit_bias_kernel, (T,),
-        logits, logits.stride(0), idx_mapping, output_lens,
-        allowed_ids, allowed_ids.stride(0), num_allowed, allowed_ids.size(1),
-        bias_ids, bias_ids.stride(0), bias_values, bias_values.stride(0), num_bias, bias_ids.size(1),
-        stop_ids, stop_ids.stride(0), num_stop, stop_ids.size(1), min_tokens,
-        bits, scratch, scratch.stride(0),
-        min_tokens.size(0), V,
-        BLOCK_V=_BLOCK_V, BLOCK_ALLOWED=_ids_block(allowed_ids.size(1)), BLOCK_BIAS=_ids_block(bias_ids.size(1)),
-        BLOCK_STOP=_ids_block(stop_ids.size(1)), num_warps=8,
-    )
+    # Scratch: allowed-token bits per (row, chunk); staged values of lists too long for registers.
+    chunks = triton.cdiv(V, _CHUNK_V)
+    bits = logits.new_empty((T, chunks * _CHUNK_V // 32), dtype=torch.int32) if allowed_w > 0 else None
+    staged_w = max(w for w in (bias_w, stop_w, 0) if w > _MAX_BLOCK_IDS) if max(bias_w, stop_w) > _MAX_BLOCK_IDS else 0
+    scratch = logits.new_empty((T, staged_w), dtype=torch.float32) if staged_w else None
+    scratch_stride = scratch.stride(0) if staged_w else 0
+    if allowed_w > 0 or bias_w > 0:
+        launch(
+            _allowed_and_bias_kernel, (T, chunks),
+            logits, logits.stride(0), idx_mapping,
+            allowed_ids, allowed_ids.stride(0), num_allowed, allowed_w, bits,
+            bias_ids, bias_ids.stride(0), bias_values, bias_values.stride(0), num_bias, bias_w,
+            scratch, scratch_stride, R, V,
+            HAS_ALLOWED=allowed_w > 0, HAS_BIAS=bias_w > 0, BIAS_IN_REGISTERS=bias_w <= _MAX_BLOCK_IDS,
+            BLOCK_V=_BLOCK_V, CHUNK_V=_CHUNK_V, BLOCK_ALLOWED=_ids_block(allowed_w), BLOCK_BIAS=_ids_block(bias_w),
+            num_warps=8,
+        )
+    if stop_w > 0:
+        launch(
+            _min_tokens_kernel, (T,),
+            logits, logits.stride(0), idx_mapping, output_lens,
+            stop_ids, stop_ids.stride(0), num_stop, stop_w, min_tokens,
+            scratch, scratch_stride, R, V,
+            STOP_IN_REGISTERS=stop_w <= _MAX_BLOCK_IDS, BLOCK_V=_BLOCK_V, BLOCK_STOP=_ids_block(stop_w),
+            num_warps=8,
+        )
 
 
 def _logit_bias_cpu(*args) -> None:
