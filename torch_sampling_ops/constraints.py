@@ -246,9 +246,9 @@ def _logit_bias_triton(logits, idx_mapping, output_lens, allowed_ids, num_allowe
     # Scratch: allowed-token bits per (row, chunk); staged values of lists too long for registers.
     chunks = triton.cdiv(V, _CHUNK_V)
     bits = logits.new_empty((T, chunks * _CHUNK_V // 32), dtype=torch.int32) if allowed_w > 0 else None
-    staged_w = max(w for w in (bias_w, stop_w, 0) if w > _MAX_BLOCK_IDS) if max(bias_w, stop_w) > _MAX_BLOCK_IDS else 0
-    scratch = logits.new_empty((T, staged_w), dtype=torch.float32) if staged_w else None
-    scratch_stride = scratch.stride(0) if staged_w else 0
+    staged_w = max(bias_w, stop_w)
+    scratch = logits.new_empty((T, staged_w), dtype=torch.float32) if staged_w > _MAX_BLOCK_IDS else None
+    scratch_stride = staged_w if scratch is not None else 0
     if allowed_w > 0 or bias_w > 0:
         launch(
             _allowed_and_bias_kernel, (T, chunks),
