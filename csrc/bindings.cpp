@@ -4,4 +4,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "CPU kernels of torch_sampling_ops";
   m.def("logit_bias", &tso::logit_bias);
   m.def("apply_token_bitmask", &tso::apply_token_bitmask);
+  m.def("temperature", &tso::temperature);
+  m.def("min_p", &tso::min_p);
 }

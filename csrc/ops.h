@@ -15,4 +15,8 @@ void logit_bias(at::Tensor logits, const at::Tensor& idx_mapping, const at::Tens
 void apply_token_bitmask(at::Tensor logits, const at::Tensor& bitmask,
                          const std::optional<at::Tensor>& idx_mapping);
 
+void temperature(at::Tensor logits, const at::Tensor& idx_mapping, const at::Tensor& temperature);
+
+void min_p(at::Tensor logits, const at::Tensor& idx_mapping, const at::Tensor& min_p);
+
 }  // namespace tso

@@ -23,6 +23,7 @@ import triton.language as tl
 
 from . import _checks
 from ._registry import define_op, launch
+from ._triton_helpers import load_slot
 
 try:
     from . import _C
@@ -36,13 +37,6 @@ _MAX_BLOCK_IDS = 2048  # list ids one program holds in registers
 
 def _ids_block(width: int) -> int:
     return min(max(triton.next_power_of_2(width), 16), _MAX_BLOCK_IDS)
-
-
-@triton.jit
-def _load_slot(idx_mapping_ptr, t, num_slots):
-    """The request slot of row t, or -1 when it lies outside [0, num_slots)."""
-    slot = tl.load(idx_mapping_ptr + t).to(tl.int64)
-    return tl.where((slot >= 0) & (slot < num_slots), slot, -1)
 
 
 @triton.jit
@@ -93,7 +87,7 @@ def _allowed_and_bias_kernel(
 ):
     t = tl.program_id(0)
     chunk = tl.program_id(1)
-    slot = _load_slot(idx_mapping_ptr, t, num_slots)
+    slot = load_slot(idx_mapping_ptr, t, num_slots)
     if slot < 0:
         return
     row_ptr = logits_ptr + t.to(tl.int64) * logits_stride
@@ -147,7 +141,7 @@ def _min_tokens_kernel(
     STOP_IN_REGISTERS: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_STOP: tl.constexpr,
 ):
     t = tl.program_id(0)
-    slot = _load_slot(idx_mapping_ptr, t, num_slots)
+    slot = load_slot(idx_mapping_ptr, t, num_slots)
     if slot < 0:
         return
     n_stop = _list_length(num_stop_ptr, slot, max_stop)
@@ -190,7 +184,7 @@ def _token_bitmask_kernel(
 ):
     t = tl.program_id(0)
     if HAS_IDX_MAPPING:
-        mask_row = _load_slot(idx_mapping_ptr, t, num_mask_rows)
+        mask_row = load_slot(idx_mapping_ptr, t, num_mask_rows)
     else:
         mask_row = t.to(tl.int64)
     if mask_row < 0:

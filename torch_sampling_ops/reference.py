@@ -70,3 +70,23 @@ def apply_token_bitmask(logits, bitmask, idx_mapping=None, *, compute_dtype=torc
     slots, valid = _slots(idx_mapping, T, bitmask.size(0), logits.device)
     banned = ~unpack_bitmask(bitmask[slots], V) & valid.unsqueeze(1)
     return logits.to(compute_dtype, copy=True).masked_fill_(banned, NEG_INF)
+
+
+def temperature(logits, idx_mapping, temperature, *, compute_dtype=torch.float64) -> torch.Tensor:
+    T, V = logits.shape
+    slots, valid = _slots(idx_mapping, T, temperature.size(0), logits.device)
+    temp = temperature[slots].to(compute_dtype)
+    active = valid & (temp != 0)  # temperature 0: a greedy row, unchanged
+    out = logits.to(compute_dtype, copy=True)
+    return torch.where(active.unsqueeze(1), out / torch.where(active, temp, 1.0).unsqueeze(1), out)
+
+
+def min_p(logits, idx_mapping, min_p, *, compute_dtype=torch.float64) -> torch.Tensor:
+    T, V = logits.shape
+    slots, valid = _slots(idx_mapping, T, min_p.size(0), logits.device)
+    p = min_p[slots].to(compute_dtype)
+    out = logits.to(compute_dtype, copy=True)
+    row_max = torch.where(out.isnan(), NEG_INF, out).amax(dim=1)  # NaN is never the maximum
+    active = valid & (p != 0) & (row_max > NEG_INF)  # min_p 0 is off; a row without a maximum is unchanged
+    threshold = row_max + torch.log(p)
+    return out.masked_fill_(active.unsqueeze(1) & (out < threshold.unsqueeze(1)), NEG_INF)
