@@ -6,11 +6,15 @@ repeats. Also the copy bandwidth that the bandwidth floor is computed from, and 
 """
 from __future__ import annotations
 
+import argparse
 import statistics
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import torch
+
+N_SETS = 3  # input sets rotated through, so that no call finds the previous one's data in L2
 
 
 def bench_gpu(fn: Callable, input_sets: Sequence, *, graph: bool = False, warmup_ms: int = 25, rep_ms: int = 100) -> float:
@@ -89,3 +93,89 @@ def print_table(title: str, header: Sequence[str], rows: Sequence[Sequence]) -> 
     text = "\n".join(lines)
     print(text, flush=True)
     return text
+
+
+@dataclass
+class Case:
+    """One benchmarked step: `make(T, V, device, seed)` builds the inputs (logits first), `ours` is the
+    in-place op, `baseline` the composed-PyTorch version. With `fresh_logits`, each timed call of ours
+    first copies the original logits into a work buffer (its result depends on the data it finds), and
+    the copy's own time is subtracted."""
+    name: str
+    make: Callable[[int, int, str, int], list]
+    ours: Callable
+    baseline: Callable
+    fresh_logits: bool = False
+
+
+def _time_ours(case: Case, sets: list, graph: bool) -> float:
+    if not case.fresh_logits:
+        return bench_gpu(case.ours, sets, graph=graph)
+    work = [[torch.empty_like(s[0])] + list(s) for s in sets]
+
+    def copy(work_logits, src, *rest):
+        work_logits.copy_(src)
+
+    def copy_and_run(work_logits, src, *rest):
+        work_logits.copy_(src)
+        case.ours(work_logits, *rest)
+
+    return bench_gpu(copy_and_run, work, graph=graph) - bench_gpu(copy, work, graph=graph)
+
+
+def gpu_table(case: Case, V: int, bandwidth_gbps: float, Ts=(1, 32, 256, 1024)) -> str:
+    rows = []
+    for T in Ts:
+        sets = [case.make(T, V, "cuda", seed) for seed in range(N_SETS)]
+        eager, graph = _time_ours(case, sets, False), _time_ours(case, sets, True)
+        base = bench_gpu(case.baseline, sets)
+        nbytes = 2 * T * V * sets[0][0].element_size()
+        floor = nbytes / (bandwidth_gbps * 1e9) * 1e6
+        rows.append([T, eager, graph, base, base / graph, floor, graph / floor, nbytes / (graph * 1e-6) / 1e9])
+        del sets
+    return print_table(f"{case.name}, V = {V}, {torch.cuda.get_device_name()}, µs (median)",
+                       ["T", "ours eager", "ours graph", "PyTorch", "speed-up (graph)", "r+w floor", "ours / floor",
+                        "effective GB/s"], rows)
+
+
+def cpu_table(cases: Sequence[Case], T: int = 32, V: int = 32000) -> str:
+    rows = []
+    for case in cases:
+        sets = [case.make(T, V, "cpu", seed) for seed in range(N_SETS)]
+        ours = case.ours
+        if case.fresh_logits:
+            sets = [[s[0].clone()] + list(s) for s in sets]
+            copy_us = bench_cpu(lambda w, src, *rest: w.copy_(src), sets)
+
+            def ours(w, src, *rest):
+                w.copy_(src)
+                case.ours(w, *rest)
+
+            ours_us = bench_cpu(ours, sets) - copy_us
+            base_us = bench_cpu(case.baseline, [s[1:] for s in sets])
+        else:
+            ours_us, base_us = bench_cpu(ours, sets), bench_cpu(case.baseline, sets)
+        rows.append([case.name, ours_us, base_us, base_us / ours_us])
+    return print_table(f"CPU, T = {T}, V = {V}, fp32, {torch.get_num_threads()} threads, µs (median)",
+                       ["op", "C++", "PyTorch", "speed-up"], rows)
+
+
+def main(cases: Sequence[Case], description: str, *, V: int = 151936, extra_gpu: Callable[[], str] | None = None):
+    """Command line of every benchmark script: GPU tables when CUDA is present, the CPU table always."""
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", help="also write the tables (markdown) to this file")
+    parser.add_argument("--cpu-only", action="store_true", help="skip the GPU tables even if CUDA is present")
+    args = parser.parse_args()
+    out = [f"Environment: {environment()}"]
+    print(out[0])
+    if torch.cuda.is_available() and not args.cpu_only:
+        bw = copy_bandwidth_gbps()
+        out.append(f"Copy bandwidth (read + write): {bw:.0f} GB/s. Floor = (read + write of the logits) / copy bandwidth.")
+        print(out[-1])
+        out += [gpu_table(case, V, bw) for case in cases]
+        if extra_gpu is not None:
+            out.append(extra_gpu())
+    out.append(cpu_table(cases))
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write("\n".join(out) + "\n")

@@ -6,4 +6,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("apply_token_bitmask", &tso::apply_token_bitmask);
   m.def("temperature", &tso::temperature);
   m.def("min_p", &tso::min_p);
+  m.def("top_k_top_p", &tso::top_k_top_p);
 }

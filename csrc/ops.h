@@ -19,4 +19,7 @@ void temperature(at::Tensor logits, const at::Tensor& idx_mapping, const at::Ten
 
 void min_p(at::Tensor logits, const at::Tensor& idx_mapping, const at::Tensor& min_p);
 
+void top_k_top_p(at::Tensor logits, const at::Tensor& idx_mapping, const at::Tensor& top_k,
+                 const at::Tensor& top_p);
+
 }  // namespace tso

@@ -7,6 +7,7 @@ implementation for torch.compile. ``torch_sampling_ops.reference`` holds the flo
 from . import reference
 from .constraints import apply_token_bitmask, logit_bias
 from .filtering import min_p, temperature
+from .truncation import top_k_top_p
 
-__all__ = ["apply_token_bitmask", "logit_bias", "min_p", "reference", "temperature"]
+__all__ = ["apply_token_bitmask", "logit_bias", "min_p", "reference", "temperature", "top_k_top_p"]
 __version__ = "0.1.0"

@@ -90,3 +90,29 @@ def min_p(logits, idx_mapping, min_p, *, compute_dtype=torch.float64) -> torch.T
     active = valid & (p != 0) & (row_max > NEG_INF)  # min_p 0 is off; a row without a maximum is unchanged
     threshold = row_max + torch.log(p)
     return out.masked_fill_(active.unsqueeze(1) & (out < threshold.unsqueeze(1)), NEG_INF)
+
+
+def top_k_top_p(logits, idx_mapping, top_k, top_p, *, compute_dtype=torch.float64) -> torch.Tensor:
+    """Keeps, per row, the tokens >= the k-th largest logit, then of those the tokens >= the value at
+    which the cumulative probability (renormalised over the kept set, counted from the most
+    probable) first reaches top_p; ties at either boundary are kept, everything else (NaN too)
+    becomes -inf. top_k <= 0 or >= V and top_p >= 1 are off; a row with no non-NaN logit above -inf
+    is unchanged."""
+    T, V = logits.shape
+    slots, valid = _slots(idx_mapping, T, top_k.size(0), logits.device)
+    k, p = top_k[slots].long(), top_p[slots].to(compute_dtype)
+    k_on, p_on = valid & (k > 0) & (k < V), valid & (p < 1)
+    out = logits.to(compute_dtype, copy=True)
+    ranked = torch.where(out.isnan(), NEG_INF, out).sort(dim=1, descending=True).values
+    row_max = ranked[:, 0]
+    kth = ranked.gather(1, (k.clamp(1, V) - 1).unsqueeze(1)).squeeze(1)
+    tau_k = torch.where(k_on, kth, NEG_INF)
+    in_k = ranked >= tau_k.unsqueeze(1)
+    shift = torch.where(row_max > NEG_INF, row_max, 0.0).unsqueeze(1)  # no -inf - -inf in empty rows
+    weights = torch.where(in_k, torch.exp(ranked - shift), 0.0)
+    mass = weights.cumsum(dim=1)
+    first = (mass < (p * mass[:, -1]).unsqueeze(1)).sum(dim=1).clamp(max=V - 1)  # first index reaching p
+    tau_p = torch.where(p_on, ranked.gather(1, first.unsqueeze(1)).squeeze(1), NEG_INF)
+    threshold = torch.maximum(tau_k, tau_p)
+    active = (k_on | p_on) & (row_max > NEG_INF)
+    return out.masked_fill_(active.unsqueeze(1) & ~(out >= threshold.unsqueeze(1)), NEG_INF)

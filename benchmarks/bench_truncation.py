@@ -1,0 +1,32 @@
+"""Benchmark of top_k_top_p against the sort-based composed-PyTorch baseline
+(torch_sampling_ops.reference in float32) and the bandwidth floor.
+
+    python benchmarks/bench_truncation.py [--out results.md] [--cpu-only]
+
+The op's work depends on the logits it finds, so every timed call first copies the original
+logits (randn * 3) into a work buffer; the copy's own time is measured alone and subtracted.
+"""
+from __future__ import annotations
+
+import torch
+
+import torch_sampling_ops as tso
+from torch_sampling_ops import reference
+from timing import Case, main
+
+
+def truncation_inputs(T, V, device, top_k, top_p, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [(torch.randn(T, V, generator=g) * 3).to(device), torch.arange(T, dtype=torch.int32, device=device),
+            torch.full((T,), top_k, dtype=torch.int32, device=device), torch.full((T,), top_p, device=device)]
+
+
+def _case(name, top_k, top_p):
+    return Case(f"top_k_top_p ({name}), fp32", lambda T, V, dev, s: truncation_inputs(T, V, dev, top_k, top_p, seed=s),
+                tso.top_k_top_p, lambda *a: reference.top_k_top_p(*a, compute_dtype=torch.float32), fresh_logits=True)
+
+
+CASES = [_case("k=50, p=0.9", 50, 0.9), _case("p=0.9", 0, 0.9), _case("k=50", 50, 1.0)]
+
+if __name__ == "__main__":
+    main(CASES, __doc__)

@@ -1,0 +1,220 @@
+"""top_k_top_p against the float64 reference on every backend: realistic, peaked and flat rows, ties
+at both boundaries, -inf and NaN entries, brackets that need narrowing, batch invariance."""
+import pytest
+import torch
+from conftest import (BACKENDS, DTYPES, HAS_CUDA, OP_BACKENDS, assert_pad_untouched, device_of, make_logits,
+                      run_op)
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from torch_sampling_ops import reference
+
+INT = torch.int32
+NEG_INF = float("-inf")
+# (top_k, top_p) per slot: k only, p only, both, neither, k = 1, k >= V, tiny p
+SETTINGS = [(50, 1.0), (0, 0.9), (20, 0.8), (0, 1.0), (1, 1.0), (10**6, 0.95), (0, 1e-6), (3, 0.5)]
+
+
+def slots_for(T, R, gen):
+    idx_mapping = torch.randint(0, R, (T,), generator=gen, dtype=INT)
+    idx_mapping[: min(T, R)] = torch.arange(min(T, R), dtype=INT)  # every setting appears
+    return idx_mapping
+
+
+def assert_matches(logits, original, idx_mapping, top_k, top_p):
+    """Kept tokens keep their value, the rest are -inf; membership may differ from the float64
+    reference only for a top-p boundary token whose exact mass above is within 1e-4 of top_p."""
+    expected = reference.top_k_top_p(original, idx_mapping, top_k, top_p)
+    out = logits.cpu()
+    kept, want = out > NEG_INF, expected > NEG_INF
+    assert torch.equal(out[kept], original[kept]), "a kept token changed value"
+    for t, j in (kept != want).nonzero().tolist():
+        r = int(idx_mapping[t])
+        x = torch.where(original[t].isnan(), NEG_INF, original[t].double())
+        k = int(top_k[r])
+        kth = x.sort(descending=True).values[k - 1] if 0 < k < x.numel() else NEG_INF
+        probs = torch.where(x >= kth, torch.exp(x - x.max()), 0.0)
+        probs /= probs.sum()
+        mass_above = float(probs[x > x[j]].sum())
+        assert abs(mass_above - float(top_p[r])) <= 1e-4, (
+            f"row {t} token {j}: kept={bool(kept[t, j])}, reference={bool(want[t, j])}, mass above {mass_above}")
+
+
+def run_and_check(backend, logits, idx_mapping, top_k, top_p):
+    device = logits.device
+    original = logits.cpu().clone()
+    run_op(backend, "top_k_top_p", logits, idx_mapping.to(device), top_k.to(device), top_p.to(device))
+    assert_matches(logits, original, idx_mapping, top_k, top_p)
+    assert_pad_untouched(logits)
+
+
+def settings(pairs):
+    return torch.tensor([k for k, _ in pairs], dtype=INT), torch.tensor([p for _, p in pairs])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("T", [1, 3, 37])
+@pytest.mark.parametrize("V", [1000, 4096, 5003])
+def test_matches_reference(backend, dtype, T, V, gen):
+    if backend == "interpret" and T > 3:
+        pytest.skip("the interpreter runs about 0.5 s per row of this op")
+    top_k, top_p = settings(SETTINGS)
+    R = top_k.size(0)
+    idx_mapping = slots_for(T, R, gen)
+    if T > 1:
+        idx_mapping[-1] = -3  # out of range: untouched
+    logits = make_logits(T, V, dtype, device_of(backend), generator=gen)
+    run_and_check(backend, logits, idx_mapping, top_k, top_p)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("shape", ["peaked", "flat", "tiny_spread"])
+def test_peaked_and_flat_rows(backend, shape, gen):
+    T, V = 8, 9000
+    scale = {"peaked": 12.0, "flat": 0.2, "tiny_spread": 1e-3}[shape]
+    top_k, top_p = settings(SETTINGS)
+    logits = make_logits(T, V, torch.float32, device_of(backend), generator=gen, scale=scale)
+    run_and_check(backend, logits, torch.arange(T, dtype=INT), top_k, top_p)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_wide_brackets_are_narrowed(backend, gen):
+    """Flat rows of 40000 tokens: the first top-p bracket holds more tokens than fit in registers."""
+    T, V = 3, 40000
+    top_k, top_p = settings([(0, 0.5), (30000, 0.9), (2500, 1.0)])
+    logits = make_logits(T, V, torch.float32, device_of(backend), generator=gen, scale=0.05)
+    run_and_check(backend, logits, torch.arange(T, dtype=INT), top_k, top_p)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_ties_at_both_boundaries_are_kept(backend):
+    V = 3000
+    logits = make_logits(4, V, torch.float32, device_of(backend))
+    logits.copy_(torch.linspace(-5, 5, V).repeat(4, 1))
+    logits[:, 100:110] = 7.0       # ten tokens tied at the 5th..10th largest value
+    logits[2, 200:240] = 9.0       # 40 equal maxima: any top-p keeps all of them
+    logits[3] = 1.0                # a constant row
+    top_k, top_p = settings([(5, 1.0), (10, 0.99), (0, 0.3), (7, 0.5)])
+    run_and_check(backend, logits, torch.arange(4, dtype=INT), top_k, top_p)
+    out = logits.cpu()
+    assert bool((out[0, 100:110] == 7.0).all()) and bool((out[2, 200:240] == 9.0).all())
+    assert bool((out[3] == 1.0).all())
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_inf_and_nan_rows(backend, gen):
+    T, V = 4, 2000
+    logits = make_logits(T, V, torch.float32, device_of(backend), generator=gen)
+    logits[0, :1500] = NEG_INF                  # few finite tokens: k larger than that keeps them all
+    logits[1] = NEG_INF                         # no finite logit: unchanged
+    logits[2, ::7] = float("nan")               # NaN becomes -inf when a filter is on
+    logits[3, :1999] = NEG_INF                  # a single finite token
+    top_k, top_p = settings([(900, 1.0), (5, 0.5), (40, 0.9), (3, 0.2)])
+    run_and_check(backend, logits, torch.arange(T, dtype=INT), top_k, top_p)
+    out = logits.cpu()
+    assert int((out[0] > NEG_INF).sum()) == 500 and not bool(out[2].isnan().any())
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_rows_do_not_depend_on_the_batch(backend, gen):
+    T, V = 6, 5000
+    top_k, top_p = settings(SETTINGS)
+    logits = make_logits(T, V, torch.float32, device_of(backend), generator=gen)
+    idx_mapping = torch.arange(T, dtype=INT)
+    batch = logits.clone()
+    run_op(backend, "top_k_top_p", batch, idx_mapping.to(logits.device), top_k.to(logits.device), top_p.to(logits.device))
+    for t in [0, 3, 5]:
+        alone = logits[t:t + 1].clone()
+        run_op(backend, "top_k_top_p", alone, idx_mapping[t:t + 1].to(logits.device), top_k.to(logits.device),
+               top_p.to(logits.device))
+        assert torch.equal(alone[0], batch[t])
+
+
+# ----------------------------------------------------------------------------------------------
+# Through the dispatcher
+
+
+def example_args(device, gen, T=5, V=3000):
+    top_k, top_p = settings(SETTINGS[:4])
+    return [make_logits(T, V, torch.float32, device, generator=gen), torch.arange(T, dtype=INT).remainder(4).to(device),
+            top_k.to(device), top_p.to(device)]
+
+
+@pytest.mark.parametrize("backend", OP_BACKENDS)
+def test_opcheck(backend, gen):
+    torch.library.opcheck(torch.ops.sampling.top_k_top_p.default, example_args(device_of(backend), gen))
+
+
+@pytest.mark.parametrize("backend", OP_BACKENDS)
+@pytest.mark.parametrize("compile_backend", ["aot_eager", "inductor"])
+def test_compile_fullgraph(backend, compile_backend, gen):
+    torch._dynamo.reset()
+
+    def step(logits, idx_mapping, top_k, top_p):
+        logits = logits / 0.7
+        torch.ops.sampling.top_k_top_p(logits, idx_mapping, top_k, top_p)
+        return logits
+
+    args = example_args(device_of(backend), gen)
+    out = torch.compile(step, backend=compile_backend, fullgraph=True)(*args)
+    expected = reference.top_k_top_p((args[0] / 0.7).cpu(), *[a.cpu() for a in args[1:]])
+    torch.testing.assert_close(out.cpu().double(), expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("backend", OP_BACKENDS)
+def test_bad_arguments(backend, gen):
+    args = example_args(device_of(backend), gen)
+    cases = [(2, args[2].long(), TypeError, "top_k"), (3, args[3].double(), TypeError, "top_p"),
+             (3, args[3][:2], ValueError, "top_p"), (1, args[1][:2], ValueError, "idx_mapping"),
+             (0, args[0].t(), ValueError, "logits"), (2, args[2][:0], ValueError, "top_k")]
+    for i, bad, exc, name in cases:
+        call = list(args)
+        call[i] = bad
+        before = args[0].clone()
+        with pytest.raises(exc, match=name):
+            torch.ops.sampling.top_k_top_p(*call)
+        assert torch.equal(args[0], before)
+        with FakeTensorMode() as mode, pytest.raises(exc, match=name):
+            torch.ops.sampling.top_k_top_p(*[mode.from_tensor(a) for a in call])
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
+def test_cuda_graph_replays_with_changed_parameters(gen):
+    T, V = 4, 6000
+    src = make_logits(T, V, torch.float32, "cuda", generator=gen)
+    logits = torch.empty_like(src)
+    idx_mapping = torch.arange(T, dtype=INT, device="cuda")
+    top_k, top_p = [s.cuda() for s in settings(SETTINGS[:T])]
+
+    def step():
+        logits.copy_(src)
+        torch.ops.sampling.top_k_top_p(logits, idx_mapping, top_k, top_p)
+
+    step()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    for new_k, new_p in [([1, 100, 0, 7], [1.0, 0.5, 0.9, 0.2]), ([3000, 0, 2, 0], [0.99, 0.1, 1.0, 1.0])]:
+        top_k.copy_(torch.tensor(new_k, dtype=INT))
+        top_p.copy_(torch.tensor(new_p))
+        src.copy_(make_logits(T, V, torch.float32, "cuda", generator=gen))
+        graph.replay()
+        assert_matches(logits, src.cpu(), idx_mapping.cpu(), top_k.cpu(), top_p.cpu())
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
+def test_more_than_2_pow_31_elements():
+    V = 151936
+    T = 2**31 // V + 2
+    logits = torch.randn(T, V, device="cuda", dtype=torch.float16)
+    idx_mapping = torch.ones(T, dtype=INT, device="cuda")  # slot 1: filters off
+    idx_mapping[-1] = 0
+    top_k = torch.tensor([5, 0], dtype=INT, device="cuda")
+    top_p = torch.tensor([1.0, 1.0], device="cuda")
+    last = logits[-1].clone()
+    torch.ops.sampling.top_k_top_p(logits, idx_mapping, top_k, top_p)
+    assert int((logits[-1] > NEG_INF).sum()) >= 5
+    assert torch.equal(logits[-1][logits[-1] > NEG_INF].sort().values, last.sort().values[-int((logits[-1] > NEG_INF).sum()):])
+    assert bool((logits[-2] > NEG_INF).all())
