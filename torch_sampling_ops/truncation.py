@@ -33,11 +33,14 @@ except ImportError:  # the C++ extension is not built: the CPU implementation ra
     _C = None
 
 _BLOCK = 1024  # tokens per step of a counting pass ([BLOCK, PIVOTS] comparisons)
+_FAST_BLOCK = 4096  # tokens per step of the fast path's pass and of the masking pass
 _PIVOTS = 16
 # Bracket tokens sorted in registers. Triton's interpreter sorts slowly (3 s for 2048 values), so
 # under TRITON_INTERPRET=1 the tests use smaller brackets, which exercises the narrowing more.
 _CAP = 256 if os.environ.get("TRITON_INTERPRET") == "1" else 2048
 _MAX_REFINE = 8  # counting passes that narrow a bracket; 16 pivots each cut it ~16x
+# Tokens sampled (in 8 spread runs) to estimate the bracket of the fast path.
+_SAMPLE = 512 if os.environ.get("TRITON_INTERPRET") == "1" else 4096
 
 
 @triton.jit
@@ -155,9 +158,88 @@ def _find_threshold(row_ptr, scratch_ptr, vocab_size, row_max, pivots, counts, m
 
 
 @triton.jit
+def _sorted_sample(row_ptr, vocab_size, SAMPLE: tl.constexpr):
+    """Up to SAMPLE tokens of the row (8 runs spread over it, or the whole row), sorted descending."""
+    i = tl.arange(0, SAMPLE)
+    spread = (i // (SAMPLE // 8)) * (vocab_size // 8) + i % (SAMPLE // 8)
+    offs = tl.where(vocab_size <= SAMPLE, i, spread)
+    x = tl.load(row_ptr + offs, mask=offs < vocab_size, other=float("-inf")).to(tl.float32)
+    return tl.sort(tl.where(x > float("-inf"), x, float("-inf")), descending=True)
+
+
+@triton.jit
+def _pick(values, index, SIZE: tl.constexpr):
+    return tl.max(tl.where(tl.arange(0, SIZE) == index, values, float("-inf")))
+
+
+@triton.jit
+def _fast_threshold(row_ptr, scratch_ptr, vocab_size, k, p, k_on, p_on,
+                    SAMPLE: tl.constexpr, CAP: tl.constexpr, BLOCK: tl.constexpr):
+    """The threshold from one pass that compacts the tokens >= lo, with lo read off a sorted sample:
+    past the sample rank expected of the k-th token by a safe margin (top-k), or where about 0.6 * CAP
+    tokens of the row are expected above it (top-p alone). Returns (threshold, valid); valid is 0
+    when the tokens >= lo are more than CAP or do not hold the k tokens / the top_p mass."""
+    ranked = _sorted_sample(row_ptr, vocab_size, SAMPLE)
+    n_sample = tl.minimum(vocab_size, SAMPLE)
+    scale = vocab_size.to(tl.float32) / n_sample
+    if k_on:
+        expected = k.to(tl.float32) / scale
+        rank = (expected + 4.0 * tl.sqrt(expected) + 4.0).to(tl.int32)
+    else:
+        rank = (0.6 * CAP / scale).to(tl.int32)
+    rank = tl.minimum(rank, n_sample - 1)
+    lo = _pick(ranked, rank, SAMPLE)
+    ref = tl.max(ranked)  # exp(x - ref): a token more than 60 above it sends the row to the general path
+
+    threshold = float("-inf")
+    valid = 0
+    if (lo > float("-inf")) & (rank.to(tl.float32) * scale < 0.75 * CAP):
+        count = tl.zeros([BLOCK], tl.int32)
+        mass_lo = tl.zeros([BLOCK], tl.float32)
+        mass_all = tl.zeros([BLOCK], tl.float32)
+        too_large = tl.zeros([BLOCK], tl.int32)
+        base = 0
+        for v0 in range(0, vocab_size, BLOCK):
+            offs = v0 + tl.arange(0, BLOCK)
+            x = tl.load(row_ptr + offs, mask=offs < vocab_size, other=float("-inf")).to(tl.float32)
+            e = tl.where(x > float("-inf"), tl.exp(x - ref), 0.0)
+            inside = x >= lo
+            count += inside.to(tl.int32)
+            mass_lo += tl.where(inside, e, 0.0)
+            mass_all += e
+            too_large |= (x > ref + 60.0).to(tl.int32)
+            n_in = tl.sum(inside.to(tl.int32))
+            if n_in > 0:
+                slot = base + tl.cumsum(inside.to(tl.int32), axis=0) - 1
+                tl.store(scratch_ptr + slot, x, mask=inside & (slot < CAP))
+                base += n_in
+        n_inside = tl.sum(count)
+        if k_on:
+            valid = n_inside >= k
+        else:
+            valid = tl.sum(mass_lo) >= p * tl.sum(mass_all)
+        valid = valid & (n_inside <= CAP) & (tl.max(too_large) == 0)
+        if valid:
+            tl.debug_barrier()
+            i = tl.arange(0, CAP)
+            cand = tl.sort(tl.load(scratch_ptr + i, mask=i < n_inside, other=float("-inf"), cache_modifier=".cg"),
+                           descending=True)
+            w = tl.exp(cand - ref)
+            target = p * tl.sum(mass_all)
+            if k_on:  # every token >= the k-th is a candidate: so is the whole kept set of top-p
+                threshold = _pick(cand, k - 1, CAP)
+                target = p * tl.sum(tl.where(cand >= threshold, w, 0.0))
+            if p_on:
+                reached = tl.cumsum(w, axis=0) >= tl.maximum(target, 1e-30)
+                threshold = tl.maximum(threshold, _pick(cand, tl.min(tl.where(reached, i, n_inside - 1)), CAP))
+    return threshold, valid
+
+
+@triton.jit
 def _top_k_top_p_kernel(
     logits_ptr, logits_stride, idx_mapping_ptr, top_k_ptr, top_p_ptr, scratch_ptr, num_slots, vocab_size,
-    P: tl.constexpr, CAP: tl.constexpr, BLOCK: tl.constexpr, MAX_REFINE: tl.constexpr,
+    P: tl.constexpr, CAP: tl.constexpr, BLOCK: tl.constexpr, MAX_REFINE: tl.constexpr, SAMPLE: tl.constexpr,
+    FAST_BLOCK: tl.constexpr,
 ):
     t = tl.program_id(0)
     slot = load_slot(idx_mapping_ptr, t, num_slots)
@@ -172,22 +254,24 @@ def _top_k_top_p_kernel(
     row_ptr = logits_ptr + t.to(tl.int64) * logits_stride
     scratch_ptr += t.to(tl.int64) * CAP
 
-    pivots, counts, masses, row_max, count, total = _first_pass(row_ptr, vocab_size, BLOCK, P)
-    if count == 0:
-        return  # no logit above -inf: nothing to keep or drop
-    threshold = float("-inf")
-    kept_mass = total
-    if k_on & (k < count):
-        threshold, kept_mass = _find_threshold(row_ptr, scratch_ptr, vocab_size, row_max, pivots, counts, masses,
-                                               k.to(tl.float32), False, P, CAP, BLOCK, MAX_REFINE)
-    if p_on:
-        target = tl.maximum(p * kept_mass, 1e-30)  # top_p <= 0 keeps the most probable token(s)
-        top_p_threshold, _ = _find_threshold(row_ptr, scratch_ptr, vocab_size, row_max, pivots, counts, masses,
-                                             target, True, P, CAP, BLOCK, MAX_REFINE)
-        threshold = tl.maximum(threshold, top_p_threshold)
+    threshold, valid = _fast_threshold(row_ptr, scratch_ptr, vocab_size, k, p, k_on, p_on, SAMPLE, CAP, FAST_BLOCK)
+    if valid == 0:  # the general path: pivot counting, narrowing, compaction
+        pivots, counts, masses, row_max, count, total = _first_pass(row_ptr, vocab_size, BLOCK, P)
+        if count == 0:
+            return  # no logit above -inf: nothing to keep or drop
+        threshold = float("-inf")
+        kept_mass = total
+        if k_on & (k < count):
+            threshold, kept_mass = _find_threshold(row_ptr, scratch_ptr, vocab_size, row_max, pivots, counts, masses,
+                                                   k.to(tl.float32), False, P, CAP, BLOCK, MAX_REFINE)
+        if p_on:
+            target = tl.maximum(p * kept_mass, 1e-30)  # top_p <= 0 keeps the most probable token(s)
+            top_p_threshold, _ = _find_threshold(row_ptr, scratch_ptr, vocab_size, row_max, pivots, counts, masses,
+                                                 target, True, P, CAP, BLOCK, MAX_REFINE)
+            threshold = tl.maximum(threshold, top_p_threshold)
 
-    for v0 in range(0, vocab_size, BLOCK):
-        offs = v0 + tl.arange(0, BLOCK)
+    for v0 in range(0, vocab_size, FAST_BLOCK):
+        offs = v0 + tl.arange(0, FAST_BLOCK)
         in_row = offs < vocab_size
         x = tl.load(row_ptr + offs, mask=in_row)
         tl.store(row_ptr + offs, tl.where(x.to(tl.float32) >= threshold, x, float("-inf")), mask=in_row)
@@ -219,7 +303,7 @@ def _top_k_top_p_triton(logits, idx_mapping, top_k, top_p) -> None:
     launch(
         _top_k_top_p_kernel, (T,),
         logits, logits.stride(0), idx_mapping, top_k, top_p, scratch, top_k.size(0), V,
-        P=_PIVOTS, CAP=_CAP, BLOCK=_BLOCK, MAX_REFINE=_MAX_REFINE, num_warps=8,
+        P=_PIVOTS, CAP=_CAP, BLOCK=_BLOCK, MAX_REFINE=_MAX_REFINE, SAMPLE=_SAMPLE, FAST_BLOCK=_FAST_BLOCK, num_warps=8,
     )
 
 
