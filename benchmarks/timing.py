@@ -7,6 +7,7 @@ repeats. Also the copy bandwidth that the bandwidth floor is computed from, and 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -172,7 +173,8 @@ def main(cases: Sequence[Case], description: str, *, V: int = 151936, extra_gpu:
         bw = copy_bandwidth_gbps()
         out.append(f"Copy bandwidth (read + write): {bw:.0f} GB/s. Floor = (read + write of the logits) / copy bandwidth.")
         print(out[-1])
-        out += [gpu_table(case, V, bw) for case in cases]
+        sizes = tuple(int(t) for t in os.environ.get("BENCH_T", "1,32,256,1024").split(","))
+        out += [gpu_table(case, V, bw, sizes) for case in cases]
         if extra_gpu is not None:
             out.append(extra_gpu())
     out.append(cpu_table(cases))

@@ -181,7 +181,7 @@ def _fast_threshold(row_ptr, scratch_ptr, vocab_size, k, p, k_on, p_on,
     when the tokens >= lo are more than CAP or do not hold the k tokens / the top_p mass."""
     ranked = _sorted_sample(row_ptr, vocab_size, SAMPLE)
     n_sample = tl.minimum(vocab_size, SAMPLE)
-    scale = vocab_size.to(tl.float32) / n_sample
+    scale = (vocab_size * 1.0) / n_sample
     if k_on:
         expected = k.to(tl.float32) / scale
         rank = (expected + 4.0 * tl.sqrt(expected) + 4.0).to(tl.int32)
@@ -215,10 +215,10 @@ def _fast_threshold(row_ptr, scratch_ptr, vocab_size, k, p, k_on, p_on,
                 base += n_in
         n_inside = tl.sum(count)
         if k_on:
-            valid = n_inside >= k
+            holds_target = n_inside >= k
         else:
-            valid = tl.sum(mass_lo) >= p * tl.sum(mass_all)
-        valid = valid & (n_inside <= CAP) & (tl.max(too_large) == 0)
+            holds_target = tl.sum(mass_lo) >= p * tl.sum(mass_all)
+        valid = (holds_target & (n_inside <= CAP) & (tl.max(too_large) == 0)).to(tl.int32)
         if valid:
             tl.debug_barrier()
             i = tl.arange(0, CAP)
