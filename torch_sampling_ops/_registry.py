@@ -4,7 +4,7 @@
 
 - CUDA: argument checks, then the Triton launcher. Registered as a plain dispatcher kernel, which
   keeps the eager cost of a call close to a raw Triton launch.
-- CPU: argument checks, then the C++ kernel from csrc/.
+- CPU: argument checks, then the C++ kernel of the same name from csrc/ (`torch_sampling_ops._C`).
 - fake (meta): argument checks, then empty outputs of the right shapes, for torch.compile and export.
 
 Under torch.compile the CUDA body is also traced into the graph as Triton kernel nodes, as
@@ -65,19 +65,34 @@ def _functional_rule(mode, op, types, args, kwargs):
     return mode.__torch_dispatch__(op, types, args, kwargs)
 
 
+def _cpu_kernel(name: str) -> Callable:
+    def run(*args, **kwargs):
+        try:
+            from . import _C
+        except ImportError as e:
+            raise RuntimeError(
+                "torch_sampling_ops: the C++ CPU kernels are not built; reinstall with "
+                "`pip install --no-build-isolation -e .`") from e
+        return getattr(_C, name)(*args, **kwargs)
+
+    run.__name__ = "cpu"
+    return run
+
+
 def define_op(
     schema: str,
     *,
     check: Callable[..., None],
     triton: Callable,
-    cpu: Callable,
+    cpu: Callable | None = None,
     fake: Callable | None = None,
     check_values: Callable[..., None] | None = None,
 ) -> torch._ops.OpOverload:
     """Defines `sampling::<name>` from `schema` and registers its implementations.
 
     check(*args): metadata checks, raising TypeError/ValueError before anything runs.
-    triton(*args) / cpu(*args): the kernels, called after `check`.
+    triton(*args): the Triton launcher, called after `check`.
+    cpu(*args): the CPU kernel, called after `check`; by default `torch_sampling_ops._C.<name>`.
     fake(*args): outputs for fake tensors; omit for ops that return nothing.
     check_values(*args): value checks run on real tensors when TORCH_SAMPLING_OPS_DEBUG=1.
     """
@@ -96,7 +111,7 @@ def define_op(
 
     _TRITON_IMPLS[name] = checked(triton, values=False)
     LIB.impl(name, checked(triton, values=True), "CUDA")
-    LIB.impl(name, checked(cpu, values=True), "CPU")
+    LIB.impl(name, checked(cpu or _cpu_kernel(name), values=True), "CPU")
     torch.library.register_fake(f"sampling::{name}", checked(fake, values=False), lib=LIB)
     torch.library.register_torch_dispatch(f"sampling::{name}", FunctionalTensorMode, _functional_rule, lib=LIB)
     return getattr(torch.ops.sampling, name).default

@@ -25,11 +25,6 @@ from . import _checks
 from ._registry import define_op, launch
 from ._triton_helpers import load_slot
 
-try:
-    from . import _C
-except ImportError:  # the C++ extension is not built: the CPU implementation raises when called
-    _C = None
-
 _BLOCK_V = 4096  # tokens per step of a pass over the row
 _CHUNK_V = 4 * _BLOCK_V  # tokens per program of _allowed_and_bias_kernel
 _MAX_BLOCK_IDS = 2048  # list ids one program holds in registers
@@ -265,9 +260,6 @@ def _logit_bias_triton(logits, idx_mapping, output_lens, allowed_ids, num_allowe
         )
 
 
-def _logit_bias_cpu(*args) -> None:
-    _C.logit_bias(*args)
-
 
 logit_bias_op = define_op(
     "logit_bias(Tensor(a!) logits, Tensor idx_mapping, Tensor output_lens, Tensor allowed_ids, Tensor num_allowed, "
@@ -275,7 +267,6 @@ logit_bias_op = define_op(
     check=_check_logit_bias,
     check_values=_check_logit_bias_values,
     triton=_logit_bias_triton,
-    cpu=_logit_bias_cpu,
 )
 
 
@@ -345,15 +336,11 @@ def _token_bitmask_triton(logits, bitmask, idx_mapping=None) -> None:
     )
 
 
-def _token_bitmask_cpu(logits, bitmask, idx_mapping=None) -> None:
-    _C.apply_token_bitmask(logits, bitmask, idx_mapping)
-
 
 apply_token_bitmask_op = define_op(
     "apply_token_bitmask(Tensor(a!) logits, Tensor bitmask, Tensor? idx_mapping=None) -> ()",
     check=_check_token_bitmask,
     triton=_token_bitmask_triton,
-    cpu=_token_bitmask_cpu,
 )
 
 

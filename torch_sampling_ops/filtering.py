@@ -37,11 +37,6 @@ from . import _checks
 from ._registry import define_op, launch
 from ._triton_helpers import load_slot
 
-try:
-    from . import _C
-except ImportError:  # the C++ extension is not built: the CPU implementation raises when called
-    _C = None
-
 # Vocabulary tokens one program handles.
 _BLOCK_V = 4096
 # Largest chunk of per-block maxima one min_p program reduces at once.
@@ -150,16 +145,12 @@ def _temperature_triton(logits, idx_mapping, temperature) -> None:
     )
 
 
-def _temperature_cpu(logits, idx_mapping, temperature) -> None:
-    _C.temperature(logits, idx_mapping, temperature)
-
 
 temperature_op = define_op(
     "temperature(Tensor(a!) logits, Tensor idx_mapping, Tensor temperature) -> ()",
     check=_check_temperature,
     check_values=_check_temperature_values,
     triton=_temperature_triton,
-    cpu=_temperature_cpu,
 )
 
 
@@ -206,16 +197,12 @@ def _min_p_triton(logits, idx_mapping, min_p) -> None:
            BLOCK_PARTS=min(triton.next_power_of_2(blocks), _MAX_BLOCK_PARTS), num_warps=8)
 
 
-def _min_p_cpu(logits, idx_mapping, min_p) -> None:
-    _C.min_p(logits, idx_mapping, min_p)
-
 
 min_p_op = define_op(
     "min_p(Tensor(a!) logits, Tensor idx_mapping, Tensor min_p) -> ()",
     check=_check_min_p,
     check_values=_check_min_p_values,
     triton=_min_p_triton,
-    cpu=_min_p_cpu,
 )
 
 

@@ -27,11 +27,6 @@ from . import _checks
 from ._registry import define_op, launch
 from ._triton_helpers import load_slot
 
-try:
-    from . import _C
-except ImportError:  # the C++ extension is not built: the CPU implementation raises when called
-    _C = None
-
 _BLOCK = 1024  # tokens per step of a counting pass ([BLOCK, PIVOTS] comparisons)
 _FAST_BLOCK = 4096  # tokens per step of the fast path's pass and of the masking pass
 _PIVOTS = 16
@@ -307,16 +302,12 @@ def _top_k_top_p_triton(logits, idx_mapping, top_k, top_p) -> None:
     )
 
 
-def _top_k_top_p_cpu(logits, idx_mapping, top_k, top_p) -> None:
-    _C.top_k_top_p(logits, idx_mapping, top_k, top_p)
-
 
 top_k_top_p_op = define_op(
     "top_k_top_p(Tensor(a!) logits, Tensor idx_mapping, Tensor top_k, Tensor top_p) -> ()",
     check=_check_top_k_top_p,
     check_values=_check_top_k_top_p_values,
     triton=_top_k_top_p_triton,
-    cpu=_top_k_top_p_cpu,
 )
 
 
