@@ -1,16 +1,21 @@
 """Truncation of the distribution, in place, without sorting the row: `top_k_top_p`.
 
-One program per row. Both filters reduce to a threshold: keep the tokens >= the largest value v
-whose count (top-k) or probability mass (top-p) of tokens >= v reaches the target. The program
-finds it by counting, not sorting:
+Both filters keep the tokens >= a threshold: the largest value v whose count (top-k) or probability
+mass (top-p) of tokens >= v reaches the target. One program per row finds it by counting:
 
+Fast path (`_fast_threshold`): a sorted 4096-token sample of the row gives a lower bound `lo` (past
+the sample rank expected of the k-th token by a margin; for top-p alone, where ~0.6 * CAP tokens are
+expected above it). One pass counts and weighs the tokens >= lo and compacts them into a per-row
+scratch; if they are at most CAP and hold the k tokens (or the top_p mass), the thresholds are read
+off the sorted candidates. Then one pass writes -inf below the threshold.
+
+General path (any row the fast path cannot settle):
 1. first pass: the row max, min, count and softmax normaliser (online), and, for 16 pivots placed
    geometrically below the first block's max, the count and mass of the tokens >= each pivot;
-2. the pivot interval that holds the threshold is the bracket. If it holds more than 2048 tokens,
+2. the pivot interval that holds the threshold is the bracket. If it holds more than CAP tokens,
    a counting pass over 16 pivots spread across it narrows it (repeated while needed);
-3. one pass copies the bracket's tokens into a per-row scratch (compaction); they are sorted in
-   registers and the exact threshold is read off, with the count / mass above the bracket added;
-4. a last pass writes -inf below the threshold.
+3. one pass compacts the bracket's tokens into the scratch; they are sorted in registers and the
+   exact threshold is read off, with the count / mass above the bracket added.
 Top-p runs after top-k over the kept set (its target is top_p times the kept mass). A row with both
 filters off costs no pass. Masses are float32 sums; so a token's membership may differ from the
 exact answer only where the exact mass above it is within float32 rounding of top_p.
