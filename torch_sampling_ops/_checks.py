@@ -61,6 +61,14 @@ def check_tensor(
         raise ValueError(f"sampling.{op}: '{name}' must have unit stride in its last dimension, got strides {tuple(t.stride())}")
 
 
+def check_slot_vector(op: str, name: str, t: object, dtypes: Sequence[torch.dtype], device: torch.device) -> int:
+    """Checks a per-slot parameter vector [R] (R >= 1, the number of request slots); returns R."""
+    check_tensor(op, name, t, dtypes, ndim=1, device=device)
+    if t.size(0) < 1:
+        raise ValueError(f"sampling.{op}: '{name}' must have R >= 1 request slots, got shape {tuple(t.shape)}")
+    return t.size(0)
+
+
 def check_ragged_list(
     op: str, ids_name: str, ids: torch.Tensor, num_name: str, num: torch.Tensor, num_slots: int, device: torch.device
 ) -> None:

@@ -206,10 +206,7 @@ def _check_logit_bias(logits, idx_mapping, output_lens, allowed_ids, num_allowed
     dev = logits.device
     _checks.check_tensor(op, "idx_mapping", idx_mapping, _checks.INDEX_DTYPES, ndim=1, device=dev, shape=(T,))
     _checks.check_tensor(op, "output_lens", output_lens, _checks.INDEX_DTYPES, ndim=1, device=dev, shape=(T,))
-    _checks.check_tensor(op, "min_tokens", min_tokens, (torch.int32,), ndim=1, device=dev)
-    R = min_tokens.size(0)
-    if R < 1:
-        raise ValueError(f"sampling.{op}: the state tensors must have R >= 1 request slots, got 'min_tokens' of shape {tuple(min_tokens.shape)}")
+    R = _checks.check_slot_vector(op, "min_tokens", min_tokens, (torch.int32,), dev)
     _checks.check_ragged_list(op, "allowed_ids", allowed_ids, "num_allowed", num_allowed, R, dev)
     _checks.check_ragged_list(op, "bias_ids", bias_ids, "num_bias", num_bias, R, dev)
     _checks.check_tensor(op, "bias_values", bias_values, (torch.float32,), ndim=2, device=dev, shape=tuple(bias_ids.shape))

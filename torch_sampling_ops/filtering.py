@@ -115,9 +115,7 @@ def _check_filter(op: str, param: str, logits, idx_mapping, values) -> None:
     T, _ = _checks.check_logits(op, logits)
     dev = logits.device
     _checks.check_tensor(op, "idx_mapping", idx_mapping, _checks.INDEX_DTYPES, ndim=1, device=dev, shape=(T,))
-    _checks.check_tensor(op, param, values, (torch.float32,), ndim=1, device=dev)
-    if values.size(0) < 1:
-        raise ValueError(f"sampling.{op}: the state tensors must have R >= 1 request slots, got '{param}' of shape {tuple(values.shape)}")
+    _checks.check_slot_vector(op, param, values, (torch.float32,), dev)
 
 
 # ----------------------------------------------------------------------------------------------

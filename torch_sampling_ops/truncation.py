@@ -282,10 +282,7 @@ def _check_top_k_top_p(logits, idx_mapping, top_k, top_p) -> None:
     T, _ = _checks.check_logits(op, logits)
     dev = logits.device
     _checks.check_tensor(op, "idx_mapping", idx_mapping, _checks.INDEX_DTYPES, ndim=1, device=dev, shape=(T,))
-    _checks.check_tensor(op, "top_k", top_k, (torch.int32,), ndim=1, device=dev)
-    R = top_k.size(0)
-    if R < 1:
-        raise ValueError(f"sampling.{op}: the state tensors must have R >= 1 request slots, got 'top_k' of shape {tuple(top_k.shape)}")
+    R = _checks.check_slot_vector(op, "top_k", top_k, (torch.int32,), dev)
     _checks.check_tensor(op, "top_p", top_p, (torch.float32,), ndim=1, device=dev, shape=(R,))
 
 
