@@ -7,6 +7,7 @@ repeats. Also the copy bandwidth that the bandwidth floor is computed from, and 
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import statistics
 import time
@@ -109,9 +110,11 @@ class Case:
     fresh_logits: bool = False
 
 
-def _time_ours(case: Case, sets: list, graph: bool) -> float:
+def _time_ours(case: Case, sets: list, timer: Callable) -> float:
+    """µs of one call of case.ours by `timer(fn, sets)`; with fresh_logits, each call first copies the
+    original logits into a work buffer, and the copy's own time is subtracted."""
     if not case.fresh_logits:
-        return bench_gpu(case.ours, sets, graph=graph)
+        return timer(case.ours, sets)
     work = [[torch.empty_like(s[0])] + list(s) for s in sets]
 
     def copy(work_logits, src, *rest):
@@ -121,14 +124,15 @@ def _time_ours(case: Case, sets: list, graph: bool) -> float:
         work_logits.copy_(src)
         case.ours(work_logits, *rest)
 
-    return bench_gpu(copy_and_run, work, graph=graph) - bench_gpu(copy, work, graph=graph)
+    return timer(copy_and_run, work) - timer(copy, work)
 
 
 def gpu_table(case: Case, V: int, bandwidth_gbps: float, Ts=(1, 32, 256, 1024)) -> str:
     rows = []
     for T in Ts:
         sets = [case.make(T, V, "cuda", seed) for seed in range(N_SETS)]
-        eager, graph = _time_ours(case, sets, False), _time_ours(case, sets, True)
+        eager = _time_ours(case, sets, bench_gpu)
+        graph = _time_ours(case, sets, functools.partial(bench_gpu, graph=True))
         base = bench_gpu(case.baseline, sets)
         nbytes = 2 * T * V * sets[0][0].element_size()
         floor = nbytes / (bandwidth_gbps * 1e9) * 1e6
@@ -143,19 +147,7 @@ def cpu_table(cases: Sequence[Case], T: int = 32, V: int = 32000) -> str:
     rows = []
     for case in cases:
         sets = [case.make(T, V, "cpu", seed) for seed in range(N_SETS)]
-        ours = case.ours
-        if case.fresh_logits:
-            sets = [[s[0].clone()] + list(s) for s in sets]
-            copy_us = bench_cpu(lambda w, src, *rest: w.copy_(src), sets)
-
-            def ours(w, src, *rest):
-                w.copy_(src)
-                case.ours(w, *rest)
-
-            ours_us = bench_cpu(ours, sets) - copy_us
-            base_us = bench_cpu(case.baseline, [s[1:] for s in sets])
-        else:
-            ours_us, base_us = bench_cpu(ours, sets), bench_cpu(case.baseline, sets)
+        ours_us, base_us = _time_ours(case, sets, bench_cpu), bench_cpu(case.baseline, sets)
         rows.append([case.name, ours_us, base_us, base_us / ours_us])
     return print_table(f"CPU, T = {T}, V = {V}, fp32, {torch.get_num_threads()} threads, µs (median)",
                        ["op", "C++", "PyTorch", "speed-up"], rows)

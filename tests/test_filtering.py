@@ -235,30 +235,6 @@ def example_args(op, device, gen, T=5, V=1000):
     return [logits, idx_mapping, values]
 
 
-@pytest.mark.parametrize("backend", OP_BACKENDS)
-@pytest.mark.parametrize("op", ["temperature", "min_p"])
-def test_opcheck(backend, op, gen):
-    torch.library.opcheck(getattr(torch.ops.sampling, op).default, example_args(op, device_of(backend), gen))
-
-
-@pytest.mark.parametrize("backend", OP_BACKENDS)
-@pytest.mark.parametrize("compile_backend", ["aot_eager", "inductor"])
-@pytest.mark.parametrize("op", ["temperature", "min_p"])
-def test_compile_fullgraph(backend, compile_backend, op, gen):
-    torch._dynamo.reset()
-    fn = getattr(torch.ops.sampling, op)
-
-    def step(logits, idx_mapping, values):
-        logits = logits * 1.0  # a fresh tensor for the op to process in place, as a decode step would
-        fn(logits, idx_mapping, values)
-        return logits
-
-    args = example_args(op, device_of(backend), gen)
-    expected = getattr(reference, op)(*[a.cpu() for a in args])
-    compiled = torch.compile(step, backend=compile_backend, fullgraph=True)
-    torch.testing.assert_close(compiled(*args).cpu().double(), expected, atol=1e-5, rtol=1e-5)
-
-
 @pytest.mark.cuda
 @pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
 def test_cuda_graph_replays_with_changed_state(gen):

@@ -141,27 +141,6 @@ def example_args(device, gen, T=5, V=3000):
 
 
 @pytest.mark.parametrize("backend", OP_BACKENDS)
-def test_opcheck(backend, gen):
-    torch.library.opcheck(torch.ops.sampling.top_k_top_p.default, example_args(device_of(backend), gen))
-
-
-@pytest.mark.parametrize("backend", OP_BACKENDS)
-@pytest.mark.parametrize("compile_backend", ["aot_eager", "inductor"])
-def test_compile_fullgraph(backend, compile_backend, gen):
-    torch._dynamo.reset()
-
-    def step(logits, idx_mapping, top_k, top_p):
-        logits = logits / 0.7
-        torch.ops.sampling.top_k_top_p(logits, idx_mapping, top_k, top_p)
-        return logits
-
-    args = example_args(device_of(backend), gen)
-    out = torch.compile(step, backend=compile_backend, fullgraph=True)(*args)
-    expected = reference.top_k_top_p((args[0] / 0.7).cpu(), *[a.cpu() for a in args[1:]])
-    torch.testing.assert_close(out.cpu().double(), expected, atol=1e-5, rtol=1e-5)
-
-
-@pytest.mark.parametrize("backend", OP_BACKENDS)
 def test_bad_arguments(backend, gen):
     args = example_args(device_of(backend), gen)
     cases = [(2, args[2].long(), TypeError, "top_k"), (3, args[3].double(), TypeError, "top_p"),
