@@ -1,24 +1,32 @@
 """Truncation of the distribution, in place, without sorting the row: `top_k_top_p`.
 
 Both filters keep the tokens >= a threshold: the largest value v whose count (top-k) or probability
-mass (top-p) of tokens >= v reaches the target. One program per row finds it by counting:
+mass (top-p, after top-k: renormalised over the kept set) of tokens >= v reaches the target. Four
+launches, each row split into fixed 8192-token chunks so that a small batch still fills the GPU:
 
-Fast path (`_fast_threshold`): a sorted 4096-token sample of the row gives a lower bound `lo` (past
-the sample rank expected of the k-th token by a margin; for top-p alone, where ~0.6 * CAP tokens are
-expected above it). One pass counts and weighs the tokens >= lo and compacts them into a per-row
-scratch; if they are at most CAP and hold the k tokens (or the top_p mass), the thresholds are read
-off the sorted candidates. Then one pass writes -inf below the threshold.
+1. `_sample_bound_kernel` (one program per row): a 2048-token sample of the row gives a lower bound
+   `lo` that the threshold is expected to clear: past the sample rank expected of the k-th token by
+   a safe margin (top-k), or where about half the candidate capacity is expected above it (top-p alone).
+2. `_scan_chunks_kernel` (row x chunk): the chunk's max and softmax normaliser, and its tokens >= lo
+   (the candidates) compacted with their positions into the row's workspace, with their count and mass.
+3. `_fill_chunks_kernel` (row x chunk): from the chunk statistics, every program of a row decides the
+   same way whether the candidates settle the row (no chunk overflowed its capacity, and they hold the
+   k tokens or the top_p mass). If so it writes -inf over its chunk: the row is not read again.
+4. `_select_kernel` (one program per row): the exact thresholds by radix selection over the float
+   keys of the candidates (4 bits a round: counts for top-k, masses for top-p), then the candidates
+   >= the threshold are written back. The fill has finished (it is the previous launch), so no
+   write can land after a restore. A row the candidates did not settle takes the general path below
+   in this program, on its untouched logits, then one masking pass.
 
-General path (any row the fast path cannot settle):
-1. first pass: the row max, min, count and softmax normaliser (online), and, for 16 pivots placed
-   geometrically below the first block's max, the count and mass of the tokens >= each pivot;
-2. the pivot interval that holds the threshold is the bracket. If it holds more than CAP tokens,
-   a counting pass over 16 pivots spread across it narrows it (repeated while needed);
-3. one pass compacts the bracket's tokens into the scratch; they are sorted in registers and the
-   exact threshold is read off, with the count / mass above the bracket added.
-Top-p runs after top-k over the kept set (its target is top_p times the kept mass). A row with both
-filters off costs no pass. Masses are float32 sums; so a token's membership may differ from the
-exact answer only where the exact mass above it is within float32 rounding of top_p.
+General path: the row max, min, count and normaliser and, for 16 pivots placed geometrically below
+the first block's max, the count and mass of the tokens >= each pivot; the pivot interval holding the
+threshold is narrowed by further counting passes until at most CAP tokens remain, which are
+compacted, sorted in registers, and read off.
+
+Every reduction runs in a fixed order over fixed chunks that depend only on V, so a row's result does
+not depend on the batch it is in. A row with both filters off is not read. Masses are float32 sums,
+so a token's membership may differ from the exact answer only where the exact mass above it is within
+float32 rounding of top_p.
 """
 from __future__ import annotations
 
@@ -32,15 +40,316 @@ from . import _checks
 from ._registry import define_op, launch
 from ._triton_helpers import load_slot
 
-_BLOCK = 1024  # tokens per step of a counting pass ([BLOCK, PIVOTS] comparisons)
-_FAST_BLOCK = 4096  # tokens per step of the fast path's pass and of the masking pass
+_INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+# Under TRITON_INTERPRET=1 the tests run small rows: smaller chunks, capacities, sample and tiles
+# exercise the multi-chunk, overflow, narrowing and fallback logic there.
+_CHUNK = 1024 if _INTERPRET else 8192  # tokens per program of the scan and fill launches
+_CHUNK_CAP = 128 if _INTERPRET else 1024  # candidates a chunk can hold
+_SAMPLE = 256 if _INTERPRET else 2048  # sampled tokens (32 runs spread over the row)
+_TILE = 256 if _INTERPRET else 2048  # candidates per step of the selection, and held in registers
+_HEADER = 8  # workspace words of a row before its chunk statistics: lo, the settled flag, padding
+# General path: tokens per step of a counting pass ([BLOCK, PIVOTS] comparisons), bracket tokens
+# sorted in registers (at most _TILE: they share the selection scratch), counting passes that
+# narrow a bracket (16 pivots each cut it ~16x).
+_BLOCK = 1024
+_MASK_BLOCK = 4096
 _PIVOTS = 16
-# Bracket tokens sorted in registers. Triton's interpreter sorts slowly (3 s for 2048 values), so
-# under TRITON_INTERPRET=1 the tests use smaller brackets, which exercises the narrowing more.
-_CAP = 256 if os.environ.get("TRITON_INTERPRET") == "1" else 2048
-_MAX_REFINE = 8  # counting passes that narrow a bracket; 16 pivots each cut it ~16x
-# Tokens sampled (in 8 spread runs) to estimate the bracket of the fast path.
-_SAMPLE = 512 if os.environ.get("TRITON_INTERPRET") == "1" else 4096
+_CAP = 256 if _INTERPRET else 2048
+_MAX_REFINE = 8
+
+
+# ----------------------------------------------------------------------------------------------
+# Float keys and radix rounds
+
+
+@triton.jit
+def _float_key(x):
+    """uint32 keys that order like the float32 values (x not NaN; -0.0 counts as +0.0)."""
+    bits = (x + 0.0).to(tl.int32, bitcast=True)
+    signed = bits ^ ((bits >> 31) & 0x7FFFFFFF)
+    return (signed ^ -2147483648).to(tl.uint32, bitcast=True)
+
+
+@triton.jit
+def _key_value(key):
+    """The float32 whose key is `key` (the inverse of _float_key); NaN patterns give -inf."""
+    signed = key.to(tl.int32, bitcast=True) ^ -2147483648
+    x = (signed ^ ((signed >> 31) & 0x7FFFFFFF)).to(tl.float32, bitcast=True)
+    return tl.where(x == x, x, float("-inf"))
+
+
+@triton.jit
+def _high_bits(key, shift):
+    """key >> shift for shift in [0, 32] (a shift by 32 is undefined in one step)."""
+    half = (shift // 2).to(tl.uint32)
+    return (key >> half) >> (shift.to(tl.uint32) - half)
+
+
+@triton.jit
+def _digit_stats(values, present, floor, prefix, shift, row_max, USE_MASS: tl.constexpr):
+    """For the values >= floor whose key bits above `shift` equal prefix's: per 4-bit digit d below
+    `shift`, the count and the count or mass (relative to row_max) of those with digit >= d."""
+    key = _float_key(values)
+    in_bracket = present & (values >= floor) & (_high_bits(key, shift) == _high_bits(prefix, shift))
+    digit = ((key >> (shift - 4).to(tl.uint32)) & 15).to(tl.int32)
+    at_least = in_bracket[:, None] & (digit[:, None] >= tl.arange(0, 16)[None, :])
+    count = tl.sum(at_least.to(tl.int32), axis=0)
+    if USE_MASS:
+        stat = tl.sum(tl.where(at_least, tl.exp(values - row_max)[:, None], 0.0), axis=0)
+    else:
+        stat = count
+    return count, stat
+
+
+@triton.jit
+def _radix_round(prefix, shift, above, count, stat, target):
+    """Fixes the next 4 key bits: the largest digit whose tokens (with those above the bracket) reach
+    target. Returns the new prefix, shift, stat above the new bracket, and tokens in it."""
+    j = tl.arange(0, 16)
+    d = tl.max(tl.where(above + stat >= target, j, 0))
+    above += tl.sum(tl.where(j == d + 1, stat, 0))
+    in_bracket = tl.sum(tl.where(j == d, count, 0)) - tl.sum(tl.where(j == d + 1, count, 0))
+    shift -= 4
+    return prefix | (d.to(tl.uint32) << shift.to(tl.uint32)), shift, above, in_bracket
+
+
+# ----------------------------------------------------------------------------------------------
+# The row workspace: [lo, settled, pad x 6 | chunk max, sum, mass, count (NC each) |
+#                     candidate values (NC x CHUNK_CAP) | positions (NC x CHUNK_CAP) | scratch (TILE)]
+
+
+@triton.jit
+def _chunk_stats_ptrs(ws_row, num_chunks):
+    """Pointers to a row's per-chunk statistics: max, normaliser, candidate mass, candidate count."""
+    max_ptr = ws_row + 8
+    sum_ptr = max_ptr + num_chunks
+    mass_ptr = sum_ptr + num_chunks
+    return max_ptr, sum_ptr, mass_ptr, (mass_ptr + num_chunks).to(tl.pointer_type(tl.int32))
+
+
+@triton.jit
+def _candidate_ptrs(ws_row, num_chunks, CHUNK_CAP: tl.constexpr):
+    """Pointers to a row's candidate values and positions ([num_chunks, CHUNK_CAP] each), and its scratch."""
+    values_ptr = ws_row + 8 + 4 * num_chunks
+    positions_ptr = values_ptr + num_chunks * CHUNK_CAP
+    return values_ptr, positions_ptr.to(tl.pointer_type(tl.int32)), positions_ptr + num_chunks * CHUNK_CAP
+
+
+@triton.jit
+def _row_settings(idx_mapping_ptr, top_k_ptr, top_p_ptr, t, num_slots, vocab_size):
+    """(k, p, k_on, p_on, active) of row t; an inactive row (slot out of range, both filters off) is left alone."""
+    slot = load_slot(idx_mapping_ptr, t, num_slots)
+    safe = tl.maximum(slot, 0)
+    k = tl.load(top_k_ptr + safe)
+    p = tl.load(top_p_ptr + safe)
+    k_on = (k > 0) & (k < vocab_size)
+    p_on = p < 1.0
+    return k, p, k_on, p_on, (slot >= 0) & (k_on | p_on)
+
+
+# ----------------------------------------------------------------------------------------------
+# Launches 1-3
+
+
+@triton.jit
+def _sample_bound_kernel(
+    logits_ptr, logits_stride, idx_mapping_ptr, top_k_ptr, top_p_ptr, ws_ptr, ws_stride, num_slots, vocab_size,
+    SAMPLE: tl.constexpr, CHUNK: tl.constexpr, CHUNK_CAP: tl.constexpr,
+):
+    t = tl.program_id(0)
+    k, p, k_on, p_on, active = _row_settings(idx_mapping_ptr, top_k_ptr, top_p_ptr, t, num_slots, vocab_size)
+    if active:
+        i = tl.arange(0, SAMPLE)
+        run = SAMPLE // 32
+        offs = tl.where(vocab_size <= SAMPLE, i, (i // run) * (vocab_size // 32) + i % run)
+        x = tl.load(logits_ptr + t.to(tl.int64) * logits_stride + offs, mask=offs < vocab_size,
+                    other=float("-inf")).to(tl.float32)
+        x = tl.where(x == x, x, float("-inf"))
+        n_sample = tl.minimum(vocab_size, SAMPLE)
+        if k_on:  # top-p, if on, runs inside the top-k set
+            expected = k.to(tl.float32) * n_sample / vocab_size
+            rank = tl.where(vocab_size <= SAMPLE, k, (expected + 4.0 * tl.sqrt(expected) + 4.0).to(tl.int32))
+        else:
+            budget = 0.5 * CHUNK_CAP * tl.cdiv(vocab_size, CHUNK)
+            rank = (budget * n_sample / vocab_size).to(tl.int32)
+        rank = tl.minimum(tl.maximum(rank, 1), n_sample)
+        # lo: the largest 16-bit key prefix with at least `rank` sampled keys above it, a value <= the
+        # sample's rank-th largest.
+        prefix = tl.zeros([], tl.uint32)
+        shift = tl.full([], 32, tl.int32)
+        above = 0
+        for _ in tl.static_range(4):
+            count, _ = _digit_stats(x, offs < vocab_size, float("-inf"), prefix, shift, 0.0, False)
+            prefix, shift, above, _ = _radix_round(prefix, shift, above, count, count, rank)
+        tl.store(ws_ptr + t.to(tl.int64) * ws_stride, _key_value(prefix))
+
+
+@triton.jit
+def _scan_chunks_kernel(
+    logits_ptr, logits_stride, idx_mapping_ptr, top_k_ptr, top_p_ptr, ws_ptr, ws_stride, num_slots, vocab_size,
+    CHUNK: tl.constexpr, CHUNK_CAP: tl.constexpr,
+):
+    t = tl.program_id(0)
+    c = tl.program_id(1)
+    active = _row_settings(idx_mapping_ptr, top_k_ptr, top_p_ptr, t, num_slots, vocab_size)[4]
+    if active:
+        num_chunks = tl.num_programs(1)
+        ws_row = ws_ptr + t.to(tl.int64) * ws_stride
+        lo = tl.load(ws_row)
+        offs = c * CHUNK + tl.arange(0, CHUNK)
+        in_row = offs < vocab_size
+        x = tl.load(logits_ptr + t.to(tl.int64) * logits_stride + offs, mask=in_row,
+                    other=float("-inf")).to(tl.float32)
+        finite = x > float("-inf")  # NaN is never counted
+        chunk_max = tl.max(tl.where(finite, x, float("-inf")))
+        e = tl.where(finite, tl.exp(x - tl.where(chunk_max > float("-inf"), chunk_max, 0.0)), 0.0)
+        candidate = in_row & (x >= lo)
+        slot = tl.cumsum(candidate.to(tl.int32), axis=0) - 1
+        values_ptr, positions_ptr = _candidate_ptrs(ws_row, num_chunks, CHUNK_CAP)[:2]
+        stored = candidate & (slot < CHUNK_CAP)
+        tl.store(values_ptr + c * CHUNK_CAP + slot, x, mask=stored)
+        tl.store(positions_ptr + c * CHUNK_CAP + slot, offs, mask=stored)
+        max_ptr, sum_ptr, mass_ptr, count_ptr = _chunk_stats_ptrs(ws_row, num_chunks)
+        tl.store(max_ptr + c, chunk_max)
+        tl.store(sum_ptr + c, tl.sum(e))
+        tl.store(mass_ptr + c, tl.sum(tl.where(candidate, e, 0.0)))
+        tl.store(count_ptr + c, tl.sum(candidate.to(tl.int32)))
+
+
+@triton.jit
+def _row_stats(ws_row, num_chunks, NUM_CHUNKS_P2: tl.constexpr):
+    """The chunk statistics combined in chunk order: row max, normaliser and candidate mass (relative
+    to the row max), candidate count, and the largest count of one chunk."""
+    max_ptr, sum_ptr, mass_ptr, count_ptr = _chunk_stats_ptrs(ws_row, num_chunks)
+    c = tl.arange(0, NUM_CHUNKS_P2)
+    in_row = c < num_chunks
+    chunk_max = tl.load(max_ptr + c, mask=in_row, other=float("-inf"))
+    row_max = tl.max(chunk_max)
+    scale = tl.where(chunk_max > float("-inf"), tl.exp(chunk_max - row_max), 0.0)
+    total = tl.sum(tl.load(sum_ptr + c, mask=in_row, other=0.0) * scale)
+    mass = tl.sum(tl.load(mass_ptr + c, mask=in_row, other=0.0) * scale)
+    counts = tl.load(count_ptr + c, mask=in_row, other=0)
+    return row_max, total, mass, tl.sum(counts), tl.max(counts)
+
+
+@triton.jit
+def _fill_chunks_kernel(
+    logits_ptr, logits_stride, idx_mapping_ptr, top_k_ptr, top_p_ptr, ws_ptr, ws_stride, num_slots, vocab_size,
+    CHUNK: tl.constexpr, CHUNK_CAP: tl.constexpr, NUM_CHUNKS_P2: tl.constexpr,
+):
+    t = tl.program_id(0)
+    c = tl.program_id(1)
+    k, p, k_on, p_on, active = _row_settings(idx_mapping_ptr, top_k_ptr, top_p_ptr, t, num_slots, vocab_size)
+    if active:
+        ws_row = ws_ptr + t.to(tl.int64) * ws_stride
+        row_max, total, mass, count, largest = _row_stats(ws_row, tl.num_programs(1), NUM_CHUNKS_P2)
+        if k_on:
+            enough = count >= k
+        else:
+            enough = mass >= p * total
+        # Every program of the row computes the same flag from the same statistics.
+        settled = (row_max > float("-inf")) & (largest <= CHUNK_CAP) & enough
+        if c == 0:
+            tl.store((ws_row + 1).to(tl.pointer_type(tl.int32)), settled.to(tl.int32))
+        if settled:
+            offs = c * CHUNK + tl.arange(0, CHUNK)
+            row_ptr = logits_ptr + t.to(tl.int64) * logits_stride
+            tl.store(row_ptr + offs, tl.full([CHUNK], float("-inf"), row_ptr.dtype.element_ty), mask=offs < vocab_size)
+
+
+# ----------------------------------------------------------------------------------------------
+# Launch 4: exact thresholds from the candidates
+
+
+@triton.jit
+def _candidate_tile(ws_row, num_chunks, start, CHUNK_CAP: tl.constexpr, NUM_CHUNKS_P2: tl.constexpr,
+                    TILE: tl.constexpr):
+    """Candidates start .. start + TILE // NUM_CHUNKS_P2 of every chunk: values (-inf where absent),
+    positions, and which are present."""
+    values_ptr, positions_ptr = _candidate_ptrs(ws_row, num_chunks, CHUNK_CAP)[:2]
+    count_ptr = _chunk_stats_ptrs(ws_row, num_chunks)[3]
+    STEP: tl.constexpr = TILE // NUM_CHUNKS_P2
+    i = tl.arange(0, TILE)
+    c = i // STEP
+    j = start + i % STEP
+    present = (c < num_chunks) & (j < tl.load(count_ptr + c, mask=c < num_chunks, other=0))
+    offs = c * CHUNK_CAP + j
+    values = tl.load(values_ptr + offs, mask=present, other=float("-inf"))
+    positions = tl.load(positions_ptr + offs, mask=present, other=0)
+    return values, positions, present
+
+
+@triton.jit
+def _select_threshold(ws_row, num_chunks, per_chunk, count, lo, floor, row_max, target, USE_MASS: tl.constexpr,
+                      CHUNK_CAP: tl.constexpr, NUM_CHUNKS_P2: tl.constexpr, TILE: tl.constexpr):
+    """The largest candidate value v >= floor whose count (or mass relative to row_max) of candidates
+    >= max(v, floor) reaches target; lo when none does. Radix selection on the float keys, 4 bits a
+    round, starting below the bits that all candidates >= floor share. While the bracket holds more
+    than TILE candidates a round sweeps them all; then the bracket is compacted into the scratch and
+    the remaining rounds run in registers."""
+    STEP: tl.constexpr = TILE // NUM_CHUNKS_P2
+    low = _float_key(tl.maximum(lo, floor))
+    high = _float_key(row_max)
+    # The highest differing bit, from the float exponent of low ^ high (rounding up only adds a round).
+    top = ((low ^ high).to(tl.float32).to(tl.int32, bitcast=True) >> 23) - 127
+    shift = tl.where(low == high, 0, tl.minimum((top + 4) // 4 * 4, 32))
+    prefix = _high_bits(high, shift) << (shift // 2).to(tl.uint32) << (shift - shift // 2).to(tl.uint32)
+    if USE_MASS:
+        above = 0.0
+    else:
+        above = 0
+    if per_chunk <= STEP:  # every candidate is in the first tile
+        values, _, present = _candidate_tile(ws_row, num_chunks, 0, CHUNK_CAP, NUM_CHUNKS_P2, TILE)
+    else:
+        in_bracket = count
+        while (shift > 0) & (in_bracket > TILE):
+            counts = tl.zeros([16], tl.int32)
+            if USE_MASS:
+                stats = tl.zeros([16], tl.float32)
+            else:
+                stats = tl.zeros([16], tl.int32)
+            for start in range(0, per_chunk, STEP):
+                values, _, present = _candidate_tile(ws_row, num_chunks, start, CHUNK_CAP, NUM_CHUNKS_P2, TILE)
+                tile_counts, tile_stats = _digit_stats(values, present, floor, prefix, shift, row_max, USE_MASS)
+                counts += tile_counts
+                stats += tile_stats
+            prefix, shift, above, in_bracket = _radix_round(prefix, shift, above, counts, stats, target)
+        scratch_ptr = _candidate_ptrs(ws_row, num_chunks, CHUNK_CAP)[2]
+        tl.debug_barrier()  # an earlier selection of this program may still read the scratch
+        base = 0
+        for start in range(0, per_chunk, STEP):
+            values, _, present = _candidate_tile(ws_row, num_chunks, start, CHUNK_CAP, NUM_CHUNKS_P2, TILE)
+            inside = present & (values >= floor) & (_high_bits(_float_key(values), shift) == _high_bits(prefix, shift))
+            slot = base + tl.cumsum(inside.to(tl.int32), axis=0) - 1
+            tl.store(scratch_ptr + slot, values, mask=inside & (slot < TILE))
+            base += tl.sum(inside.to(tl.int32))
+        tl.debug_barrier()
+        i = tl.arange(0, TILE)
+        present = i < base
+        values = tl.load(scratch_ptr + i, mask=present, other=float("-inf"), cache_modifier=".cg")
+    while shift > 0:
+        counts, stats = _digit_stats(values, present, floor, prefix, shift, row_max, USE_MASS)
+        prefix, shift, above, _ = _radix_round(prefix, shift, above, counts, stats, target)
+    return tl.maximum(_key_value(prefix), lo)
+
+
+@triton.jit
+def _candidate_mass(ws_row, num_chunks, per_chunk, row_max, floor, CHUNK_CAP: tl.constexpr,
+                    NUM_CHUNKS_P2: tl.constexpr, TILE: tl.constexpr):
+    """Mass (relative to row_max) and count of the candidates >= floor."""
+    STEP: tl.constexpr = TILE // NUM_CHUNKS_P2
+    mass = 0.0
+    count = 0
+    for start in range(0, per_chunk, STEP):
+        values, _, present = _candidate_tile(ws_row, num_chunks, start, CHUNK_CAP, NUM_CHUNKS_P2, TILE)
+        kept = present & (values >= floor)
+        mass += tl.sum(tl.where(kept, tl.exp(values - row_max), 0.0))
+        count += tl.sum(kept.to(tl.int32))
+    return mass, count
+
+
+# ----------------------------------------------------------------------------------------------
+# The general path
 
 
 @triton.jit
@@ -157,124 +466,59 @@ def _find_threshold(row_ptr, scratch_ptr, vocab_size, row_max, pivots, counts, m
     return threshold, kept_mass
 
 
-@triton.jit
-def _sorted_sample(row_ptr, vocab_size, SAMPLE: tl.constexpr):
-    """Up to SAMPLE tokens of the row (8 runs spread over it, or the whole row), sorted descending."""
-    i = tl.arange(0, SAMPLE)
-    spread = (i // (SAMPLE // 8)) * (vocab_size // 8) + i % (SAMPLE // 8)
-    offs = tl.where(vocab_size <= SAMPLE, i, spread)
-    x = tl.load(row_ptr + offs, mask=offs < vocab_size, other=float("-inf")).to(tl.float32)
-    return tl.sort(tl.where(x > float("-inf"), x, float("-inf")), descending=True)
-
 
 @triton.jit
-def _pick(values, index, SIZE: tl.constexpr):
-    return tl.max(tl.where(tl.arange(0, SIZE) == index, values, float("-inf")))
-
-
-@triton.jit
-def _fast_threshold(row_ptr, scratch_ptr, vocab_size, k, p, k_on, p_on,
-                    SAMPLE: tl.constexpr, CAP: tl.constexpr, BLOCK: tl.constexpr):
-    """The threshold from one pass that compacts the tokens >= lo, with lo read off a sorted sample:
-    past the sample rank expected of the k-th token by a safe margin (top-k), or where about 0.6 * CAP
-    tokens of the row are expected above it (top-p alone). Returns (threshold, valid); valid is 0
-    when the tokens >= lo are more than CAP or do not hold the k tokens / the top_p mass."""
-    ranked = _sorted_sample(row_ptr, vocab_size, SAMPLE)
-    n_sample = tl.minimum(vocab_size, SAMPLE)
-    scale = (vocab_size * 1.0) / n_sample
-    if k_on:
-        expected = k.to(tl.float32) / scale
-        rank = (expected + 4.0 * tl.sqrt(expected) + 4.0).to(tl.int32)
-    else:
-        rank = (0.6 * CAP / scale).to(tl.int32)
-    rank = tl.minimum(rank, n_sample - 1)
-    lo = _pick(ranked, rank, SAMPLE)
-    ref = tl.max(ranked)  # exp(x - ref): a token more than 60 above it sends the row to the general path
-
-    threshold = float("-inf")
-    valid = 0
-    if (lo > float("-inf")) & (rank.to(tl.float32) * scale < 0.75 * CAP):
-        count = tl.zeros([BLOCK], tl.int32)
-        mass_lo = tl.zeros([BLOCK], tl.float32)
-        mass_all = tl.zeros([BLOCK], tl.float32)
-        too_large = tl.zeros([BLOCK], tl.int32)
-        base = 0
-        for v0 in range(0, vocab_size, BLOCK):
-            offs = v0 + tl.arange(0, BLOCK)
-            x = tl.load(row_ptr + offs, mask=offs < vocab_size, other=float("-inf")).to(tl.float32)
-            e = tl.where(x > float("-inf"), tl.exp(x - ref), 0.0)
-            inside = x >= lo
-            count += inside.to(tl.int32)
-            mass_lo += tl.where(inside, e, 0.0)
-            mass_all += e
-            too_large |= (x > ref + 60.0).to(tl.int32)
-            n_in = tl.sum(inside.to(tl.int32))
-            if n_in > 0:
-                slot = base + tl.cumsum(inside.to(tl.int32), axis=0) - 1
-                tl.store(scratch_ptr + slot, x, mask=inside & (slot < CAP))
-                base += n_in
-        n_inside = tl.sum(count)
-        if k_on:
-            holds_target = n_inside >= k
-        else:
-            holds_target = tl.sum(mass_lo) >= p * tl.sum(mass_all)
-        valid = (holds_target & (n_inside <= CAP) & (tl.max(too_large) == 0)).to(tl.int32)
-        if valid:
-            tl.debug_barrier()
-            i = tl.arange(0, CAP)
-            cand = tl.sort(tl.load(scratch_ptr + i, mask=i < n_inside, other=float("-inf"), cache_modifier=".cg"),
-                           descending=True)
-            w = tl.exp(cand - ref)
-            target = p * tl.sum(mass_all)
-            if k_on:  # every token >= the k-th is a candidate: so is the whole kept set of top-p
-                threshold = _pick(cand, k - 1, CAP)
-                target = p * tl.sum(tl.where(cand >= threshold, w, 0.0))
-            if p_on:
-                reached = tl.cumsum(w, axis=0) >= tl.maximum(target, 1e-30)
-                threshold = tl.maximum(threshold, _pick(cand, tl.min(tl.where(reached, i, n_inside - 1)), CAP))
-    return threshold, valid
-
-
-@triton.jit
-def _top_k_top_p_kernel(
-    logits_ptr, logits_stride, idx_mapping_ptr, top_k_ptr, top_p_ptr, scratch_ptr, num_slots, vocab_size,
-    P: tl.constexpr, CAP: tl.constexpr, BLOCK: tl.constexpr, MAX_REFINE: tl.constexpr, SAMPLE: tl.constexpr,
-    FAST_BLOCK: tl.constexpr,
+def _select_kernel(
+    logits_ptr, logits_stride, idx_mapping_ptr, top_k_ptr, top_p_ptr, ws_ptr, ws_stride, num_slots, vocab_size,
+    num_chunks, CHUNK_CAP: tl.constexpr, NUM_CHUNKS_P2: tl.constexpr, TILE: tl.constexpr,
+    P: tl.constexpr, CAP: tl.constexpr, BLOCK: tl.constexpr, MAX_REFINE: tl.constexpr, MASK_BLOCK: tl.constexpr,
 ):
     t = tl.program_id(0)
-    slot = load_slot(idx_mapping_ptr, t, num_slots)
-    if slot < 0:
-        return
-    k = tl.load(top_k_ptr + slot)
-    p = tl.load(top_p_ptr + slot)
-    k_on = (k > 0) & (k < vocab_size)
-    p_on = p < 1.0
-    if (k_on | p_on) == 0:
-        return
-    row_ptr = logits_ptr + t.to(tl.int64) * logits_stride
-    scratch_ptr += t.to(tl.int64) * CAP
-
-    threshold, valid = _fast_threshold(row_ptr, scratch_ptr, vocab_size, k, p, k_on, p_on, SAMPLE, CAP, FAST_BLOCK)
-    if valid == 0:  # the general path: pivot counting, narrowing, compaction
-        pivots, counts, masses, row_max, count, total = _first_pass(row_ptr, vocab_size, BLOCK, P)
-        if count == 0:
-            return  # no logit above -inf: nothing to keep or drop
-        threshold = float("-inf")
-        kept_mass = total
-        if k_on & (k < count):
-            threshold, kept_mass = _find_threshold(row_ptr, scratch_ptr, vocab_size, row_max, pivots, counts, masses,
-                                                   k.to(tl.float32), False, P, CAP, BLOCK, MAX_REFINE)
-        if p_on:
-            target = tl.maximum(p * kept_mass, 1e-30)  # top_p <= 0 keeps the most probable token(s)
-            top_p_threshold, _ = _find_threshold(row_ptr, scratch_ptr, vocab_size, row_max, pivots, counts, masses,
-                                                 target, True, P, CAP, BLOCK, MAX_REFINE)
-            threshold = tl.maximum(threshold, top_p_threshold)
-
-    for v0 in range(0, vocab_size, FAST_BLOCK):
-        offs = v0 + tl.arange(0, FAST_BLOCK)
-        in_row = offs < vocab_size
-        x = tl.load(row_ptr + offs, mask=in_row)
-        tl.store(row_ptr + offs, tl.where(x.to(tl.float32) >= threshold, x, float("-inf")), mask=in_row)
+    k, p, k_on, p_on, active = _row_settings(idx_mapping_ptr, top_k_ptr, top_p_ptr, t, num_slots, vocab_size)
+    if active:
+        row_ptr = logits_ptr + t.to(tl.int64) * logits_stride
+        ws_row = ws_ptr + t.to(tl.int64) * ws_stride
+        settled = tl.load((ws_row + 1).to(tl.pointer_type(tl.int32)))
+        if settled != 0:
+            lo = tl.load(ws_row)
+            row_max, total, _, count, per_chunk = _row_stats(ws_row, num_chunks, NUM_CHUNKS_P2)
+            threshold = lo
+            if k_on:
+                threshold = _select_threshold(ws_row, num_chunks, per_chunk, count, lo, lo, row_max, k, False,
+                                              CHUNK_CAP, NUM_CHUNKS_P2, TILE)
+            if p_on:
+                target = p * total
+                if k_on:  # renormalised over the top-k set
+                    kept_mass, count = _candidate_mass(ws_row, num_chunks, per_chunk, row_max, threshold, CHUNK_CAP,
+                                                       NUM_CHUNKS_P2, TILE)
+                    target = p * kept_mass
+                # top_p <= 0 keeps the most probable token(s)
+                threshold = _select_threshold(ws_row, num_chunks, per_chunk, count, lo, threshold, row_max,
+                                              tl.maximum(target, 1e-30), True, CHUNK_CAP, NUM_CHUNKS_P2, TILE)
+            STEP: tl.constexpr = TILE // NUM_CHUNKS_P2
+            for start in range(0, per_chunk, STEP):  # the kept candidates, written back over the fill
+                values, positions, present = _candidate_tile(ws_row, num_chunks, start, CHUNK_CAP, NUM_CHUNKS_P2,
+                                                             TILE)
+                tl.store(row_ptr + positions, values.to(row_ptr.dtype.element_ty), mask=present & (values >= threshold))
+        else:  # the general path, on the untouched row
+            scratch_ptr = _candidate_ptrs(ws_row, num_chunks, CHUNK_CAP)[2]
+            pivots, counts, masses, row_max, count, total = _first_pass(row_ptr, vocab_size, BLOCK, P)
+            if count > 0:  # else no logit above -inf: nothing to keep or drop
+                threshold = float("-inf")
+                kept_mass = total
+                if k_on & (k < count):
+                    threshold, kept_mass = _find_threshold(row_ptr, scratch_ptr, vocab_size, row_max, pivots, counts,
+                                                           masses, k.to(tl.float32), False, P, CAP, BLOCK, MAX_REFINE)
+                if p_on:
+                    target = tl.maximum(p * kept_mass, 1e-30)
+                    top_p_threshold, _ = _find_threshold(row_ptr, scratch_ptr, vocab_size, row_max, pivots, counts,
+                                                         masses, target, True, P, CAP, BLOCK, MAX_REFINE)
+                    threshold = tl.maximum(threshold, top_p_threshold)
+                for v0 in range(0, vocab_size, MASK_BLOCK):
+                    offs = v0 + tl.arange(0, MASK_BLOCK)
+                    in_row = offs < vocab_size
+                    x = tl.load(row_ptr + offs, mask=in_row)
+                    tl.store(row_ptr + offs, tl.where(x.to(tl.float32) >= threshold, x, float("-inf")), mask=in_row)
 
 
 def _check_top_k_top_p(logits, idx_mapping, top_k, top_p) -> None:
@@ -296,13 +540,18 @@ def _top_k_top_p_triton(logits, idx_mapping, top_k, top_p) -> None:
     T, V = logits.shape
     if T == 0:
         return
-    scratch = logits.new_empty((T, _CAP), dtype=torch.float32)
-    launch(
-        _top_k_top_p_kernel, (T,),
-        logits, logits.stride(0), idx_mapping, top_k, top_p, scratch, top_k.size(0), V,
-        P=_PIVOTS, CAP=_CAP, BLOCK=_BLOCK, MAX_REFINE=_MAX_REFINE, SAMPLE=_SAMPLE, FAST_BLOCK=_FAST_BLOCK, num_warps=8,
-    )
-
+    num_chunks = triton.cdiv(V, _CHUNK)
+    chunks_p2 = triton.next_power_of_2(num_chunks)
+    ws_stride = triton.cdiv(_HEADER + 4 * num_chunks + 2 * num_chunks * _CHUNK_CAP + max(_TILE, _CAP), 16) * 16
+    ws = logits.new_empty((T, ws_stride), dtype=torch.float32)
+    args = (logits, logits.stride(0), idx_mapping, top_k, top_p, ws, ws_stride, top_k.size(0), V)
+    launch(_sample_bound_kernel, (T,), *args, SAMPLE=_SAMPLE, CHUNK=_CHUNK, CHUNK_CAP=_CHUNK_CAP, num_warps=8)
+    launch(_scan_chunks_kernel, (T, num_chunks), *args, CHUNK=_CHUNK, CHUNK_CAP=_CHUNK_CAP, num_warps=16)
+    launch(_fill_chunks_kernel, (T, num_chunks), *args, CHUNK=_CHUNK, CHUNK_CAP=_CHUNK_CAP,
+           NUM_CHUNKS_P2=chunks_p2, num_warps=4)
+    launch(_select_kernel, (T,), *args, num_chunks, CHUNK_CAP=_CHUNK_CAP, NUM_CHUNKS_P2=chunks_p2,
+           TILE=max(_TILE, chunks_p2), P=_PIVOTS, CAP=_CAP, BLOCK=_BLOCK, MAX_REFINE=_MAX_REFINE,
+           MASK_BLOCK=_MASK_BLOCK, num_warps=16)
 
 
 top_k_top_p_op = define_op(
