@@ -46,7 +46,9 @@ _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 _CHUNK = 1024 if _INTERPRET else 8192  # tokens per program of the scan and fill launches
 _CHUNK_CAP = 128 if _INTERPRET else 1024  # candidates a chunk can hold
 _SAMPLE = 256 if _INTERPRET else 2048  # sampled tokens (32 runs spread over the row)
-_TILE = 256 if _INTERPRET else 2048  # candidates per step of the selection, and held in registers
+_TILE = 256 if _INTERPRET else 1024  # candidates per step of the selection, and held in registers
+_SCAN_BLOCK = 256 if _INTERPRET else 2048  # tokens per step of a scan program
+_WARPS = {"sample": 8, "scan": 8, "fill": 4, "select": 8, "general": 8}
 _HEADER = 8  # workspace words of a row before its chunk statistics: lo, the settled flag, padding
 # General path: tokens per step of a counting pass ([BLOCK, PIVOTS] comparisons), bracket tokens
 # sorted in registers (at most _TILE: they share the selection scratch), counting passes that
@@ -114,23 +116,25 @@ def _radix_round(prefix, shift, above, count, stat, target):
 
 
 # ----------------------------------------------------------------------------------------------
-# The row workspace: [lo, settled, pad x 6 | chunk max, sum, mass, count (NC each) |
+# The row workspace: [lo, settled, pad x 6 | chunk max, sum, mass, count, first (NC each, first NC + 1), pad |
 #                     candidate values (NC x CHUNK_CAP) | positions (NC x CHUNK_CAP) | scratch (TILE)]
 
 
 @triton.jit
 def _chunk_stats_ptrs(ws_row, num_chunks):
-    """Pointers to a row's per-chunk statistics: max, normaliser, candidate mass, candidate count."""
+    """Pointers to a row's per-chunk statistics: max, normaliser, candidate mass, candidate count, and
+    index of the chunk's first candidate in the row's candidate order (num_chunks + 1 entries)."""
     max_ptr = ws_row + 8
     sum_ptr = max_ptr + num_chunks
     mass_ptr = sum_ptr + num_chunks
-    return max_ptr, sum_ptr, mass_ptr, (mass_ptr + num_chunks).to(tl.pointer_type(tl.int32))
+    count_ptr = (mass_ptr + num_chunks).to(tl.pointer_type(tl.int32))
+    return max_ptr, sum_ptr, mass_ptr, count_ptr, count_ptr + num_chunks
 
 
 @triton.jit
 def _candidate_ptrs(ws_row, num_chunks, CHUNK_CAP: tl.constexpr):
     """Pointers to a row's candidate values and positions ([num_chunks, CHUNK_CAP] each), and its scratch."""
-    values_ptr = ws_row + 8 + 4 * num_chunks
+    values_ptr = ws_row + 8 + 6 * num_chunks
     positions_ptr = values_ptr + num_chunks * CHUNK_CAP
     return values_ptr, positions_ptr.to(tl.pointer_type(tl.int32)), positions_ptr + num_chunks * CHUNK_CAP
 
@@ -187,7 +191,7 @@ def _sample_bound_kernel(
 @triton.jit
 def _scan_chunks_kernel(
     logits_ptr, logits_stride, idx_mapping_ptr, top_k_ptr, top_p_ptr, ws_ptr, ws_stride, num_slots, vocab_size,
-    CHUNK: tl.constexpr, CHUNK_CAP: tl.constexpr,
+    CHUNK: tl.constexpr, CHUNK_CAP: tl.constexpr, BLOCK: tl.constexpr,
 ):
     t = tl.program_id(0)
     c = tl.program_id(1)
@@ -195,32 +199,44 @@ def _scan_chunks_kernel(
     if active:
         num_chunks = tl.num_programs(1)
         ws_row = ws_ptr + t.to(tl.int64) * ws_stride
-        lo = tl.load(ws_row)
-        offs = c * CHUNK + tl.arange(0, CHUNK)
-        in_row = offs < vocab_size
-        x = tl.load(logits_ptr + t.to(tl.int64) * logits_stride + offs, mask=in_row,
-                    other=float("-inf")).to(tl.float32)
-        finite = x > float("-inf")  # NaN is never counted
-        chunk_max = tl.max(tl.where(finite, x, float("-inf")))
-        e = tl.where(finite, tl.exp(x - tl.where(chunk_max > float("-inf"), chunk_max, 0.0)), 0.0)
-        candidate = in_row & (x >= lo)
-        slot = tl.cumsum(candidate.to(tl.int32), axis=0) - 1
+        row_ptr = logits_ptr + t.to(tl.int64) * logits_stride
         values_ptr, positions_ptr = _candidate_ptrs(ws_row, num_chunks, CHUNK_CAP)[:2]
-        stored = candidate & (slot < CHUNK_CAP)
-        tl.store(values_ptr + c * CHUNK_CAP + slot, x, mask=stored)
-        tl.store(positions_ptr + c * CHUNK_CAP + slot, offs, mask=stored)
-        max_ptr, sum_ptr, mass_ptr, count_ptr = _chunk_stats_ptrs(ws_row, num_chunks)
+        values_ptr += c * CHUNK_CAP
+        positions_ptr += c * CHUNK_CAP
+        lo = tl.load(ws_row)
+        chunk_max = float("-inf")
+        total = tl.zeros([BLOCK], tl.float32)  # per-lane sums, relative to chunk_max
+        mass = tl.zeros([BLOCK], tl.float32)
+        count = 0
+        for v0 in range(0, CHUNK, BLOCK):
+            offs = c * CHUNK + v0 + tl.arange(0, BLOCK)
+            x = tl.load(row_ptr + offs, mask=offs < vocab_size, other=float("-inf")).to(tl.float32)
+            finite = x > float("-inf")  # NaN is never counted
+            new_max = tl.maximum(chunk_max, tl.max(tl.where(finite, x, float("-inf"))))
+            shift = tl.where(new_max > float("-inf"), new_max, 0.0)  # no -inf - -inf while nothing is finite
+            rescale = tl.exp(chunk_max - shift)
+            e = tl.where(finite, tl.exp(x - shift), 0.0)
+            candidate = (offs < vocab_size) & (x >= lo)
+            total = total * rescale + e
+            mass = mass * rescale + tl.where(candidate, e, 0.0)
+            slot = count + tl.cumsum(candidate.to(tl.int32), axis=0) - 1
+            stored = candidate & (slot < CHUNK_CAP)
+            tl.store(values_ptr + slot, x, mask=stored)
+            tl.store(positions_ptr + slot, offs, mask=stored)
+            count += tl.sum(candidate.to(tl.int32))
+            chunk_max = new_max
+        max_ptr, sum_ptr, mass_ptr, count_ptr = _chunk_stats_ptrs(ws_row, num_chunks)[:4]
         tl.store(max_ptr + c, chunk_max)
-        tl.store(sum_ptr + c, tl.sum(e))
-        tl.store(mass_ptr + c, tl.sum(tl.where(candidate, e, 0.0)))
-        tl.store(count_ptr + c, tl.sum(candidate.to(tl.int32)))
+        tl.store(sum_ptr + c, tl.sum(total))
+        tl.store(mass_ptr + c, tl.sum(mass))
+        tl.store(count_ptr + c, count)
 
 
 @triton.jit
 def _row_stats(ws_row, num_chunks, NUM_CHUNKS_P2: tl.constexpr):
     """The chunk statistics combined in chunk order: row max, normaliser and candidate mass (relative
     to the row max), candidate count, and the largest count of one chunk."""
-    max_ptr, sum_ptr, mass_ptr, count_ptr = _chunk_stats_ptrs(ws_row, num_chunks)
+    max_ptr, sum_ptr, mass_ptr, count_ptr = _chunk_stats_ptrs(ws_row, num_chunks)[:4]
     c = tl.arange(0, NUM_CHUNKS_P2)
     in_row = c < num_chunks
     chunk_max = tl.load(max_ptr + c, mask=in_row, other=float("-inf"))
@@ -249,8 +265,13 @@ def _fill_chunks_kernel(
             enough = mass >= p * total
         # Every program of the row computes the same flag from the same statistics.
         settled = (row_max > float("-inf")) & (largest <= CHUNK_CAP) & enough
+        count_ptr, first_ptr = _chunk_stats_ptrs(ws_row, tl.num_programs(1))[3:]
+        chunks = tl.arange(0, NUM_CHUNKS_P2)
+        counts = tl.load(count_ptr + chunks, mask=chunks < tl.num_programs(1), other=0)
+        tl.store(first_ptr + c, tl.sum(tl.where(chunks < c, counts, 0)))
         if c == 0:
             tl.store((ws_row + 1).to(tl.pointer_type(tl.int32)), settled.to(tl.int32))
+            tl.store(first_ptr + tl.num_programs(1), count)
         if settled:
             offs = c * CHUNK + tl.arange(0, CHUNK)
             row_ptr = logits_ptr + t.to(tl.int64) * logits_stride
@@ -280,7 +301,29 @@ def _candidate_tile(ws_row, num_chunks, start, CHUNK_CAP: tl.constexpr, NUM_CHUN
 
 
 @triton.jit
-def _select_threshold(ws_row, num_chunks, per_chunk, count, lo, floor, row_max, target, USE_MASS: tl.constexpr,
+def _gathered_candidates(ws_row, num_chunks, CHUNK_CAP: tl.constexpr, NUM_CHUNKS_P2: tl.constexpr,
+                         TILE: tl.constexpr):
+    """All candidates of the row, in chunk order, when they are at most TILE: values (-inf past the
+    last), positions, and which are present. Candidate i lies in the last chunk whose first index
+    (written by the fill) is <= i: a binary search."""
+    values_ptr, positions_ptr = _candidate_ptrs(ws_row, num_chunks, CHUNK_CAP)[:2]
+    first_ptr = _chunk_stats_ptrs(ws_row, num_chunks)[4]
+    i = tl.arange(0, TILE)
+    chunk = tl.zeros([TILE], tl.int32)
+    for b in tl.static_range(16):
+        if (NUM_CHUNKS_P2 >> (b + 1)) > 0:
+            probe = chunk + (NUM_CHUNKS_P2 >> (b + 1))
+            found = (probe < num_chunks) & (tl.load(first_ptr + probe, mask=probe < num_chunks, other=0) <= i)
+            chunk = tl.where(found, probe, chunk)
+    present = i < tl.load(first_ptr + num_chunks)
+    offs = chunk * CHUNK_CAP + i - tl.load(first_ptr + chunk)
+    values = tl.load(values_ptr + offs, mask=present, other=float("-inf"))
+    positions = tl.load(positions_ptr + offs, mask=present, other=0)
+    return values, positions, present
+
+
+@triton.jit
+def _select_threshold(ws_row, num_chunks, per_chunk, count, in_set, lo, floor, row_max, target, USE_MASS: tl.constexpr,
                       CHUNK_CAP: tl.constexpr, NUM_CHUNKS_P2: tl.constexpr, TILE: tl.constexpr):
     """The largest candidate value v >= floor whose count (or mass relative to row_max) of candidates
     >= max(v, floor) reaches target; lo when none does. Radix selection on the float keys, 4 bits a
@@ -298,10 +341,10 @@ def _select_threshold(ws_row, num_chunks, per_chunk, count, lo, floor, row_max, 
         above = 0.0
     else:
         above = 0
-    if per_chunk <= STEP:  # every candidate is in the first tile
-        values, _, present = _candidate_tile(ws_row, num_chunks, 0, CHUNK_CAP, NUM_CHUNKS_P2, TILE)
+    if count <= TILE:  # every candidate fits in registers
+        values, _, present = _gathered_candidates(ws_row, num_chunks, CHUNK_CAP, NUM_CHUNKS_P2, TILE)
     else:
-        in_bracket = count
+        in_bracket = in_set
         while (shift > 0) & (in_bracket > TILE):
             counts = tl.zeros([16], tl.int32)
             if USE_MASS:
@@ -471,7 +514,6 @@ def _find_threshold(row_ptr, scratch_ptr, vocab_size, row_max, pivots, counts, m
 def _select_kernel(
     logits_ptr, logits_stride, idx_mapping_ptr, top_k_ptr, top_p_ptr, ws_ptr, ws_stride, num_slots, vocab_size,
     num_chunks, CHUNK_CAP: tl.constexpr, NUM_CHUNKS_P2: tl.constexpr, TILE: tl.constexpr,
-    P: tl.constexpr, CAP: tl.constexpr, BLOCK: tl.constexpr, MAX_REFINE: tl.constexpr, MASK_BLOCK: tl.constexpr,
 ):
     t = tl.program_id(0)
     k, p, k_on, p_on, active = _row_settings(idx_mapping_ptr, top_k_ptr, top_p_ptr, t, num_slots, vocab_size)
@@ -482,25 +524,47 @@ def _select_kernel(
         if settled != 0:
             lo = tl.load(ws_row)
             row_max, total, _, count, per_chunk = _row_stats(ws_row, num_chunks, NUM_CHUNKS_P2)
+            in_set = count
             threshold = lo
             if k_on:
-                threshold = _select_threshold(ws_row, num_chunks, per_chunk, count, lo, lo, row_max, k, False,
+                threshold = _select_threshold(ws_row, num_chunks, per_chunk, count, count, lo, lo, row_max, k, False,
                                               CHUNK_CAP, NUM_CHUNKS_P2, TILE)
             if p_on:
                 target = p * total
                 if k_on:  # renormalised over the top-k set
-                    kept_mass, count = _candidate_mass(ws_row, num_chunks, per_chunk, row_max, threshold, CHUNK_CAP,
+                    kept_mass, in_set = _candidate_mass(ws_row, num_chunks, per_chunk, row_max, threshold, CHUNK_CAP,
                                                        NUM_CHUNKS_P2, TILE)
                     target = p * kept_mass
                 # top_p <= 0 keeps the most probable token(s)
-                threshold = _select_threshold(ws_row, num_chunks, per_chunk, count, lo, threshold, row_max,
+                threshold = _select_threshold(ws_row, num_chunks, per_chunk, count, in_set, lo, threshold, row_max,
                                               tl.maximum(target, 1e-30), True, CHUNK_CAP, NUM_CHUNKS_P2, TILE)
-            STEP: tl.constexpr = TILE // NUM_CHUNKS_P2
-            for start in range(0, per_chunk, STEP):  # the kept candidates, written back over the fill
-                values, positions, present = _candidate_tile(ws_row, num_chunks, start, CHUNK_CAP, NUM_CHUNKS_P2,
-                                                             TILE)
+            # The kept candidates, written back over the fill.
+            if count <= TILE:
+                values, positions, present = _gathered_candidates(ws_row, num_chunks, CHUNK_CAP, NUM_CHUNKS_P2, TILE)
                 tl.store(row_ptr + positions, values.to(row_ptr.dtype.element_ty), mask=present & (values >= threshold))
-        else:  # the general path, on the untouched row
+            else:
+                STEP: tl.constexpr = TILE // NUM_CHUNKS_P2
+                for start in range(0, per_chunk, STEP):
+                    values, positions, present = _candidate_tile(ws_row, num_chunks, start, CHUNK_CAP,
+                                                                 NUM_CHUNKS_P2, TILE)
+                    tl.store(row_ptr + positions, values.to(row_ptr.dtype.element_ty),
+                             mask=present & (values >= threshold))
+
+
+@triton.jit
+def _general_kernel(
+    logits_ptr, logits_stride, idx_mapping_ptr, top_k_ptr, top_p_ptr, ws_ptr, ws_stride, num_slots, vocab_size,
+    num_chunks, CHUNK_CAP: tl.constexpr, P: tl.constexpr, CAP: tl.constexpr, BLOCK: tl.constexpr,
+    MAX_REFINE: tl.constexpr, MASK_BLOCK: tl.constexpr,
+):
+    """The rows the candidates did not settle, on their untouched logits."""
+    t = tl.program_id(0)
+    k, p, k_on, p_on, active = _row_settings(idx_mapping_ptr, top_k_ptr, top_p_ptr, t, num_slots, vocab_size)
+    ws_row = ws_ptr + t.to(tl.int64) * ws_stride
+    if active:
+        settled = tl.load((ws_row + 1).to(tl.pointer_type(tl.int32)))
+        if settled == 0:
+            row_ptr = logits_ptr + t.to(tl.int64) * logits_stride
             scratch_ptr = _candidate_ptrs(ws_row, num_chunks, CHUNK_CAP)[2]
             pivots, counts, masses, row_max, count, total = _first_pass(row_ptr, vocab_size, BLOCK, P)
             if count > 0:  # else no logit above -inf: nothing to keep or drop
@@ -542,16 +606,19 @@ def _top_k_top_p_triton(logits, idx_mapping, top_k, top_p) -> None:
         return
     num_chunks = triton.cdiv(V, _CHUNK)
     chunks_p2 = triton.next_power_of_2(num_chunks)
-    ws_stride = triton.cdiv(_HEADER + 4 * num_chunks + 2 * num_chunks * _CHUNK_CAP + max(_TILE, _CAP), 16) * 16
+    ws_stride = triton.cdiv(_HEADER + 6 * num_chunks + 2 * num_chunks * _CHUNK_CAP + max(_TILE, _CAP), 16) * 16
     ws = logits.new_empty((T, ws_stride), dtype=torch.float32)
     args = (logits, logits.stride(0), idx_mapping, top_k, top_p, ws, ws_stride, top_k.size(0), V)
-    launch(_sample_bound_kernel, (T,), *args, SAMPLE=_SAMPLE, CHUNK=_CHUNK, CHUNK_CAP=_CHUNK_CAP, num_warps=8)
-    launch(_scan_chunks_kernel, (T, num_chunks), *args, CHUNK=_CHUNK, CHUNK_CAP=_CHUNK_CAP, num_warps=16)
+    launch(_sample_bound_kernel, (T,), *args, SAMPLE=_SAMPLE, CHUNK=_CHUNK, CHUNK_CAP=_CHUNK_CAP,
+           num_warps=_WARPS["sample"])
+    launch(_scan_chunks_kernel, (T, num_chunks), *args, CHUNK=_CHUNK, CHUNK_CAP=_CHUNK_CAP, BLOCK=_SCAN_BLOCK,
+           num_warps=_WARPS["scan"])
     launch(_fill_chunks_kernel, (T, num_chunks), *args, CHUNK=_CHUNK, CHUNK_CAP=_CHUNK_CAP,
-           NUM_CHUNKS_P2=chunks_p2, num_warps=4)
+           NUM_CHUNKS_P2=chunks_p2, num_warps=_WARPS["fill"])
     launch(_select_kernel, (T,), *args, num_chunks, CHUNK_CAP=_CHUNK_CAP, NUM_CHUNKS_P2=chunks_p2,
-           TILE=max(_TILE, chunks_p2), P=_PIVOTS, CAP=_CAP, BLOCK=_BLOCK, MAX_REFINE=_MAX_REFINE,
-           MASK_BLOCK=_MASK_BLOCK, num_warps=16)
+           TILE=max(_TILE, chunks_p2), num_warps=_WARPS["select"])
+    launch(_general_kernel, (T,), *args, num_chunks, CHUNK_CAP=_CHUNK_CAP, P=_PIVOTS, CAP=_CAP, BLOCK=_BLOCK,
+           MAX_REFINE=_MAX_REFINE, MASK_BLOCK=_MASK_BLOCK, num_warps=_WARPS["general"])
 
 
 top_k_top_p_op = define_op(
