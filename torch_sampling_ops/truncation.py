@@ -44,12 +44,12 @@ _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 # Under TRITON_INTERPRET=1 the tests run small rows: smaller chunks, capacities, sample and tiles
 # exercise the multi-chunk, overflow, narrowing and fallback logic there.
 _CHUNK = 1024 if _INTERPRET else 8192  # tokens per program of the scan and fill launches
-_CHUNK_CAP = 128 if _INTERPRET else 1024  # candidates a chunk can hold
+_SEGMENTS = 4 if _INTERPRET else 8  # segments of a chunk, each with its own candidate region
+_SEG_CAP = 32 if _INTERPRET else 128  # candidates a segment can hold
+_SCAN_STEP = 64 if _INTERPRET else 128  # tokens per segment per step of a scan program
 _SAMPLE = 256 if _INTERPRET else 2048  # sampled tokens (32 runs spread over the row)
 _TILE = 256 if _INTERPRET else 1024  # candidates per step of the selection, and held in registers
-_SCAN_BLOCK = 256 if _INTERPRET else 2048  # tokens per step of a scan program
 _WARPS = {"sample": 8, "scan": 8, "fill": 4, "select": 8, "general": 8}
-_HEADER = 8  # workspace words of a row before its chunk statistics: lo, the settled flag, padding
 # General path: tokens per step of a counting pass ([BLOCK, PIVOTS] comparisons), bracket tokens
 # sorted in registers (at most _TILE: they share the selection scratch), counting passes that
 # narrow a bracket (16 pivots each cut it ~16x).
@@ -116,27 +116,33 @@ def _radix_round(prefix, shift, above, count, stat, target):
 
 
 # ----------------------------------------------------------------------------------------------
-# The row workspace: [lo, settled, pad x 6 | chunk max, sum, mass, count, first (NC each, first NC + 1), pad |
-#                     candidate values (NC x CHUNK_CAP) | positions (NC x CHUNK_CAP) | scratch (TILE)]
+# The row workspace, in 4-byte words: [lo, settled, pad x 6 | per chunk: max, normaliser, candidate
+# mass | per segment: candidate count; index of its first candidate in row order (one more) | pad x 4 |
+# candidate values (segments x SEG_CAP) | their positions (same) | scratch (max(TILE, CAP))].
+# A segment is 1/SEGMENTS of a chunk: each compacts its candidates into its own region, in order.
 
 
 @triton.jit
 def _chunk_stats_ptrs(ws_row, num_chunks):
-    """Pointers to a row's per-chunk statistics: max, normaliser, candidate mass, candidate count, and
-    index of the chunk's first candidate in the row's candidate order (num_chunks + 1 entries)."""
+    """A row's per-chunk statistics: max, softmax normaliser and candidate mass relative to the max."""
     max_ptr = ws_row + 8
-    sum_ptr = max_ptr + num_chunks
-    mass_ptr = sum_ptr + num_chunks
-    count_ptr = (mass_ptr + num_chunks).to(tl.pointer_type(tl.int32))
-    return max_ptr, sum_ptr, mass_ptr, count_ptr, count_ptr + num_chunks
+    return max_ptr, max_ptr + num_chunks, max_ptr + 2 * num_chunks
 
 
 @triton.jit
-def _candidate_ptrs(ws_row, num_chunks, CHUNK_CAP: tl.constexpr):
-    """Pointers to a row's candidate values and positions ([num_chunks, CHUNK_CAP] each), and its scratch."""
-    values_ptr = ws_row + 8 + 6 * num_chunks
-    positions_ptr = values_ptr + num_chunks * CHUNK_CAP
-    return values_ptr, positions_ptr.to(tl.pointer_type(tl.int32)), positions_ptr + num_chunks * CHUNK_CAP
+def _segment_ptrs(ws_row, num_chunks, num_segments):
+    """A row's per-segment candidate counts, and the index of each segment's first candidate in the
+    row's candidate order (num_segments + 1 entries: the last is the total)."""
+    count_ptr = (ws_row + 8 + 3 * num_chunks).to(tl.pointer_type(tl.int32))
+    return count_ptr, count_ptr + num_segments
+
+
+@triton.jit
+def _candidate_ptrs(ws_row, num_chunks, num_segments, SEG_CAP: tl.constexpr):
+    """A row's candidate values, their positions ([num_segments, SEG_CAP] each), and its scratch."""
+    values_ptr = ws_row + 13 + 3 * num_chunks + 2 * num_segments
+    positions_ptr = values_ptr + num_segments * SEG_CAP
+    return values_ptr, positions_ptr.to(tl.pointer_type(tl.int32)), positions_ptr + num_segments * SEG_CAP
 
 
 @triton.jit
@@ -191,8 +197,11 @@ def _sample_bound_kernel(
 @triton.jit
 def _scan_chunks_kernel(
     logits_ptr, logits_stride, idx_mapping_ptr, top_k_ptr, top_p_ptr, ws_ptr, ws_stride, num_slots, vocab_size,
-    CHUNK: tl.constexpr, CHUNK_CAP: tl.constexpr, BLOCK: tl.constexpr,
+    CHUNK: tl.constexpr, SEGMENTS: tl.constexpr, SEG_CAP: tl.constexpr, STEP: tl.constexpr,
 ):
+    """Statistics and candidates of one chunk. Its SEGMENTS segments advance together, STEP tokens
+    each a step; each compacts its candidates in its own region, so a step needs no block-wide
+    barrier (the running sums and maxima are per lane)."""
     t = tl.program_id(0)
     c = tl.program_id(1)
     active = _row_settings(idx_mapping_ptr, top_k_ptr, top_p_ptr, t, num_slots, vocab_size)[4]
@@ -200,78 +209,90 @@ def _scan_chunks_kernel(
         num_chunks = tl.num_programs(1)
         ws_row = ws_ptr + t.to(tl.int64) * ws_stride
         row_ptr = logits_ptr + t.to(tl.int64) * logits_stride
-        values_ptr, positions_ptr = _candidate_ptrs(ws_row, num_chunks, CHUNK_CAP)[:2]
-        values_ptr += c * CHUNK_CAP
-        positions_ptr += c * CHUNK_CAP
         lo = tl.load(ws_row)
-        chunk_max = float("-inf")
-        total = tl.zeros([BLOCK], tl.float32)  # per-lane sums, relative to chunk_max
-        mass = tl.zeros([BLOCK], tl.float32)
-        count = 0
-        for v0 in range(0, CHUNK, BLOCK):
-            offs = c * CHUNK + v0 + tl.arange(0, BLOCK)
-            x = tl.load(row_ptr + offs, mask=offs < vocab_size, other=float("-inf")).to(tl.float32)
-            finite = x > float("-inf")  # NaN is never counted
-            new_max = tl.maximum(chunk_max, tl.max(tl.where(finite, x, float("-inf"))))
+        SEG_LEN: tl.constexpr = CHUNK // SEGMENTS
+        segment = c * SEGMENTS + tl.arange(0, SEGMENTS)
+        values_ptr, positions_ptr = _candidate_ptrs(ws_row, num_chunks, num_chunks * SEGMENTS, SEG_CAP)[:2]
+        values_ptr = values_ptr + segment[:, None] * SEG_CAP
+        positions_ptr = positions_ptr + segment[:, None] * SEG_CAP
+        offs = c * CHUNK + tl.arange(0, SEGMENTS)[:, None] * SEG_LEN + tl.arange(0, STEP)[None, :]
+        run_max = tl.full([SEGMENTS, STEP], float("-inf"), tl.float32)
+        total = tl.zeros([SEGMENTS, STEP], tl.float32)  # relative to run_max
+        mass = tl.zeros([SEGMENTS, STEP], tl.float32)
+        count = tl.zeros([SEGMENTS], tl.int32)
+        x = tl.load(row_ptr + offs, mask=offs < vocab_size, other=float("-inf")).to(tl.float32)
+        for v0 in range(0, SEG_LEN, STEP):
+            # The next step's load goes out before this step's arithmetic.
+            x_next = tl.load(row_ptr + offs + STEP, mask=(v0 + STEP < SEG_LEN) & (offs + STEP < vocab_size),
+                             other=float("-inf")).to(tl.float32)
+            new_max = tl.maximum(run_max, tl.where(x == x, x, float("-inf")))
             shift = tl.where(new_max > float("-inf"), new_max, 0.0)  # no -inf - -inf while nothing is finite
-            rescale = tl.exp(chunk_max - shift)
-            e = tl.where(finite, tl.exp(x - shift), 0.0)
+            rescale = tl.exp(run_max - shift)
+            e = tl.where(x > float("-inf"), tl.exp(x - shift), 0.0)  # NaN is never counted
             candidate = (offs < vocab_size) & (x >= lo)
             total = total * rescale + e
             mass = mass * rescale + tl.where(candidate, e, 0.0)
-            slot = count + tl.cumsum(candidate.to(tl.int32), axis=0) - 1
-            stored = candidate & (slot < CHUNK_CAP)
+            slot = count[:, None] + tl.cumsum(candidate.to(tl.int32), axis=1) - 1
+            stored = candidate & (slot < SEG_CAP)
             tl.store(values_ptr + slot, x, mask=stored)
             tl.store(positions_ptr + slot, offs, mask=stored)
-            count += tl.sum(candidate.to(tl.int32))
-            chunk_max = new_max
-        max_ptr, sum_ptr, mass_ptr, count_ptr = _chunk_stats_ptrs(ws_row, num_chunks)[:4]
+            count += tl.sum(candidate.to(tl.int32), axis=1)
+            run_max = new_max
+            x = x_next
+            offs += STEP
+        chunk_max = tl.max(run_max)
+        scale = tl.where(run_max > float("-inf"), tl.exp(run_max - chunk_max), 0.0)
+        max_ptr, sum_ptr, mass_ptr = _chunk_stats_ptrs(ws_row, num_chunks)
         tl.store(max_ptr + c, chunk_max)
-        tl.store(sum_ptr + c, tl.sum(total))
-        tl.store(mass_ptr + c, tl.sum(mass))
-        tl.store(count_ptr + c, count)
+        tl.store(sum_ptr + c, tl.sum(total * scale))
+        tl.store(mass_ptr + c, tl.sum(mass * scale))
+        tl.store(_segment_ptrs(ws_row, num_chunks, num_chunks * SEGMENTS)[0] + segment, count)
 
 
 @triton.jit
-def _row_stats(ws_row, num_chunks, NUM_CHUNKS_P2: tl.constexpr):
+def _row_stats(ws_row, num_chunks, num_segments, CHUNKS_P2: tl.constexpr, SEGMENTS_P2: tl.constexpr):
     """The chunk statistics combined in chunk order: row max, normaliser and candidate mass (relative
-    to the row max), candidate count, and the largest count of one chunk."""
-    max_ptr, sum_ptr, mass_ptr, count_ptr = _chunk_stats_ptrs(ws_row, num_chunks)[:4]
-    c = tl.arange(0, NUM_CHUNKS_P2)
-    in_row = c < num_chunks
-    chunk_max = tl.load(max_ptr + c, mask=in_row, other=float("-inf"))
+    to the row max); the segment counts, their total and their largest."""
+    max_ptr, sum_ptr, mass_ptr = _chunk_stats_ptrs(ws_row, num_chunks)
+    c = tl.arange(0, CHUNKS_P2)
+    chunk_max = tl.load(max_ptr + c, mask=c < num_chunks, other=float("-inf"))
     row_max = tl.max(chunk_max)
     scale = tl.where(chunk_max > float("-inf"), tl.exp(chunk_max - row_max), 0.0)
-    total = tl.sum(tl.load(sum_ptr + c, mask=in_row, other=0.0) * scale)
-    mass = tl.sum(tl.load(mass_ptr + c, mask=in_row, other=0.0) * scale)
-    counts = tl.load(count_ptr + c, mask=in_row, other=0)
-    return row_max, total, mass, tl.sum(counts), tl.max(counts)
+    total = tl.sum(tl.load(sum_ptr + c, mask=c < num_chunks, other=0.0) * scale)
+    mass = tl.sum(tl.load(mass_ptr + c, mask=c < num_chunks, other=0.0) * scale)
+    g = tl.arange(0, SEGMENTS_P2)
+    counts = tl.load(_segment_ptrs(ws_row, num_chunks, num_segments)[0] + g, mask=g < num_segments, other=0)
+    return row_max, total, mass, counts, tl.sum(counts), tl.max(counts)
 
 
 @triton.jit
 def _fill_chunks_kernel(
     logits_ptr, logits_stride, idx_mapping_ptr, top_k_ptr, top_p_ptr, ws_ptr, ws_stride, num_slots, vocab_size,
-    CHUNK: tl.constexpr, CHUNK_CAP: tl.constexpr, NUM_CHUNKS_P2: tl.constexpr,
+    CHUNK: tl.constexpr, SEGMENTS: tl.constexpr, SEG_CAP: tl.constexpr, CHUNKS_P2: tl.constexpr,
+    SEGMENTS_P2: tl.constexpr,
 ):
     t = tl.program_id(0)
     c = tl.program_id(1)
     k, p, k_on, p_on, active = _row_settings(idx_mapping_ptr, top_k_ptr, top_p_ptr, t, num_slots, vocab_size)
     if active:
+        num_chunks = tl.num_programs(1)
+        num_segments = num_chunks * SEGMENTS
         ws_row = ws_ptr + t.to(tl.int64) * ws_stride
-        row_max, total, mass, count, largest = _row_stats(ws_row, tl.num_programs(1), NUM_CHUNKS_P2)
+        row_max, total, mass, counts, count, largest = _row_stats(ws_row, num_chunks, num_segments, CHUNKS_P2,
+                                                                  SEGMENTS_P2)
         if k_on:
             enough = count >= k
         else:
             enough = mass >= p * total
         # Every program of the row computes the same flag from the same statistics.
-        settled = (row_max > float("-inf")) & (largest <= CHUNK_CAP) & enough
-        count_ptr, first_ptr = _chunk_stats_ptrs(ws_row, tl.num_programs(1))[3:]
-        chunks = tl.arange(0, NUM_CHUNKS_P2)
-        counts = tl.load(count_ptr + chunks, mask=chunks < tl.num_programs(1), other=0)
-        tl.store(first_ptr + c, tl.sum(tl.where(chunks < c, counts, 0)))
+        settled = (row_max > float("-inf")) & (largest <= SEG_CAP) & enough
+        first_ptr = _segment_ptrs(ws_row, num_chunks, num_segments)[1]
+        mine = c * SEGMENTS + tl.arange(0, SEGMENTS)
+        g = tl.arange(0, SEGMENTS_P2)
+        tl.store(first_ptr + mine, tl.sum(tl.where(g[None, :] < mine[:, None], counts[None, :], 0), axis=1))
         if c == 0:
             tl.store((ws_row + 1).to(tl.pointer_type(tl.int32)), settled.to(tl.int32))
-            tl.store(first_ptr + tl.num_programs(1), count)
+            tl.store(first_ptr + num_segments, count)
         if settled:
             offs = c * CHUNK + tl.arange(0, CHUNK)
             row_ptr = logits_ptr + t.to(tl.int64) * logits_stride
@@ -283,54 +304,35 @@ def _fill_chunks_kernel(
 
 
 @triton.jit
-def _candidate_tile(ws_row, num_chunks, start, CHUNK_CAP: tl.constexpr, NUM_CHUNKS_P2: tl.constexpr,
-                    TILE: tl.constexpr):
-    """Candidates start .. start + TILE // NUM_CHUNKS_P2 of every chunk: values (-inf where absent),
-    positions, and which are present."""
-    values_ptr, positions_ptr = _candidate_ptrs(ws_row, num_chunks, CHUNK_CAP)[:2]
-    count_ptr = _chunk_stats_ptrs(ws_row, num_chunks)[3]
-    STEP: tl.constexpr = TILE // NUM_CHUNKS_P2
-    i = tl.arange(0, TILE)
-    c = i // STEP
-    j = start + i % STEP
-    present = (c < num_chunks) & (j < tl.load(count_ptr + c, mask=c < num_chunks, other=0))
-    offs = c * CHUNK_CAP + j
-    values = tl.load(values_ptr + offs, mask=present, other=float("-inf"))
-    positions = tl.load(positions_ptr + offs, mask=present, other=0)
-    return values, positions, present
-
-
-@triton.jit
-def _gathered_candidates(ws_row, num_chunks, CHUNK_CAP: tl.constexpr, NUM_CHUNKS_P2: tl.constexpr,
-                         TILE: tl.constexpr):
-    """All candidates of the row, in chunk order, when they are at most TILE: values (-inf past the
-    last), positions, and which are present. Candidate i lies in the last chunk whose first index
-    (written by the fill) is <= i: a binary search."""
-    values_ptr, positions_ptr = _candidate_ptrs(ws_row, num_chunks, CHUNK_CAP)[:2]
-    first_ptr = _chunk_stats_ptrs(ws_row, num_chunks)[4]
-    i = tl.arange(0, TILE)
-    chunk = tl.zeros([TILE], tl.int32)
+def _candidates(ws_row, num_chunks, num_segments, start, SEG_CAP: tl.constexpr, SEGMENTS_P2: tl.constexpr,
+                TILE: tl.constexpr):
+    """Candidates start .. start + TILE of the row, in row order: values (-inf past the last),
+    positions, and which are present. Candidate i lies in the last segment whose first index is <= i:
+    a binary search over the first indices the fill wrote."""
+    values_ptr, positions_ptr = _candidate_ptrs(ws_row, num_chunks, num_segments, SEG_CAP)[:2]
+    first_ptr = _segment_ptrs(ws_row, num_chunks, num_segments)[1]
+    i = start + tl.arange(0, TILE)
+    segment = tl.zeros([TILE], tl.int32)
     for b in tl.static_range(16):
-        if (NUM_CHUNKS_P2 >> (b + 1)) > 0:
-            probe = chunk + (NUM_CHUNKS_P2 >> (b + 1))
-            found = (probe < num_chunks) & (tl.load(first_ptr + probe, mask=probe < num_chunks, other=0) <= i)
-            chunk = tl.where(found, probe, chunk)
-    present = i < tl.load(first_ptr + num_chunks)
-    offs = chunk * CHUNK_CAP + i - tl.load(first_ptr + chunk)
+        if (SEGMENTS_P2 >> (b + 1)) > 0:
+            probe = segment + (SEGMENTS_P2 >> (b + 1))
+            found = (probe < num_segments) & (tl.load(first_ptr + probe, mask=probe < num_segments, other=0) <= i)
+            segment = tl.where(found, probe, segment)
+    present = i < tl.load(first_ptr + num_segments)
+    offs = segment * SEG_CAP + i - tl.load(first_ptr + segment)
     values = tl.load(values_ptr + offs, mask=present, other=float("-inf"))
     positions = tl.load(positions_ptr + offs, mask=present, other=0)
     return values, positions, present
 
 
 @triton.jit
-def _select_threshold(ws_row, num_chunks, per_chunk, count, in_set, lo, floor, row_max, target, USE_MASS: tl.constexpr,
-                      CHUNK_CAP: tl.constexpr, NUM_CHUNKS_P2: tl.constexpr, TILE: tl.constexpr):
+def _select_threshold(ws_row, num_chunks, num_segments, count, in_set, lo, floor, row_max, target,
+                      USE_MASS: tl.constexpr, SEG_CAP: tl.constexpr, SEGMENTS_P2: tl.constexpr, TILE: tl.constexpr):
     """The largest candidate value v >= floor whose count (or mass relative to row_max) of candidates
-    >= max(v, floor) reaches target; lo when none does. Radix selection on the float keys, 4 bits a
-    round, starting below the bits that all candidates >= floor share. While the bracket holds more
-    than TILE candidates a round sweeps them all; then the bracket is compacted into the scratch and
-    the remaining rounds run in registers."""
-    STEP: tl.constexpr = TILE // NUM_CHUNKS_P2
+    >= max(v, floor) reaches target; lo when none does. `count` candidates in all, `in_set` of them
+    >= floor. Radix selection on the float keys, 4 bits a round, starting below the bits that all
+    candidates >= floor share. While the bracket holds more than TILE candidates a round sweeps them
+    all; then the bracket is compacted into the scratch and the remaining rounds run in registers."""
     low = _float_key(tl.maximum(lo, floor))
     high = _float_key(row_max)
     # The highest differing bit, from the float exponent of low ^ high (rounding up only adds a round).
@@ -342,7 +344,7 @@ def _select_threshold(ws_row, num_chunks, per_chunk, count, in_set, lo, floor, r
     else:
         above = 0
     if count <= TILE:  # every candidate fits in registers
-        values, _, present = _gathered_candidates(ws_row, num_chunks, CHUNK_CAP, NUM_CHUNKS_P2, TILE)
+        values, _, present = _candidates(ws_row, num_chunks, num_segments, 0, SEG_CAP, SEGMENTS_P2, TILE)
     else:
         in_bracket = in_set
         while (shift > 0) & (in_bracket > TILE):
@@ -351,17 +353,17 @@ def _select_threshold(ws_row, num_chunks, per_chunk, count, in_set, lo, floor, r
                 stats = tl.zeros([16], tl.float32)
             else:
                 stats = tl.zeros([16], tl.int32)
-            for start in range(0, per_chunk, STEP):
-                values, _, present = _candidate_tile(ws_row, num_chunks, start, CHUNK_CAP, NUM_CHUNKS_P2, TILE)
+            for start in range(0, count, TILE):
+                values, _, present = _candidates(ws_row, num_chunks, num_segments, start, SEG_CAP, SEGMENTS_P2, TILE)
                 tile_counts, tile_stats = _digit_stats(values, present, floor, prefix, shift, row_max, USE_MASS)
                 counts += tile_counts
                 stats += tile_stats
             prefix, shift, above, in_bracket = _radix_round(prefix, shift, above, counts, stats, target)
-        scratch_ptr = _candidate_ptrs(ws_row, num_chunks, CHUNK_CAP)[2]
+        scratch_ptr = _candidate_ptrs(ws_row, num_chunks, num_segments, SEG_CAP)[2]
         tl.debug_barrier()  # an earlier selection of this program may still read the scratch
         base = 0
-        for start in range(0, per_chunk, STEP):
-            values, _, present = _candidate_tile(ws_row, num_chunks, start, CHUNK_CAP, NUM_CHUNKS_P2, TILE)
+        for start in range(0, count, TILE):
+            values, _, present = _candidates(ws_row, num_chunks, num_segments, start, SEG_CAP, SEGMENTS_P2, TILE)
             inside = present & (values >= floor) & (_high_bits(_float_key(values), shift) == _high_bits(prefix, shift))
             slot = base + tl.cumsum(inside.to(tl.int32), axis=0) - 1
             tl.store(scratch_ptr + slot, values, mask=inside & (slot < TILE))
@@ -377,18 +379,53 @@ def _select_threshold(ws_row, num_chunks, per_chunk, count, in_set, lo, floor, r
 
 
 @triton.jit
-def _candidate_mass(ws_row, num_chunks, per_chunk, row_max, floor, CHUNK_CAP: tl.constexpr,
-                    NUM_CHUNKS_P2: tl.constexpr, TILE: tl.constexpr):
-    """Mass (relative to row_max) and count of the candidates >= floor."""
-    STEP: tl.constexpr = TILE // NUM_CHUNKS_P2
+def _candidate_mass(ws_row, num_chunks, num_segments, count, row_max, floor, SEG_CAP: tl.constexpr,
+                    SEGMENTS_P2: tl.constexpr, TILE: tl.constexpr):
+    """Mass (relative to row_max) and number of the candidates >= floor."""
     mass = 0.0
-    count = 0
-    for start in range(0, per_chunk, STEP):
-        values, _, present = _candidate_tile(ws_row, num_chunks, start, CHUNK_CAP, NUM_CHUNKS_P2, TILE)
-        kept = present & (values >= floor)
-        mass += tl.sum(tl.where(kept, tl.exp(values - row_max), 0.0))
-        count += tl.sum(kept.to(tl.int32))
-    return mass, count
+    kept = 0
+    for start in range(0, count, TILE):
+        values, _, present = _candidates(ws_row, num_chunks, num_segments, start, SEG_CAP, SEGMENTS_P2, TILE)
+        inside = present & (values >= floor)
+        mass += tl.sum(tl.where(inside, tl.exp(values - row_max), 0.0))
+        kept += tl.sum(inside.to(tl.int32))
+    return mass, kept
+
+
+@triton.jit
+def _select_kernel(
+    logits_ptr, logits_stride, idx_mapping_ptr, top_k_ptr, top_p_ptr, ws_ptr, ws_stride, num_slots, vocab_size,
+    num_chunks, SEGMENTS: tl.constexpr, SEG_CAP: tl.constexpr, CHUNKS_P2: tl.constexpr, SEGMENTS_P2: tl.constexpr,
+    TILE: tl.constexpr,
+):
+    t = tl.program_id(0)
+    k, p, k_on, p_on, active = _row_settings(idx_mapping_ptr, top_k_ptr, top_p_ptr, t, num_slots, vocab_size)
+    if active:
+        ws_row = ws_ptr + t.to(tl.int64) * ws_stride
+        settled = tl.load((ws_row + 1).to(tl.pointer_type(tl.int32)))
+        if settled != 0:
+            row_ptr = logits_ptr + t.to(tl.int64) * logits_stride
+            num_segments = num_chunks * SEGMENTS
+            lo = tl.load(ws_row)
+            row_max, total, _, _, count, _ = _row_stats(ws_row, num_chunks, num_segments, CHUNKS_P2, SEGMENTS_P2)
+            threshold = lo
+            in_set = count
+            if k_on:
+                threshold = _select_threshold(ws_row, num_chunks, num_segments, count, count, lo, lo, row_max, k,
+                                              False, SEG_CAP, SEGMENTS_P2, TILE)
+            if p_on:
+                target = p * total
+                if k_on:  # renormalised over the top-k set
+                    kept_mass, in_set = _candidate_mass(ws_row, num_chunks, num_segments, count, row_max, threshold,
+                                                        SEG_CAP, SEGMENTS_P2, TILE)
+                    target = p * kept_mass
+                # top_p <= 0 keeps the most probable token(s)
+                threshold = _select_threshold(ws_row, num_chunks, num_segments, count, in_set, lo, threshold, row_max,
+                                              tl.maximum(target, 1e-30), True, SEG_CAP, SEGMENTS_P2, TILE)
+            for start in range(0, count, TILE):  # the kept candidates, written back over the fill
+                values, positions, present = _candidates(ws_row, num_chunks, num_segments, start, SEG_CAP,
+                                                         SEGMENTS_P2, TILE)
+                tl.store(row_ptr + positions, values.to(row_ptr.dtype.element_ty), mask=present & (values >= threshold))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -511,51 +548,10 @@ def _find_threshold(row_ptr, scratch_ptr, vocab_size, row_max, pivots, counts, m
 
 
 @triton.jit
-def _select_kernel(
-    logits_ptr, logits_stride, idx_mapping_ptr, top_k_ptr, top_p_ptr, ws_ptr, ws_stride, num_slots, vocab_size,
-    num_chunks, CHUNK_CAP: tl.constexpr, NUM_CHUNKS_P2: tl.constexpr, TILE: tl.constexpr,
-):
-    t = tl.program_id(0)
-    k, p, k_on, p_on, active = _row_settings(idx_mapping_ptr, top_k_ptr, top_p_ptr, t, num_slots, vocab_size)
-    if active:
-        row_ptr = logits_ptr + t.to(tl.int64) * logits_stride
-        ws_row = ws_ptr + t.to(tl.int64) * ws_stride
-        settled = tl.load((ws_row + 1).to(tl.pointer_type(tl.int32)))
-        if settled != 0:
-            lo = tl.load(ws_row)
-            row_max, total, _, count, per_chunk = _row_stats(ws_row, num_chunks, NUM_CHUNKS_P2)
-            in_set = count
-            threshold = lo
-            if k_on:
-                threshold = _select_threshold(ws_row, num_chunks, per_chunk, count, count, lo, lo, row_max, k, False,
-                                              CHUNK_CAP, NUM_CHUNKS_P2, TILE)
-            if p_on:
-                target = p * total
-                if k_on:  # renormalised over the top-k set
-                    kept_mass, in_set = _candidate_mass(ws_row, num_chunks, per_chunk, row_max, threshold, CHUNK_CAP,
-                                                       NUM_CHUNKS_P2, TILE)
-                    target = p * kept_mass
-                # top_p <= 0 keeps the most probable token(s)
-                threshold = _select_threshold(ws_row, num_chunks, per_chunk, count, in_set, lo, threshold, row_max,
-                                              tl.maximum(target, 1e-30), True, CHUNK_CAP, NUM_CHUNKS_P2, TILE)
-            # The kept candidates, written back over the fill.
-            if count <= TILE:
-                values, positions, present = _gathered_candidates(ws_row, num_chunks, CHUNK_CAP, NUM_CHUNKS_P2, TILE)
-                tl.store(row_ptr + positions, values.to(row_ptr.dtype.element_ty), mask=present & (values >= threshold))
-            else:
-                STEP: tl.constexpr = TILE // NUM_CHUNKS_P2
-                for start in range(0, per_chunk, STEP):
-                    values, positions, present = _candidate_tile(ws_row, num_chunks, start, CHUNK_CAP,
-                                                                 NUM_CHUNKS_P2, TILE)
-                    tl.store(row_ptr + positions, values.to(row_ptr.dtype.element_ty),
-                             mask=present & (values >= threshold))
-
-
-@triton.jit
 def _general_kernel(
     logits_ptr, logits_stride, idx_mapping_ptr, top_k_ptr, top_p_ptr, ws_ptr, ws_stride, num_slots, vocab_size,
-    num_chunks, CHUNK_CAP: tl.constexpr, P: tl.constexpr, CAP: tl.constexpr, BLOCK: tl.constexpr,
-    MAX_REFINE: tl.constexpr, MASK_BLOCK: tl.constexpr,
+    num_chunks, SEGMENTS: tl.constexpr, SEG_CAP: tl.constexpr, P: tl.constexpr, CAP: tl.constexpr,
+    BLOCK: tl.constexpr, MAX_REFINE: tl.constexpr, MASK_BLOCK: tl.constexpr,
 ):
     """The rows the candidates did not settle, on their untouched logits."""
     t = tl.program_id(0)
@@ -565,7 +561,7 @@ def _general_kernel(
         settled = tl.load((ws_row + 1).to(tl.pointer_type(tl.int32)))
         if settled == 0:
             row_ptr = logits_ptr + t.to(tl.int64) * logits_stride
-            scratch_ptr = _candidate_ptrs(ws_row, num_chunks, CHUNK_CAP)[2]
+            scratch_ptr = _candidate_ptrs(ws_row, num_chunks, num_chunks * SEGMENTS, SEG_CAP)[2]
             pivots, counts, masses, row_max, count, total = _first_pass(row_ptr, vocab_size, BLOCK, P)
             if count > 0:  # else no logit above -inf: nothing to keep or drop
                 threshold = float("-inf")
@@ -605,20 +601,21 @@ def _top_k_top_p_triton(logits, idx_mapping, top_k, top_p) -> None:
     if T == 0:
         return
     num_chunks = triton.cdiv(V, _CHUNK)
-    chunks_p2 = triton.next_power_of_2(num_chunks)
-    ws_stride = triton.cdiv(_HEADER + 6 * num_chunks + 2 * num_chunks * _CHUNK_CAP + max(_TILE, _CAP), 16) * 16
+    num_segments = num_chunks * _SEGMENTS
+    ws_stride = triton.cdiv(13 + 3 * num_chunks + 2 * num_segments + 2 * num_segments * _SEG_CAP + max(_TILE, _CAP),
+                            16) * 16
     ws = logits.new_empty((T, ws_stride), dtype=torch.float32)
     args = (logits, logits.stride(0), idx_mapping, top_k, top_p, ws, ws_stride, top_k.size(0), V)
-    launch(_sample_bound_kernel, (T,), *args, SAMPLE=_SAMPLE, CHUNK=_CHUNK, CHUNK_CAP=_CHUNK_CAP,
+    sizes = dict(SEGMENTS=_SEGMENTS, SEG_CAP=_SEG_CAP)
+    p2 = dict(CHUNKS_P2=triton.next_power_of_2(num_chunks), SEGMENTS_P2=triton.next_power_of_2(num_segments))
+    launch(_sample_bound_kernel, (T,), *args, SAMPLE=_SAMPLE, CHUNK=_CHUNK, CHUNK_CAP=_SEGMENTS * _SEG_CAP,
            num_warps=_WARPS["sample"])
-    launch(_scan_chunks_kernel, (T, num_chunks), *args, CHUNK=_CHUNK, CHUNK_CAP=_CHUNK_CAP, BLOCK=_SCAN_BLOCK,
+    launch(_scan_chunks_kernel, (T, num_chunks), *args, CHUNK=_CHUNK, STEP=_SCAN_STEP, **sizes,
            num_warps=_WARPS["scan"])
-    launch(_fill_chunks_kernel, (T, num_chunks), *args, CHUNK=_CHUNK, CHUNK_CAP=_CHUNK_CAP,
-           NUM_CHUNKS_P2=chunks_p2, num_warps=_WARPS["fill"])
-    launch(_select_kernel, (T,), *args, num_chunks, CHUNK_CAP=_CHUNK_CAP, NUM_CHUNKS_P2=chunks_p2,
-           TILE=max(_TILE, chunks_p2), num_warps=_WARPS["select"])
-    launch(_general_kernel, (T,), *args, num_chunks, CHUNK_CAP=_CHUNK_CAP, P=_PIVOTS, CAP=_CAP, BLOCK=_BLOCK,
-           MAX_REFINE=_MAX_REFINE, MASK_BLOCK=_MASK_BLOCK, num_warps=_WARPS["general"])
+    launch(_fill_chunks_kernel, (T, num_chunks), *args, CHUNK=_CHUNK, **sizes, **p2, num_warps=_WARPS["fill"])
+    launch(_select_kernel, (T,), *args, num_chunks, TILE=_TILE, **sizes, **p2, num_warps=_WARPS["select"])
+    launch(_general_kernel, (T,), *args, num_chunks, P=_PIVOTS, CAP=_CAP, BLOCK=_BLOCK, MAX_REFINE=_MAX_REFINE,
+           MASK_BLOCK=_MASK_BLOCK, **sizes, num_warps=_WARPS["general"])
 
 
 top_k_top_p_op = define_op(
