@@ -46,10 +46,10 @@ _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 _CHUNK = 1024 if _INTERPRET else 8192  # tokens per program of the scan and fill launches
 _SEGMENTS = 4 if _INTERPRET else 8  # segments of a chunk, each with its own candidate region
 _SEG_CAP = 32 if _INTERPRET else 128  # candidates a segment can hold
-_SCAN_STEP = 64 if _INTERPRET else 128  # tokens per segment per step of a scan program
+_SCAN_STEP = 64  # tokens per segment per step of a scan program
 _SAMPLE = 256 if _INTERPRET else 2048  # sampled tokens (32 runs spread over the row)
 _TILE = 256 if _INTERPRET else 1024  # candidates per step of the selection, and held in registers
-_WARPS = {"sample": 8, "scan": 8, "fill": 4, "select": 8, "general": 8}
+_WARPS = {"sample": 8, "scan": 4, "fill": 4, "select": 8, "general": 8}
 # General path: tokens per step of a counting pass ([BLOCK, PIVOTS] comparisons), bracket tokens
 # sorted in registers (at most _TILE: they share the selection scratch), counting passes that
 # narrow a bracket (16 pivots each cut it ~16x).
