@@ -12,7 +12,7 @@ import torch
 
 import torch_sampling_ops as tso
 from torch_sampling_ops import reference
-from timing import Case, main
+from timing import Case, kernel_breakdown, main, print_table
 
 
 def truncation_inputs(T, V, device, top_k, top_p, seed=0):
@@ -26,7 +26,22 @@ def _case(name, top_k, top_p):
                 tso.top_k_top_p, lambda *a: reference.top_k_top_p(*a, compute_dtype=torch.float32), fresh_logits=True)
 
 
-CASES = [_case("k=50, p=0.9", 50, 0.9), _case("p=0.9", 0, 0.9), _case("k=50", 50, 1.0)]
+SETTINGS = [("k=50, p=0.9", 50, 0.9), ("p=0.9", 0, 0.9), ("k=50", 50, 1.0)]
+CASES = [_case(*s) for s in SETTINGS]
+
+
+def launch_breakdown(V=151936, Ts=(1, 256)) -> str:
+    """Device µs of each of the op's launches, per setting and batch size."""
+    rows = []
+    for T in Ts:
+        for name, top_k, top_p in SETTINGS:
+            times = kernel_breakdown(tso.top_k_top_p, truncation_inputs(T, V, "cuda", top_k, top_p))
+            rows.append([T, name] + [times.get(k, 0.0) for k in KERNELS] + [sum(times.values())])
+    return print_table(f"top_k_top_p launches, fp32, V = {V}, device µs per call (torch.profiler)",
+                       ["T", "setting"] + [k.strip("_").removesuffix("_kernel") for k in KERNELS] + ["sum"], rows)
+
+
+KERNELS = ["_sample_bound_kernel", "_scan_chunks_kernel", "_fill_chunks_kernel", "_select_kernel", "_general_kernel"]
 
 if __name__ == "__main__":
-    main(CASES, __doc__)
+    main(CASES, __doc__, extra_gpu=launch_breakdown)

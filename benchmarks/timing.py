@@ -78,6 +78,27 @@ def eager_overhead_us(fn: Callable, calls: int = 2000) -> float:
     return (time.perf_counter() - start) / calls * 1e6
 
 
+def kernel_breakdown(fn: Callable, inputs: Sequence, calls: int = 5) -> dict[str, float]:
+    """Mean device µs per call of each Triton kernel `fn(*inputs)` launches (torch.profiler; the
+    logits are restored from a copy before every call, and that copy is not counted)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    original = inputs[0].clone()
+
+    def call():
+        inputs[0].copy_(original)
+        fn(*inputs)
+
+    call()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            call()
+        torch.cuda.synchronize()
+    return {e.key: e.device_time_total / calls for e in prof.key_averages()
+            if e.key.startswith("_") and e.key.endswith("_kernel")}
+
+
 def environment() -> str:
     import triton
 

@@ -1,31 +1,31 @@
 """Truncation of the distribution, in place, without sorting the row: `top_k_top_p`.
 
 Both filters keep the tokens >= a threshold: the largest value v whose count (top-k) or probability
-mass (top-p, after top-k: renormalised over the kept set) of tokens >= v reaches the target. Four
-launches, each row split into fixed 8192-token chunks so that a small batch still fills the GPU:
+mass (top-p, after top-k: renormalised over the kept set) of tokens >= v reaches the target. Five
+launches; rows are split into fixed 8192-token chunks, so a small batch still spreads over the GPU:
 
-1. `_sample_bound_kernel` (one program per row): a 2048-token sample of the row gives a lower bound
-   `lo` that the threshold is expected to clear: past the sample rank expected of the k-th token by
-   a safe margin (top-k), or where about half the candidate capacity is expected above it (top-p alone).
-2. `_scan_chunks_kernel` (row x chunk): the chunk's max and softmax normaliser, and its tokens >= lo
-   (the candidates) compacted with their positions into the row's workspace, with their count and mass.
-3. `_fill_chunks_kernel` (row x chunk): from the chunk statistics, every program of a row decides the
-   same way whether the candidates settle the row (no chunk overflowed its capacity, and they hold the
-   k tokens or the top_p mass). If so it writes -inf over its chunk: the row is not read again.
-4. `_select_kernel` (one program per row): the exact thresholds by radix selection over the float
-   keys of the candidates (4 bits a round: counts for top-k, masses for top-p), then the candidates
-   >= the threshold are written back. The fill has finished (it is the previous launch), so no
-   write can land after a restore. A row the candidates did not settle takes the general path below
-   in this program, on its untouched logits, then one masking pass.
+1. `_sample_bound_kernel` (per row): a 2048-token sample gives a lower bound `lo` the threshold
+   should clear: past the sample rank expected of the k-th token by a safe margin (top-k), or where
+   about half the candidate capacity is expected above it (top-p alone).
+2. `_scan_chunks_kernel` (row x chunk): the chunk's max, softmax normaliser and the mass of its
+   tokens >= lo (the candidates); each 1024-token segment compacts its candidates, with their
+   positions, into its own region of the row's workspace, in row order.
+3. `_fill_chunks_kernel` (row x chunk): every program of a row computes, from the same statistics,
+   whether the candidates settle the row (no segment overflowed, and they hold the k tokens or the
+   top_p mass). If so it writes -inf over its chunk, so the row is never read again, and the
+   segments' offsets in row order.
+4. `_select_kernel` (per row): the exact thresholds by radix selection on the float keys of the
+   candidates (4 bits a round: counts for top-k, masses for top-p), then the candidates >= the
+   threshold are written back. The fill is the previous launch, so no -inf can land after a restore.
+5. `_general_kernel` (per row): a row the candidates did not settle, on its untouched logits: the
+   row max, count and normaliser and, for 16 pivots placed geometrically below the first block's
+   max, the count and mass of the tokens >= each; further counting passes narrow the pivot interval
+   holding the threshold until at most CAP tokens remain, which are compacted, sorted in registers
+   and read off; then one masking pass.
 
-General path: the row max, min, count and normaliser and, for 16 pivots placed geometrically below
-the first block's max, the count and mass of the tokens >= each pivot; the pivot interval holding the
-threshold is narrowed by further counting passes until at most CAP tokens remain, which are
-compacted, sorted in registers, and read off.
-
-Every reduction runs in a fixed order over fixed chunks that depend only on V, so a row's result does
-not depend on the batch it is in. A row with both filters off is not read. Masses are float32 sums,
-so a token's membership may differ from the exact answer only where the exact mass above it is within
+All reductions run in a fixed order over chunks that depend on V alone, so a row's result does not
+depend on the batch it is in. A row with both filters off is not read. Masses are float32 sums, so a
+token's membership may differ from the exact answer only where the exact mass above it is within
 float32 rounding of top_p.
 """
 from __future__ import annotations
@@ -50,9 +50,9 @@ _SCAN_STEP = 64  # tokens per segment per step of a scan program
 _SAMPLE = 256 if _INTERPRET else 2048  # sampled tokens (32 runs spread over the row)
 _TILE = 256 if _INTERPRET else 1024  # candidates per step of the selection, and held in registers
 _WARPS = {"sample": 8, "scan": 4, "fill": 4, "select": 8, "general": 8}
-# General path: tokens per step of a counting pass ([BLOCK, PIVOTS] comparisons), bracket tokens
-# sorted in registers (at most _TILE: they share the selection scratch), counting passes that
-# narrow a bracket (16 pivots each cut it ~16x).
+# General path: tokens per step of a counting pass ([BLOCK, PIVOTS] comparisons) and of the mask
+# pass, bracket tokens sorted in registers (in the selection's scratch), counting passes that narrow
+# a bracket (16 pivots each cut it ~16x).
 _BLOCK = 1024
 _MASK_BLOCK = 4096
 _PIVOTS = 16
@@ -602,6 +602,7 @@ def _top_k_top_p_triton(logits, idx_mapping, top_k, top_p) -> None:
         return
     num_chunks = triton.cdiv(V, _CHUNK)
     num_segments = num_chunks * _SEGMENTS
+    # The row workspace laid out in the comment above _chunk_stats_ptrs (13 words before the candidates).
     ws_stride = triton.cdiv(13 + 3 * num_chunks + 2 * num_segments + 2 * num_segments * _SEG_CAP + max(_TILE, _CAP),
                             16) * 16
     ws = logits.new_empty((T, ws_stride), dtype=torch.float32)
