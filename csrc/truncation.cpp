@@ -2,7 +2,8 @@
 //
 // Per row: the k-th largest value by nth_element; the top-p boundary by sorting only the tokens
 // within a window below the maximum that already holds the target mass (the window doubles until it
-// does), not the whole row. Masses are float32 sums, as on CUDA.
+// does), not the whole row. Masses are accumulated in double: a float32 running sum over a 150K-token
+// row drifts by ~1e-4, the contract's whole tolerance.
 #include "ops.h"
 
 #include <cmath>
@@ -14,12 +15,12 @@ namespace {
 constexpr float kInf = std::numeric_limits<float>::infinity();
 
 // The value at which the mass of the tokens >= it, counted from the largest, first reaches target.
-float top_p_threshold(const std::vector<float>& x, float lower, float row_max, float target,
+float top_p_threshold(const std::vector<float>& x, float lower, float row_max, double target,
                       std::vector<float>& window) {
   for (float width = 0.5f;; width *= 1.5f) {  // a window 1.5x wider than needed, at most
     const float floor_value = std::max(lower, row_max - width);
     window.clear();
-    float mass = 0.f;
+    double mass = 0.;
     for (float v : x) {
       if (v >= floor_value) {
         window.push_back(v);
@@ -29,7 +30,7 @@ float top_p_threshold(const std::vector<float>& x, float lower, float row_max, f
     if (mass >= target || floor_value == lower || width > 1e30f) break;
   }
   std::sort(window.begin(), window.end(), std::greater<float>());
-  float cumulative = 0.f;
+  double cumulative = 0.;
   for (float v : window) {
     cumulative += std::exp(v - row_max);
     if (cumulative >= target) return v;
@@ -68,11 +69,11 @@ void top_k_top_p_kernel(at::Tensor& logits, const int64_t* slot_p, const int32_t
         threshold = scratch[k - 1];
       }
       if (p_on) {
-        float kept_mass = 0.f;
+        double kept_mass = 0.;
         for (float v : x) {
           if (v >= threshold) kept_mass += std::exp(v - row_max);
         }
-        const float target = std::max(p * kept_mass, std::numeric_limits<float>::min());
+        const double target = std::max(p * kept_mass, double(std::numeric_limits<float>::min()));
         threshold = std::max(threshold, top_p_threshold(x, threshold, row_max, target, window));
       }
       for (int64_t j = 0; j < V; ++j) {

@@ -86,6 +86,16 @@ def test_wide_brackets_are_narrowed(backend, gen):
     run_and_check(backend, logits, torch.arange(T, dtype=INT), top_k, top_p)
 
 
+@pytest.mark.parametrize("backend", OP_BACKENDS)
+def test_full_vocabulary(backend, gen):
+    """V = 151936 rows as the benchmark times them: on CUDA, top-p alone leaves ~10 000 candidates, so
+    the selection sweeps them before it narrows the bracket into registers."""
+    T, V = 4, 151936
+    top_k, top_p = settings([(50, 0.9), (0, 0.9), (50, 1.0), (1000, 0.5)])
+    logits = make_logits(T, V, torch.float32, device_of(backend), generator=gen)
+    run_and_check(backend, logits, torch.arange(T, dtype=INT), top_k, top_p)
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_ties_at_both_boundaries_are_kept(backend):
     V = 3000
