@@ -46,7 +46,7 @@ _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 _CHUNK = 1024 if _INTERPRET else 8192  # tokens per program of the scan and fill launches
 _SEGMENTS = 4 if _INTERPRET else 8  # segments of a chunk, each with its own candidate region
 _SEG_CAP = 32 if _INTERPRET else 128  # candidates a segment can hold
-_SCAN_STEP = 64  # tokens per segment per step of a scan program
+_SCAN_STEP = 32  # tokens per segment per step of a scan program (one warp)
 _SAMPLE = 256 if _INTERPRET else 2048  # sampled tokens (32 runs spread over the row)
 _TILE = 256 if _INTERPRET else 1024  # candidates per step of the selection, and held in registers
 _WARPS = {"sample": 8, "scan": 4, "fill": 4, "select": 8, "general": 8}
@@ -116,15 +116,16 @@ def _radix_round(prefix, shift, above, count, stat, target):
 
 
 # ----------------------------------------------------------------------------------------------
-# The row workspace, in 4-byte words: [lo, settled, pad x 6 | per chunk: max, normaliser, candidate
-# mass | per segment: candidate count; index of its first candidate in row order (one more) | pad x 4 |
+# The row workspace, in 4-byte words: [lo, settled, exp reference, pad x 5 | per chunk: max,
+# normaliser and candidate mass relative to the reference | per segment: candidate count; index of its first candidate in row order (one more) | pad x 4 |
 # candidate values (segments x SEG_CAP) | their positions (same) | scratch (max(TILE, CAP))].
 # A segment is 1/SEGMENTS of a chunk: each compacts its candidates into its own region, in order.
 
 
 @triton.jit
 def _chunk_stats_ptrs(ws_row, num_chunks):
-    """A row's per-chunk statistics: max, softmax normaliser and candidate mass relative to the max."""
+    """A row's per-chunk statistics: max, softmax normaliser and candidate mass relative to the
+    reference (the sample max)."""
     max_ptr = ws_row + 8
     return max_ptr, max_ptr + num_chunks, max_ptr + 2 * num_chunks
 
@@ -191,7 +192,10 @@ def _sample_bound_kernel(
         for _ in tl.static_range(4):
             count, _ = _digit_stats(x, offs < vocab_size, float("-inf"), prefix, shift, 0.0, False)
             prefix, shift, above, _ = _radix_round(prefix, shift, above, count, count, rank)
-        tl.store(ws_ptr + t.to(tl.int64) * ws_stride, _key_value(prefix))
+        ws_row = ws_ptr + t.to(tl.int64) * ws_stride
+        tl.store(ws_row, _key_value(prefix))
+        # The scan's exp reference; a row whose max is far above it is left to the general path.
+        tl.store(ws_row + 2, tl.max(x))
 
 
 @triton.jit
@@ -200,8 +204,9 @@ def _scan_chunks_kernel(
     CHUNK: tl.constexpr, SEGMENTS: tl.constexpr, SEG_CAP: tl.constexpr, STEP: tl.constexpr,
 ):
     """Statistics and candidates of one chunk. Its SEGMENTS segments advance together, STEP tokens
-    each a step; each compacts its candidates in its own region, so a step needs no block-wide
-    barrier (the running sums and maxima are per lane)."""
+    each a step; each compacts its candidates in its own region. With STEP = 32 a segment's step lies
+    in one warp, so the compaction's prefix sum needs no block-wide barrier, and the sums are kept per
+    lane, relative to one reference (the sample max), so no step waits on a reduction either."""
     t = tl.program_id(0)
     c = tl.program_id(1)
     active = _row_settings(idx_mapping_ptr, top_k_ptr, top_p_ptr, t, num_slots, vocab_size)[4]
@@ -210,14 +215,15 @@ def _scan_chunks_kernel(
         ws_row = ws_ptr + t.to(tl.int64) * ws_stride
         row_ptr = logits_ptr + t.to(tl.int64) * logits_stride
         lo = tl.load(ws_row)
+        ref = tl.load(ws_row + 2)
         SEG_LEN: tl.constexpr = CHUNK // SEGMENTS
         segment = c * SEGMENTS + tl.arange(0, SEGMENTS)
         values_ptr, positions_ptr = _candidate_ptrs(ws_row, num_chunks, num_chunks * SEGMENTS, SEG_CAP)[:2]
         values_ptr = values_ptr + segment[:, None] * SEG_CAP
         positions_ptr = positions_ptr + segment[:, None] * SEG_CAP
         offs = c * CHUNK + tl.arange(0, SEGMENTS)[:, None] * SEG_LEN + tl.arange(0, STEP)[None, :]
-        run_max = tl.full([SEGMENTS, STEP], float("-inf"), tl.float32)
-        total = tl.zeros([SEGMENTS, STEP], tl.float32)  # relative to run_max
+        lane_max = tl.full([SEGMENTS, STEP], float("-inf"), tl.float32)
+        total = tl.zeros([SEGMENTS, STEP], tl.float32)  # relative to ref
         mass = tl.zeros([SEGMENTS, STEP], tl.float32)
         count = tl.zeros([SEGMENTS], tl.int32)
         x = tl.load(row_ptr + offs, mask=offs < vocab_size, other=float("-inf")).to(tl.float32)
@@ -225,41 +231,39 @@ def _scan_chunks_kernel(
             # The next step's load goes out before this step's arithmetic.
             x_next = tl.load(row_ptr + offs + STEP, mask=(v0 + STEP < SEG_LEN) & (offs + STEP < vocab_size),
                              other=float("-inf")).to(tl.float32)
-            new_max = tl.maximum(run_max, tl.where(x == x, x, float("-inf")))
-            shift = tl.where(new_max > float("-inf"), new_max, 0.0)  # no -inf - -inf while nothing is finite
-            rescale = tl.exp(run_max - shift)
-            e = tl.where(x > float("-inf"), tl.exp(x - shift), 0.0)  # NaN is never counted
+            finite = x > float("-inf")  # NaN is never counted
+            lane_max = tl.maximum(lane_max, tl.where(finite, x, float("-inf")))
+            e = tl.where(finite, tl.exp(x - ref), 0.0)
             candidate = (offs < vocab_size) & (x >= lo)
-            total = total * rescale + e
-            mass = mass * rescale + tl.where(candidate, e, 0.0)
+            total += e
+            mass += tl.where(candidate, e, 0.0)
             slot = count[:, None] + tl.cumsum(candidate.to(tl.int32), axis=1) - 1
             stored = candidate & (slot < SEG_CAP)
             tl.store(values_ptr + slot, x, mask=stored)
             tl.store(positions_ptr + slot, offs, mask=stored)
             count += tl.sum(candidate.to(tl.int32), axis=1)
-            run_max = new_max
             x = x_next
             offs += STEP
-        chunk_max = tl.max(run_max)
-        scale = tl.where(run_max > float("-inf"), tl.exp(run_max - chunk_max), 0.0)
         max_ptr, sum_ptr, mass_ptr = _chunk_stats_ptrs(ws_row, num_chunks)
-        tl.store(max_ptr + c, chunk_max)
-        tl.store(sum_ptr + c, tl.sum(total * scale))
-        tl.store(mass_ptr + c, tl.sum(mass * scale))
+        tl.store(max_ptr + c, tl.max(lane_max))
+        tl.store(sum_ptr + c, tl.sum(total))
+        tl.store(mass_ptr + c, tl.sum(mass))
         tl.store(_segment_ptrs(ws_row, num_chunks, num_chunks * SEGMENTS)[0] + segment, count)
 
 
 @triton.jit
 def _row_stats(ws_row, num_chunks, num_segments, CHUNKS_P2: tl.constexpr, SEGMENTS_P2: tl.constexpr):
     """The chunk statistics combined in chunk order: row max, normaliser and candidate mass (relative
-    to the row max); the segment counts, their total and their largest."""
+    to the row max, or NaN when the row max is more than 60 above the scan's reference); the segment
+    counts, their total and their largest."""
     max_ptr, sum_ptr, mass_ptr = _chunk_stats_ptrs(ws_row, num_chunks)
     c = tl.arange(0, CHUNKS_P2)
-    chunk_max = tl.load(max_ptr + c, mask=c < num_chunks, other=float("-inf"))
-    row_max = tl.max(chunk_max)
-    scale = tl.where(chunk_max > float("-inf"), tl.exp(chunk_max - row_max), 0.0)
-    total = tl.sum(tl.load(sum_ptr + c, mask=c < num_chunks, other=0.0) * scale)
-    mass = tl.sum(tl.load(mass_ptr + c, mask=c < num_chunks, other=0.0) * scale)
+    row_max = tl.max(tl.load(max_ptr + c, mask=c < num_chunks, other=float("-inf")))
+    ref = tl.load(ws_row + 2)
+    # Past ref + 60 a chunk's float32 sums could have overflowed: NaN fails every comparison.
+    scale = tl.where(row_max <= ref + 60.0, tl.exp(ref - row_max), float("nan"))
+    total = tl.sum(tl.load(sum_ptr + c, mask=c < num_chunks, other=0.0)) * scale
+    mass = tl.sum(tl.load(mass_ptr + c, mask=c < num_chunks, other=0.0)) * scale
     g = tl.arange(0, SEGMENTS_P2)
     counts = tl.load(_segment_ptrs(ws_row, num_chunks, num_segments)[0] + g, mask=g < num_segments, other=0)
     return row_max, total, mass, counts, tl.sum(counts), tl.max(counts)
