@@ -126,13 +126,16 @@ def test_inf_and_nan_rows(backend, gen):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_rows_do_not_depend_on_the_batch(backend, gen):
+def test_rows_do_not_depend_on_the_batch_or_the_run(backend, gen):
     T, V = 6, 5000
     top_k, top_p = settings(SETTINGS)
     logits = make_logits(T, V, torch.float32, device_of(backend), generator=gen)
     idx_mapping = torch.arange(T, dtype=INT)
-    batch = logits.clone()
-    run_op(backend, "top_k_top_p", batch, idx_mapping.to(logits.device), top_k.to(logits.device), top_p.to(logits.device))
+    batch, again = logits.clone(), logits.clone()
+    for out in (batch, again):
+        run_op(backend, "top_k_top_p", out, idx_mapping.to(logits.device), top_k.to(logits.device),
+               top_p.to(logits.device))
+    assert torch.equal(batch, again)  # bitwise the same on a second run
     for t in [0, 3, 5]:
         alone = logits[t:t + 1].clone()
         run_op(backend, "top_k_top_p", alone, idx_mapping[t:t + 1].to(logits.device), top_k.to(logits.device),

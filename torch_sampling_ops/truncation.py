@@ -116,9 +116,11 @@ def _radix_round(prefix, shift, above, count, stat, target):
 
 
 # ----------------------------------------------------------------------------------------------
-# The row workspace, in 4-byte words: [lo, settled, exp reference, pad x 5 | per chunk: max,
-# normaliser and candidate mass relative to the reference | per segment: candidate count; index of its first candidate in row order (one more) | pad x 4 |
-# candidate values (segments x SEG_CAP) | their positions (same) | scratch (max(TILE, CAP))].
+# The row workspace, in 4-byte words:
+#   lo, settled flag, exp reference, 5 pad
+#   per chunk: max; normaliser and candidate mass relative to the reference
+#   per segment: candidate count; index of its first candidate in row order (one more entry); 4 pad
+#   candidate values [segments, SEG_CAP]; their positions [segments, SEG_CAP]; scratch [max(TILE, CAP)]
 # A segment is 1/SEGMENTS of a chunk: each compacts its candidates into its own region, in order.
 
 
