@@ -50,6 +50,11 @@ def make_logits(T: int, V: int, dtype: torch.dtype, device, *, generator=None, s
     return buf[:, :V]
 
 
+def logits_past_2_pow_31(V: int = 151936) -> torch.Tensor:
+    """Random fp16 CUDA logits [T, V] with T * V > 2**31: the last rows lie past 32-bit element offsets."""
+    return torch.randn(2**31 // V + 2, V, device="cuda", dtype=torch.float16)
+
+
 def assert_pad_untouched(logits: torch.Tensor) -> None:
     """Checks the columns past V of a make_logits buffer were not written."""
     T, V = logits.shape

@@ -1,8 +1,7 @@
 """logit_bias and apply_token_bitmask against the float64 reference, on every backend."""
 import pytest
 import torch
-from conftest import (BACKENDS, DTYPES, assert_pad_untouched, device_of, make_logits,
-                      run_op)
+from conftest import (BACKENDS, DTYPES, assert_pad_untouched, device_of, logits_past_2_pow_31, make_logits, run_op)
 
 from torch_sampling_ops import reference
 
@@ -253,9 +252,8 @@ def test_cuda_graph_replays_with_changed_state(gen):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_more_than_2_pow_31_elements():
     """Rows past element 2**31 are addressed with 64-bit offsets (the last row is checked)."""
-    V = 151936
-    T = 2**31 // V + 2
-    logits = torch.randn(T, V, device="cuda", dtype=torch.float16)
+    logits = logits_past_2_pow_31()
+    T, V = logits.shape
     last = logits[-1].clone()
     allowed = torch.tensor([[3, V - 1]], dtype=INT, device="cuda")
     idx_mapping = torch.full((T,), 1, dtype=INT, device="cuda")  # slot 1 is out of range: untouched

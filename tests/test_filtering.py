@@ -2,7 +2,7 @@
 import pytest
 import torch
 from conftest import (BACKENDS, DTYPES, HAS_CUDA, INTERPRET, OP_BACKENDS, assert_pad_untouched, device_of,
-                      make_logits, run_op)
+                      logits_past_2_pow_31, make_logits, run_op)
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import torch_sampling_ops
@@ -269,9 +269,8 @@ def test_cuda_graph_replays_with_changed_state(gen):
 @pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
 def test_more_than_2_pow_31_elements():
     """Rows past element 2**31 are addressed with 64-bit offsets (the last row is checked)."""
-    V = 151936
-    T = 2**31 // V + 2
-    logits = torch.randn(T, V, device="cuda", dtype=torch.float16)
+    logits = logits_past_2_pow_31()
+    T, V = logits.shape
     last, second_last = logits[-1].clone(), logits[-2].clone()
     idx_mapping = torch.full((T,), 1, dtype=INT, device="cuda")  # slot 1 is out of range: untouched
     idx_mapping[-1] = 0

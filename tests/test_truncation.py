@@ -2,8 +2,8 @@
 at both boundaries, -inf and NaN entries, brackets that need narrowing, batch invariance."""
 import pytest
 import torch
-from conftest import (BACKENDS, DTYPES, HAS_CUDA, OP_BACKENDS, assert_pad_untouched, device_of, make_logits,
-                      run_op)
+from conftest import (BACKENDS, DTYPES, HAS_CUDA, OP_BACKENDS, assert_pad_untouched, device_of, logits_past_2_pow_31,
+                      make_logits, run_op)
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from torch_sampling_ops import reference
@@ -198,9 +198,8 @@ def test_cuda_graph_replays_with_changed_parameters(gen):
 @pytest.mark.cuda
 @pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
 def test_more_than_2_pow_31_elements():
-    V = 151936
-    T = 2**31 // V + 2
-    logits = torch.randn(T, V, device="cuda", dtype=torch.float16)
+    logits = logits_past_2_pow_31()
+    T, V = logits.shape
     idx_mapping = torch.ones(T, dtype=INT, device="cuda")  # slot 1: filters off
     idx_mapping[-1] = 0
     top_k = torch.tensor([5, 0], dtype=INT, device="cuda")
