@@ -41,15 +41,15 @@ from ._registry import define_op, launch
 from ._triton_helpers import load_slot
 
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
-# Under TRITON_INTERPRET=1 the tests run small rows: smaller chunks, capacities, sample and tiles
-# exercise the multi-chunk, overflow, narrowing and fallback logic there.
-_CHUNK = 1024 if _INTERPRET else 8192  # tokens per program of the scan and fill launches
-_SEGMENTS = 4 if _INTERPRET else 8  # segments of a chunk, each with its own candidate region
+# Under TRITON_INTERPRET=1 the tests run small rows: smaller segments, capacities, sample and tiles
+# exercise the multi-segment, overflow, narrowing and fallback logic there.
+_SEGMENT = 256 if _INTERPRET else 1024  # tokens of a segment: one warp of the scan, its own candidate region
 _SEG_CAP = 32 if _INTERPRET else 128  # candidates a segment can hold
-_SCAN_STEP = 32  # tokens per segment per step of a scan program (one warp)
+_CHUNK = 1024 if _INTERPRET else 8192  # tokens per program of the fill launch (whole segments)
+_FULL_GROUP_ROWS = 4 if _INTERPRET else 16  # from this many rows, a scan program takes a chunk's segments
 _SAMPLE = 256 if _INTERPRET else 2048  # sampled tokens (32 runs spread over the row)
 _TILE = 256 if _INTERPRET else 1024  # candidates per step of the selection, and held in registers
-_WARPS = {"sample": 8, "scan": 4, "fill": 4, "select": 8, "general": 8}
+_WARPS = {"sample": 8, "fill": 4, "select": 8, "general": 8}
 # General path: tokens per step of a counting pass ([BLOCK, PIVOTS] comparisons) and of the mask
 # pass, bracket tokens sorted in registers (in the selection's scratch), counting passes that narrow
 # a bracket (16 pivots each cut it ~16x).
@@ -58,6 +58,7 @@ _MASK_BLOCK = 4096
 _PIVOTS = 16
 _CAP = 256 if _INTERPRET else 2048
 _MAX_REFINE = 8
+_LOG2E = 1.4426950408889634
 
 
 # ----------------------------------------------------------------------------------------------
@@ -116,36 +117,33 @@ def _radix_round(prefix, shift, above, count, stat, target):
 
 
 # ----------------------------------------------------------------------------------------------
-# The row workspace, in 4-byte words:
-#   lo, settled flag, exp reference, 5 pad
-#   per chunk: max; normaliser and candidate mass relative to the reference
-#   per segment: candidate count; index of its first candidate in row order (one more entry); 4 pad
-#   candidate values [segments, SEG_CAP]; their positions [segments, SEG_CAP]; scratch [max(TILE, CAP)]
-# A segment is 1/SEGMENTS of a chunk: each compacts its candidates into its own region, in order.
+# The row workspace, in 4-byte words, S = number of segments, C = SEG_CAP:
+#   header (8): lo, settled flag, exp reference (the sample max)
+#   per segment [S each]: max; normaliser and candidate mass relative to the reference; candidate count
+#   per segment [S, C] int64: its candidates in row order, value bits << 32 | position
+#   the row's candidates in row order, once the fill gathered them: values [S * C], positions [S * C]
+#   scratch [max(TILE, CAP)]
+# _workspace_words gives the size, _workspace the pointers: keep the two together.
+_HEADER = 8
+
+
+def _workspace_words(num_segments: int) -> int:
+    """Words per workspace row (a multiple of 16, so every row starts 64-byte aligned)."""
+    return triton.cdiv(_HEADER + 4 * num_segments + 4 * num_segments * _SEG_CAP + max(_TILE, _CAP), 16) * 16
 
 
 @triton.jit
-def _chunk_stats_ptrs(ws_row, num_chunks):
-    """A row's per-chunk statistics: max, softmax normaliser and candidate mass relative to the
-    reference (the sample max)."""
+def _workspace(ws_row, num_segments, SEG_CAP: tl.constexpr):
+    """(segment max, normaliser, mass, counts, candidate pairs, gathered values, gathered positions,
+    scratch) pointers of a row's workspace. The pairs start 8-byte aligned: 8 + 4 S words in."""
     max_ptr = ws_row + 8
-    return max_ptr, max_ptr + num_chunks, max_ptr + 2 * num_chunks
-
-
-@triton.jit
-def _segment_ptrs(ws_row, num_chunks, num_segments):
-    """A row's per-segment candidate counts, and the index of each segment's first candidate in the
-    row's candidate order (num_segments + 1 entries: the last is the total)."""
-    count_ptr = (ws_row + 8 + 3 * num_chunks).to(tl.pointer_type(tl.int32))
-    return count_ptr, count_ptr + num_segments
-
-
-@triton.jit
-def _candidate_ptrs(ws_row, num_chunks, num_segments, SEG_CAP: tl.constexpr):
-    """A row's candidate values, their positions ([num_segments, SEG_CAP] each), and its scratch."""
-    values_ptr = ws_row + 13 + 3 * num_chunks + 2 * num_segments
-    positions_ptr = values_ptr + num_segments * SEG_CAP
-    return values_ptr, positions_ptr.to(tl.pointer_type(tl.int32)), positions_ptr + num_segments * SEG_CAP
+    count_ptr = (max_ptr + 3 * num_segments).to(tl.pointer_type(tl.int32))
+    pairs_ptr = (max_ptr + 4 * num_segments).to(tl.pointer_type(tl.int64))
+    values_ptr = max_ptr + 4 * num_segments + 2 * num_segments * SEG_CAP
+    positions_ptr = (values_ptr + num_segments * SEG_CAP).to(tl.pointer_type(tl.int32))
+    scratch_ptr = values_ptr + 2 * num_segments * SEG_CAP
+    return (max_ptr, max_ptr + num_segments, max_ptr + 2 * num_segments, count_ptr, pairs_ptr, values_ptr,
+            positions_ptr, scratch_ptr)
 
 
 @triton.jit
@@ -167,7 +165,7 @@ def _row_settings(idx_mapping_ptr, top_k_ptr, top_p_ptr, t, num_slots, vocab_siz
 @triton.jit
 def _sample_bound_kernel(
     logits_ptr, logits_stride, idx_mapping_ptr, top_k_ptr, top_p_ptr, ws_ptr, ws_stride, num_slots, vocab_size,
-    SAMPLE: tl.constexpr, CHUNK: tl.constexpr, CHUNK_CAP: tl.constexpr,
+    num_segments, SAMPLE: tl.constexpr, SEG_CAP: tl.constexpr,
 ):
     t = tl.program_id(0)
     k, p, k_on, p_on, active = _row_settings(idx_mapping_ptr, top_k_ptr, top_p_ptr, t, num_slots, vocab_size)
@@ -183,7 +181,7 @@ def _sample_bound_kernel(
             expected = k.to(tl.float32) * n_sample / vocab_size
             rank = tl.where(vocab_size <= SAMPLE, k, (expected + 4.0 * tl.sqrt(expected) + 4.0).to(tl.int32))
         else:
-            budget = 0.5 * CHUNK_CAP * tl.cdiv(vocab_size, CHUNK)
+            budget = 0.5 * SEG_CAP * num_segments
             rank = (budget * n_sample / vocab_size).to(tl.int32)
         rank = tl.minimum(tl.maximum(rank, 1), n_sample)
         # lo: the largest 16-bit key prefix with at least `rank` sampled keys above it, a value <= the
@@ -201,108 +199,145 @@ def _sample_bound_kernel(
 
 
 @triton.jit
-def _scan_chunks_kernel(
-    logits_ptr, logits_stride, idx_mapping_ptr, top_k_ptr, top_p_ptr, ws_ptr, ws_stride, num_slots, vocab_size,
-    CHUNK: tl.constexpr, SEGMENTS: tl.constexpr, SEG_CAP: tl.constexpr, STEP: tl.constexpr,
-):
-    """Statistics and candidates of one chunk. Its SEGMENTS segments advance together, STEP tokens
-    each a step; each compacts its candidates in its own region. With STEP = 32 a segment's step lies
-    in one warp, so the compaction's prefix sum needs no block-wide barrier, and the sums are kept per
-    lane, relative to one reference (the sample max), so no step waits on a reduction either."""
-    t = tl.program_id(0)
-    c = tl.program_id(1)
-    active = _row_settings(idx_mapping_ptr, top_k_ptr, top_p_ptr, t, num_slots, vocab_size)[4]
-    if active:
-        num_chunks = tl.num_programs(1)
-        ws_row = ws_ptr + t.to(tl.int64) * ws_stride
-        row_ptr = logits_ptr + t.to(tl.int64) * logits_stride
-        lo = tl.load(ws_row)
-        ref = tl.load(ws_row + 2)
-        SEG_LEN: tl.constexpr = CHUNK // SEGMENTS
-        segment = c * SEGMENTS + tl.arange(0, SEGMENTS)
-        values_ptr, positions_ptr = _candidate_ptrs(ws_row, num_chunks, num_chunks * SEGMENTS, SEG_CAP)[:2]
-        values_ptr = values_ptr + segment[:, None] * SEG_CAP
-        positions_ptr = positions_ptr + segment[:, None] * SEG_CAP
-        offs = c * CHUNK + tl.arange(0, SEGMENTS)[:, None] * SEG_LEN + tl.arange(0, STEP)[None, :]
-        lane_max = tl.full([SEGMENTS, STEP], float("-inf"), tl.float32)
-        total = tl.zeros([SEGMENTS, STEP], tl.float32)  # relative to ref
-        mass = tl.zeros([SEGMENTS, STEP], tl.float32)
-        count = tl.zeros([SEGMENTS], tl.int32)
-        x = tl.load(row_ptr + offs, mask=offs < vocab_size, other=float("-inf")).to(tl.float32)
-        for v0 in range(0, SEG_LEN, STEP):
-            # The next step's load goes out before this step's arithmetic.
-            x_next = tl.load(row_ptr + offs + STEP, mask=(v0 + STEP < SEG_LEN) & (offs + STEP < vocab_size),
-                             other=float("-inf")).to(tl.float32)
-            finite = x > float("-inf")  # NaN is never counted
-            lane_max = tl.maximum(lane_max, tl.where(finite, x, float("-inf")))
-            e = tl.where(finite, tl.exp(x - ref), 0.0)
-            candidate = (offs < vocab_size) & (x >= lo)
-            total += e
-            mass += tl.where(candidate, e, 0.0)
-            slot = count[:, None] + tl.cumsum(candidate.to(tl.int32), axis=1) - 1
-            stored = candidate & (slot < SEG_CAP)
-            tl.store(values_ptr + slot, x, mask=stored)
-            tl.store(positions_ptr + slot, offs, mask=stored)
-            count += tl.sum(candidate.to(tl.int32), axis=1)
-            x = x_next
-            offs += STEP
-        max_ptr, sum_ptr, mass_ptr = _chunk_stats_ptrs(ws_row, num_chunks)
-        tl.store(max_ptr + c, tl.max(lane_max))
-        tl.store(sum_ptr + c, tl.sum(total))
-        tl.store(mass_ptr + c, tl.sum(mass))
-        tl.store(_segment_ptrs(ws_row, num_chunks, num_chunks * SEGMENTS)[0] + segment, count)
+def _lane_elements(x):
+    """The 4 elements each lane holds of x [GROUP, 32, 4], as 4 tensors [GROUP, 32] (no data moves)."""
+    even, odd = tl.split(tl.reshape(x, [x.shape[0], 32, 2, 2]))
+    x0, x2 = tl.split(even)
+    x1, x3 = tl.split(odd)
+    return x0, x1, x2, x3
 
 
 @triton.jit
-def _row_stats(ws_row, num_chunks, num_segments, CHUNKS_P2: tl.constexpr, SEGMENTS_P2: tl.constexpr):
-    """The chunk statistics combined in chunk order: row max, normaliser and candidate mass (relative
-    to the row max, or NaN when the row max is more than 60 above the scan's reference); the segment
-    counts, their total and their largest."""
-    max_ptr, sum_ptr, mass_ptr = _chunk_stats_ptrs(ws_row, num_chunks)
-    c = tl.arange(0, CHUNKS_P2)
-    row_max = tl.max(tl.load(max_ptr + c, mask=c < num_chunks, other=float("-inf")))
-    ref = tl.load(ws_row + 2)
-    # Past ref + 60 a chunk's float32 sums could have overflowed: NaN fails every comparison.
-    scale = tl.where(row_max <= ref + 60.0, tl.exp(ref - row_max), float("nan"))
-    total = tl.sum(tl.load(sum_ptr + c, mask=c < num_chunks, other=0.0)) * scale
-    mass = tl.sum(tl.load(mass_ptr + c, mask=c < num_chunks, other=0.0)) * scale
+def _scan_step(x, offs, lo, ref2, lane_max, total, mass, count, pairs_ptr, WITH_MASS: tl.constexpr,
+               SEG_CAP: tl.constexpr):
+    """One step of _scan_segments_kernel over x [GROUP, 32, 4] at offs (each lane 4 consecutive
+    tokens): the running per-lane max (and normaliser and candidate mass relative to the reference,
+    ref2 = ref * log2(e)), and the step's candidates (x >= lo) appended to their segments' regions
+    in row order."""
+    lane_max = tl.maximum(lane_max, x)  # max.f32 passes over NaN
+    candidate = x >= lo  # never NaN, never past the row (loaded as -inf; lo > -inf)
+    if WITH_MASS:
+        # Clamping the exponent sends NaN and -inf to 2^-200, which is 0 in float32.
+        e = tl.math.exp2(tl.maximum(x * 1.4426950408889634 - ref2, -200.0))
+        total += e
+        mass += tl.where(candidate, e, 0.0)
+    taken = candidate.to(tl.int32)
+    per_lane = tl.sum(taken, axis=2)
+    # slot = candidates before this one in the segment: earlier steps, earlier lanes, earlier tokens of the lane
+    lane_base = count[:, None] + tl.cumsum(per_lane, axis=1) - per_lane
+    slot = lane_base[:, :, None] + tl.cumsum(taken, axis=2) - 1
+    pair = (x.to(tl.int32, bitcast=True).to(tl.uint32).to(tl.uint64) << 32) | offs.to(tl.uint64)
+    stored = candidate & (slot < SEG_CAP)
+    # One store per token of the lane: a scatter of the [GROUP, 32, 4] tensor at once would be laid
+    # out across warps, and the layout conversion would put barriers in the loop.
+    slots = _lane_elements(slot)
+    pairs = _lane_elements(pair.to(tl.int64, bitcast=True))
+    masks = _lane_elements(stored)
+    for r in tl.static_range(4):
+        tl.store(pairs_ptr[:, None] + slots[r], pairs[r], mask=masks[r])
+    return lane_max, total, mass, count + tl.sum(per_lane, axis=1)
+
+
+@triton.jit
+def _scan_segments_kernel(
+    logits_ptr, logits_stride, idx_mapping_ptr, top_k_ptr, top_p_ptr, ws_ptr, ws_stride, num_slots, vocab_size,
+    num_segments, SEGMENT: tl.constexpr, SEG_CAP: tl.constexpr, GROUP: tl.constexpr,
+):
+    """Statistics and candidates of GROUP segments, one warp each: the segment's max, normaliser
+    and candidate mass (only for top-p alone: with top-k on, the selection weighs its own
+    candidates), and its candidates compacted in row order. A step is 4 consecutive tokens per
+    lane, so a segment's step stays inside its warp and its prefix sum needs no block-wide barrier;
+    a segment's result does not depend on GROUP."""
+    t = tl.program_id(0)
+    k, p, k_on, p_on, active = _row_settings(idx_mapping_ptr, top_k_ptr, top_p_ptr, t, num_slots, vocab_size)
+    if active:
+        ws_row = ws_ptr + t.to(tl.int64) * ws_stride
+        row_ptr = logits_ptr + t.to(tl.int64) * logits_stride
+        lo = tl.maximum(tl.load(ws_row), -3.4028234663852886e38)  # -inf is never a candidate
+        ref2 = tl.load(ws_row + 2) * 1.4426950408889634
+        segment = tl.program_id(1) * GROUP + tl.arange(0, GROUP)
+        max_ptr, sum_ptr, mass_ptr, count_ptr, pairs_ptr = _workspace(ws_row, num_segments, SEG_CAP)[:5]
+        pairs_ptr = pairs_ptr + segment * SEG_CAP
+        STEP: tl.constexpr = 128
+        offs = (segment[:, None, None] * SEGMENT + tl.arange(0, 32)[None, :, None] * 4
+                + tl.arange(0, 4)[None, None, :])
+        lane_max = tl.full([GROUP, 32, 4], float("-inf"), tl.float32)
+        total = tl.zeros([GROUP, 32, 4], tl.float32)
+        mass = tl.zeros([GROUP, 32, 4], tl.float32)
+        count = tl.zeros([GROUP], tl.int32)
+        x = tl.load(row_ptr + offs, mask=offs < vocab_size, other=float("-inf")).to(tl.float32)
+        for v0 in range(0, SEGMENT, STEP):
+            # The next step's load goes out before this step's arithmetic.
+            x_next = tl.load(row_ptr + offs + STEP, mask=(v0 + STEP < SEGMENT) & (offs + STEP < vocab_size),
+                             other=float("-inf")).to(tl.float32)
+            if k_on:
+                lane_max, total, mass, count = _scan_step(x, offs, lo, ref2, lane_max, total, mass, count, pairs_ptr,
+                                                          False, SEG_CAP)
+            else:
+                lane_max, total, mass, count = _scan_step(x, offs, lo, ref2, lane_max, total, mass, count, pairs_ptr,
+                                                          True, SEG_CAP)
+            x = x_next
+            offs += STEP
+        mine = segment < num_segments
+        tl.store(max_ptr + segment, tl.max(tl.max(lane_max, axis=2), axis=1), mask=mine)
+        tl.store(sum_ptr + segment, tl.sum(tl.sum(total, axis=2), axis=1), mask=mine)
+        tl.store(mass_ptr + segment, tl.sum(tl.sum(mass, axis=2), axis=1), mask=mine)
+        tl.store(count_ptr + segment, count, mask=mine)
+
+
+@triton.jit
+def _row_stats(ws_row, num_segments, SEG_CAP: tl.constexpr, SEGMENTS_P2: tl.constexpr):
+    """The segment statistics combined in segment order: row max, normaliser and candidate mass
+    (relative to the row max, or NaN when the row max is more than 60 above the scan's reference);
+    the segment counts, their total and their largest."""
+    max_ptr, sum_ptr, mass_ptr, count_ptr = _workspace(ws_row, num_segments, SEG_CAP)[:4]
     g = tl.arange(0, SEGMENTS_P2)
-    counts = tl.load(_segment_ptrs(ws_row, num_chunks, num_segments)[0] + g, mask=g < num_segments, other=0)
+    row_max = tl.max(tl.load(max_ptr + g, mask=g < num_segments, other=float("-inf")))
+    ref = tl.load(ws_row + 2)
+    # Past ref + 60 a segment's float32 sums could have overflowed: NaN fails every comparison.
+    scale = tl.where(row_max <= ref + 60.0, tl.exp(ref - row_max), float("nan"))
+    total = tl.sum(tl.load(sum_ptr + g, mask=g < num_segments, other=0.0)) * scale
+    mass = tl.sum(tl.load(mass_ptr + g, mask=g < num_segments, other=0.0)) * scale
+    counts = tl.load(count_ptr + g, mask=g < num_segments, other=0)
     return row_max, total, mass, counts, tl.sum(counts), tl.max(counts)
 
 
 @triton.jit
 def _fill_chunks_kernel(
     logits_ptr, logits_stride, idx_mapping_ptr, top_k_ptr, top_p_ptr, ws_ptr, ws_stride, num_slots, vocab_size,
-    CHUNK: tl.constexpr, SEGMENTS: tl.constexpr, SEG_CAP: tl.constexpr, CHUNKS_P2: tl.constexpr,
-    SEGMENTS_P2: tl.constexpr,
+    num_segments, CHUNK: tl.constexpr, SEGMENTS: tl.constexpr, SEG_CAP: tl.constexpr, SEGMENTS_P2: tl.constexpr,
 ):
+    """Every program of a row computes, from the same statistics, whether the candidates settle the
+    row. If so it writes -inf over its chunk and gathers its SEGMENTS segments' candidates into the
+    row's candidate list, at their offsets in row order."""
     t = tl.program_id(0)
     c = tl.program_id(1)
     k, p, k_on, p_on, active = _row_settings(idx_mapping_ptr, top_k_ptr, top_p_ptr, t, num_slots, vocab_size)
     if active:
-        num_chunks = tl.num_programs(1)
-        num_segments = num_chunks * SEGMENTS
         ws_row = ws_ptr + t.to(tl.int64) * ws_stride
-        row_max, total, mass, counts, count, largest = _row_stats(ws_row, num_chunks, num_segments, CHUNKS_P2,
-                                                                  SEGMENTS_P2)
+        row_max, total, mass, counts, count, largest = _row_stats(ws_row, num_segments, SEG_CAP, SEGMENTS_P2)
         if k_on:
             enough = count >= k
         else:
             enough = mass >= p * total
-        # Every program of the row computes the same flag from the same statistics.
         settled = (row_max > float("-inf")) & (largest <= SEG_CAP) & enough
-        first_ptr = _segment_ptrs(ws_row, num_chunks, num_segments)[1]
-        mine = c * SEGMENTS + tl.arange(0, SEGMENTS)
-        g = tl.arange(0, SEGMENTS_P2)
-        tl.store(first_ptr + mine, tl.sum(tl.where(g[None, :] < mine[:, None], counts[None, :], 0), axis=1))
         if c == 0:
             tl.store((ws_row + 1).to(tl.pointer_type(tl.int32)), settled.to(tl.int32))
-            tl.store(first_ptr + num_segments, count)
         if settled:
             offs = c * CHUNK + tl.arange(0, CHUNK)
             row_ptr = logits_ptr + t.to(tl.int64) * logits_stride
             tl.store(row_ptr + offs, tl.full([CHUNK], float("-inf"), row_ptr.dtype.element_ty), mask=offs < vocab_size)
+            pairs_ptr, values_ptr, positions_ptr = _workspace(ws_row, num_segments, SEG_CAP)[4:7]
+            mine = c * SEGMENTS + tl.arange(0, SEGMENTS)
+            g = tl.arange(0, SEGMENTS_P2)
+            first = tl.sum(tl.where(g[None, :] < mine[:, None], counts[None, :], 0), axis=1)
+            n = tl.sum(tl.where(g[None, :] == mine[:, None], counts[None, :], 0), axis=1)
+            i = tl.arange(0, SEG_CAP)[None, :]
+            present = i < n[:, None]
+            pair = tl.load(pairs_ptr + mine[:, None] * SEG_CAP + i, mask=present, other=0)
+            dest = first[:, None] + i
+            tl.store(values_ptr + dest, (pair >> 32).to(tl.int32).to(tl.float32, bitcast=True), mask=present)
+            tl.store(positions_ptr + dest, pair.to(tl.int32), mask=present)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -310,30 +345,16 @@ def _fill_chunks_kernel(
 
 
 @triton.jit
-def _candidates(ws_row, num_chunks, num_segments, start, SEG_CAP: tl.constexpr, SEGMENTS_P2: tl.constexpr,
-                TILE: tl.constexpr):
-    """Candidates start .. start + TILE of the row, in row order: values (-inf past the last),
-    positions, and which are present. Candidate i lies in the last segment whose first index is <= i:
-    a binary search over the first indices the fill wrote."""
-    values_ptr, positions_ptr = _candidate_ptrs(ws_row, num_chunks, num_segments, SEG_CAP)[:2]
-    first_ptr = _segment_ptrs(ws_row, num_chunks, num_segments)[1]
+def _candidate_values(values_ptr, count, start, TILE: tl.constexpr):
+    """Candidates start .. start + TILE of the row: values (-inf past the last) and which are present."""
     i = start + tl.arange(0, TILE)
-    segment = tl.zeros([TILE], tl.int32)
-    for b in tl.static_range(16):
-        if (SEGMENTS_P2 >> (b + 1)) > 0:
-            probe = segment + (SEGMENTS_P2 >> (b + 1))
-            found = (probe < num_segments) & (tl.load(first_ptr + probe, mask=probe < num_segments, other=0) <= i)
-            segment = tl.where(found, probe, segment)
-    present = i < tl.load(first_ptr + num_segments)
-    offs = segment * SEG_CAP + i - tl.load(first_ptr + segment)
-    values = tl.load(values_ptr + offs, mask=present, other=float("-inf"))
-    positions = tl.load(positions_ptr + offs, mask=present, other=0)
-    return values, positions, present
+    present = i < count
+    return tl.load(values_ptr + i, mask=present, other=float("-inf")), present
 
 
 @triton.jit
-def _select_threshold(ws_row, num_chunks, num_segments, count, in_set, lo, floor, row_max, target,
-                      USE_MASS: tl.constexpr, SEG_CAP: tl.constexpr, SEGMENTS_P2: tl.constexpr, TILE: tl.constexpr):
+def _select_threshold(values_ptr, scratch_ptr, count, in_set, lo, floor, row_max, target, USE_MASS: tl.constexpr,
+                      TILE: tl.constexpr):
     """The largest candidate value v >= floor whose count (or mass relative to row_max) of candidates
     >= max(v, floor) reaches target; lo when none does. `count` candidates in all, `in_set` of them
     >= floor. Radix selection on the float keys, 4 bits a round, starting below the bits that all
@@ -350,7 +371,7 @@ def _select_threshold(ws_row, num_chunks, num_segments, count, in_set, lo, floor
     else:
         above = 0
     if count <= TILE:  # every candidate fits in registers
-        values, _, present = _candidates(ws_row, num_chunks, num_segments, 0, SEG_CAP, SEGMENTS_P2, TILE)
+        values, present = _candidate_values(values_ptr, count, 0, TILE)
     else:
         in_bracket = in_set
         while (shift > 0) & (in_bracket > TILE):
@@ -360,16 +381,15 @@ def _select_threshold(ws_row, num_chunks, num_segments, count, in_set, lo, floor
             else:
                 stats = tl.zeros([16], tl.int32)
             for start in range(0, count, TILE):
-                values, _, present = _candidates(ws_row, num_chunks, num_segments, start, SEG_CAP, SEGMENTS_P2, TILE)
+                values, present = _candidate_values(values_ptr, count, start, TILE)
                 tile_counts, tile_stats = _digit_stats(values, present, floor, prefix, shift, row_max, USE_MASS)
                 counts += tile_counts
                 stats += tile_stats
             prefix, shift, above, in_bracket = _radix_round(prefix, shift, above, counts, stats, target)
-        scratch_ptr = _candidate_ptrs(ws_row, num_chunks, num_segments, SEG_CAP)[2]
         tl.debug_barrier()  # an earlier selection of this program may still read the scratch
         base = 0
         for start in range(0, count, TILE):
-            values, _, present = _candidates(ws_row, num_chunks, num_segments, start, SEG_CAP, SEGMENTS_P2, TILE)
+            values, present = _candidate_values(values_ptr, count, start, TILE)
             inside = present & (values >= floor) & (_high_bits(_float_key(values), shift) == _high_bits(prefix, shift))
             slot = base + tl.cumsum(inside.to(tl.int32), axis=0) - 1
             tl.store(scratch_ptr + slot, values, mask=inside & (slot < TILE))
@@ -385,13 +405,12 @@ def _select_threshold(ws_row, num_chunks, num_segments, count, in_set, lo, floor
 
 
 @triton.jit
-def _candidate_mass(ws_row, num_chunks, num_segments, count, row_max, floor, SEG_CAP: tl.constexpr,
-                    SEGMENTS_P2: tl.constexpr, TILE: tl.constexpr):
+def _candidate_mass(values_ptr, count, row_max, floor, TILE: tl.constexpr):
     """Mass (relative to row_max) and number of the candidates >= floor."""
     mass = 0.0
     kept = 0
     for start in range(0, count, TILE):
-        values, _, present = _candidates(ws_row, num_chunks, num_segments, start, SEG_CAP, SEGMENTS_P2, TILE)
+        values, present = _candidate_values(values_ptr, count, start, TILE)
         inside = present & (values >= floor)
         mass += tl.sum(tl.where(inside, tl.exp(values - row_max), 0.0))
         kept += tl.sum(inside.to(tl.int32))
@@ -401,8 +420,7 @@ def _candidate_mass(ws_row, num_chunks, num_segments, count, row_max, floor, SEG
 @triton.jit
 def _select_kernel(
     logits_ptr, logits_stride, idx_mapping_ptr, top_k_ptr, top_p_ptr, ws_ptr, ws_stride, num_slots, vocab_size,
-    num_chunks, SEGMENTS: tl.constexpr, SEG_CAP: tl.constexpr, CHUNKS_P2: tl.constexpr, SEGMENTS_P2: tl.constexpr,
-    TILE: tl.constexpr,
+    num_segments, SEG_CAP: tl.constexpr, SEGMENTS_P2: tl.constexpr, TILE: tl.constexpr,
 ):
     t = tl.program_id(0)
     k, p, k_on, p_on, active = _row_settings(idx_mapping_ptr, top_k_ptr, top_p_ptr, t, num_slots, vocab_size)
@@ -411,26 +429,24 @@ def _select_kernel(
         settled = tl.load((ws_row + 1).to(tl.pointer_type(tl.int32)))
         if settled != 0:
             row_ptr = logits_ptr + t.to(tl.int64) * logits_stride
-            num_segments = num_chunks * SEGMENTS
+            values_ptr, positions_ptr, scratch_ptr = _workspace(ws_row, num_segments, SEG_CAP)[5:]
             lo = tl.load(ws_row)
-            row_max, total, _, _, count, _ = _row_stats(ws_row, num_chunks, num_segments, CHUNKS_P2, SEGMENTS_P2)
+            row_max, total, _, _, count, _ = _row_stats(ws_row, num_segments, SEG_CAP, SEGMENTS_P2)
             threshold = lo
             in_set = count
             if k_on:
-                threshold = _select_threshold(ws_row, num_chunks, num_segments, count, count, lo, lo, row_max, k,
-                                              False, SEG_CAP, SEGMENTS_P2, TILE)
+                threshold = _select_threshold(values_ptr, scratch_ptr, count, count, lo, lo, row_max, k, False, TILE)
             if p_on:
                 target = p * total
                 if k_on:  # renormalised over the top-k set
-                    kept_mass, in_set = _candidate_mass(ws_row, num_chunks, num_segments, count, row_max, threshold,
-                                                        SEG_CAP, SEGMENTS_P2, TILE)
+                    kept_mass, in_set = _candidate_mass(values_ptr, count, row_max, threshold, TILE)
                     target = p * kept_mass
                 # top_p <= 0 keeps the most probable token(s)
-                threshold = _select_threshold(ws_row, num_chunks, num_segments, count, in_set, lo, threshold, row_max,
-                                              tl.maximum(target, 1e-30), True, SEG_CAP, SEGMENTS_P2, TILE)
+                threshold = _select_threshold(values_ptr, scratch_ptr, count, in_set, lo, threshold, row_max,
+                                              tl.maximum(target, 1e-30), True, TILE)
             for start in range(0, count, TILE):  # the kept candidates, written back over the fill
-                values, positions, present = _candidates(ws_row, num_chunks, num_segments, start, SEG_CAP,
-                                                         SEGMENTS_P2, TILE)
+                values, present = _candidate_values(values_ptr, count, start, TILE)
+                positions = tl.load(positions_ptr + start + tl.arange(0, TILE), mask=present)
                 tl.store(row_ptr + positions, values.to(row_ptr.dtype.element_ty), mask=present & (values >= threshold))
 
 
@@ -556,7 +572,7 @@ def _find_threshold(row_ptr, scratch_ptr, vocab_size, row_max, pivots, counts, m
 @triton.jit
 def _general_kernel(
     logits_ptr, logits_stride, idx_mapping_ptr, top_k_ptr, top_p_ptr, ws_ptr, ws_stride, num_slots, vocab_size,
-    num_chunks, SEGMENTS: tl.constexpr, SEG_CAP: tl.constexpr, P: tl.constexpr, CAP: tl.constexpr,
+    num_segments, SEG_CAP: tl.constexpr, P: tl.constexpr, CAP: tl.constexpr,
     BLOCK: tl.constexpr, MAX_REFINE: tl.constexpr, MASK_BLOCK: tl.constexpr,
 ):
     """The rows the candidates did not settle, on their untouched logits."""
@@ -567,7 +583,7 @@ def _general_kernel(
         settled = tl.load((ws_row + 1).to(tl.pointer_type(tl.int32)))
         if settled == 0:
             row_ptr = logits_ptr + t.to(tl.int64) * logits_stride
-            scratch_ptr = _candidate_ptrs(ws_row, num_chunks, num_chunks * SEGMENTS, SEG_CAP)[2]
+            scratch_ptr = _workspace(ws_row, num_segments, SEG_CAP)[7]
             pivots, counts, masses, row_max, count, total = _first_pass(row_ptr, vocab_size, BLOCK, P)
             if count > 0:  # else no logit above -inf: nothing to keep or drop
                 threshold = float("-inf")
@@ -606,23 +622,23 @@ def _top_k_top_p_triton(logits, idx_mapping, top_k, top_p) -> None:
     T, V = logits.shape
     if T == 0:
         return
-    num_chunks = triton.cdiv(V, _CHUNK)
-    num_segments = num_chunks * _SEGMENTS
-    # The row workspace laid out in the comment above _chunk_stats_ptrs (13 words before the candidates).
-    ws_stride = triton.cdiv(13 + 3 * num_chunks + 2 * num_segments + 2 * num_segments * _SEG_CAP + max(_TILE, _CAP),
-                            16) * 16
+    num_segments = triton.cdiv(V, _SEGMENT)
+    ws_stride = _workspace_words(num_segments)
     ws = logits.new_empty((T, ws_stride), dtype=torch.float32)
-    args = (logits, logits.stride(0), idx_mapping, top_k, top_p, ws, ws_stride, top_k.size(0), V)
-    sizes = dict(SEGMENTS=_SEGMENTS, SEG_CAP=_SEG_CAP)
-    p2 = dict(CHUNKS_P2=triton.next_power_of_2(num_chunks), SEGMENTS_P2=triton.next_power_of_2(num_segments))
-    launch(_sample_bound_kernel, (T,), *args, SAMPLE=_SAMPLE, CHUNK=_CHUNK, CHUNK_CAP=_SEGMENTS * _SEG_CAP,
-           num_warps=_WARPS["sample"])
-    launch(_scan_chunks_kernel, (T, num_chunks), *args, CHUNK=_CHUNK, STEP=_SCAN_STEP, **sizes,
-           num_warps=_WARPS["scan"])
-    launch(_fill_chunks_kernel, (T, num_chunks), *args, CHUNK=_CHUNK, **sizes, **p2, num_warps=_WARPS["fill"])
-    launch(_select_kernel, (T,), *args, num_chunks, TILE=_TILE, **sizes, **p2, num_warps=_WARPS["select"])
-    launch(_general_kernel, (T,), *args, num_chunks, P=_PIVOTS, CAP=_CAP, BLOCK=_BLOCK, MAX_REFINE=_MAX_REFINE,
-           MASK_BLOCK=_MASK_BLOCK, **sizes, num_warps=_WARPS["general"])
+    args = (logits, logits.stride(0), idx_mapping, top_k, top_p, ws, ws_stride, top_k.size(0), V, num_segments)
+    segments_p2 = triton.next_power_of_2(num_segments)
+    # A segment is one warp of the scan; a small batch takes one segment per program, to spread
+    # over the GPU, a larger one a chunk's worth.
+    group = _CHUNK // _SEGMENT if T >= _FULL_GROUP_ROWS else 1
+    launch(_sample_bound_kernel, (T,), *args, SAMPLE=_SAMPLE, SEG_CAP=_SEG_CAP, num_warps=_WARPS["sample"])
+    launch(_scan_segments_kernel, (T, triton.cdiv(num_segments, group)), *args, SEGMENT=_SEGMENT, SEG_CAP=_SEG_CAP,
+           GROUP=group, num_warps=group)
+    launch(_fill_chunks_kernel, (T, triton.cdiv(V, _CHUNK)), *args, CHUNK=_CHUNK, SEGMENTS=_CHUNK // _SEGMENT,
+           SEG_CAP=_SEG_CAP, SEGMENTS_P2=segments_p2, num_warps=_WARPS["fill"])
+    launch(_select_kernel, (T,), *args, SEG_CAP=_SEG_CAP, SEGMENTS_P2=segments_p2, TILE=_TILE,
+           num_warps=_WARPS["select"])
+    launch(_general_kernel, (T,), *args, SEG_CAP=_SEG_CAP, P=_PIVOTS, CAP=_CAP, BLOCK=_BLOCK, MAX_REFINE=_MAX_REFINE,
+           MASK_BLOCK=_MASK_BLOCK, num_warps=_WARPS["general"])
 
 
 top_k_top_p_op = define_op(
