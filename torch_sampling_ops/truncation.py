@@ -359,7 +359,9 @@ def _select_threshold(values_ptr, scratch_ptr, count, in_set, lo, floor, row_max
     >= max(v, floor) reaches target; lo when none does. `count` candidates in all, `in_set` of them
     >= floor. Radix selection on the float keys, 4 bits a round, starting below the bits that all
     candidates >= floor share. While the bracket holds more than TILE candidates a round sweeps them
-    all; then the bracket is compacted into the scratch and the remaining rounds run in registers."""
+    all; then the bracket is compacted into the scratch and the remaining rounds run in registers.
+    They stop early once the answer is the bracket's smallest value: a bracket of one candidate, or
+    (counts) one whose candidates are all needed."""
     low = _float_key(tl.maximum(lo, floor))
     high = _float_key(row_max)
     # The highest differing bit, from the float exponent of low ^ high (rounding up only adds a round).
@@ -370,10 +372,10 @@ def _select_threshold(values_ptr, scratch_ptr, count, in_set, lo, floor, row_max
         above = 0.0
     else:
         above = 0
+    in_bracket = in_set
     if count <= TILE:  # every candidate fits in registers
         values, present = _candidate_values(values_ptr, count, 0, TILE)
     else:
-        in_bracket = in_set
         while (shift > 0) & (in_bracket > TILE):
             counts = tl.zeros([16], tl.int32)
             if USE_MASS:
@@ -398,10 +400,20 @@ def _select_threshold(values_ptr, scratch_ptr, count, in_set, lo, floor, row_max
         i = tl.arange(0, TILE)
         present = i < base
         values = tl.load(scratch_ptr + i, mask=present, other=float("-inf"), cache_modifier=".cg")
-    while shift > 0:
+    if USE_MASS:
+        all_needed = in_bracket <= 1
+    else:
+        all_needed = above + in_bracket <= target
+    while (shift > 0) & ~all_needed:
         counts, stats = _digit_stats(values, present, floor, prefix, shift, row_max, USE_MASS)
-        prefix, shift, above, _ = _radix_round(prefix, shift, above, counts, stats, target)
-    return tl.maximum(_key_value(prefix), lo)
+        prefix, shift, above, in_bracket = _radix_round(prefix, shift, above, counts, stats, target)
+        if USE_MASS:
+            all_needed = in_bracket <= 1
+        else:
+            all_needed = above + in_bracket <= target
+    inside = present & (values >= floor) & (_high_bits(_float_key(values), shift) == _high_bits(prefix, shift))
+    smallest = tl.min(tl.where(inside, values, float("inf")))
+    return tl.maximum(tl.where(smallest < float("inf"), smallest, _key_value(prefix)), lo)
 
 
 @triton.jit
