@@ -2,18 +2,18 @@
 
 Both filters keep the tokens >= a threshold: the largest value v whose count (top-k) or probability
 mass (top-p, after top-k: renormalised over the kept set) of tokens >= v reaches the target. Five
-launches; rows are split into fixed 8192-token chunks, so a small batch still spreads over the GPU:
+launches; rows are split into fixed 1024-token segments, so a small batch still spreads over the GPU:
 
 1. `_sample_bound_kernel` (per row): a 2048-token sample gives a lower bound `lo` the threshold
    should clear: past the sample rank expected of the k-th token by a safe margin (top-k), or where
    about half the candidate capacity is expected above it (top-p alone).
-2. `_scan_chunks_kernel` (row x chunk): the chunk's max, softmax normaliser and the mass of its
-   tokens >= lo (the candidates); each 1024-token segment compacts its candidates, with their
-   positions, into its own region of the row's workspace, in row order.
-3. `_fill_chunks_kernel` (row x chunk): every program of a row computes, from the same statistics,
-   whether the candidates settle the row (no segment overflowed, and they hold the k tokens or the
-   top_p mass). If so it writes -inf over its chunk, so the row is never read again, and the
-   segments' offsets in row order.
+2. `_scan_segments_kernel` (row x segments, one warp a segment): each segment's max, softmax
+   normaliser and the mass of its tokens >= lo (the candidates; both only for top-p alone), and its
+   candidates, with their positions, compacted in row order into its own region of the workspace.
+3. `_fill_chunks_kernel` (row x 8192-token chunk): every program of a row computes, from the same
+   statistics, whether the candidates settle the row (no segment overflowed, and they hold the k
+   tokens or the top_p mass). If so it writes -inf over its chunk, so the row is never read again,
+   and gathers its segments' candidates into the row's candidate list, in row order.
 4. `_select_kernel` (per row): the exact thresholds by radix selection on the float keys of the
    candidates (4 bits a round: counts for top-k, masses for top-p), then the candidates >= the
    threshold are written back. The fill is the previous launch, so no -inf can land after a restore.
@@ -23,10 +23,11 @@ launches; rows are split into fixed 8192-token chunks, so a small batch still sp
    holding the threshold until at most CAP tokens remain, which are compacted, sorted in registers
    and read off; then one masking pass.
 
-All reductions run in a fixed order over chunks that depend on V alone, so a row's result does not
-depend on the batch it is in. A row with both filters off is not read. Masses are float32 sums, so a
-token's membership may differ from the exact answer only where the exact mass above it is within
-float32 rounding of top_p.
+Every reduction runs in a fixed order over segments that depend on V alone, and a segment is
+computed the same way whichever program holds it, so a row's result does not depend on the batch
+it is in. A row with both filters off is not read. Masses are float32 sums, so a token's membership
+may differ from the exact answer only where the exact mass above it is within float32 rounding of
+top_p.
 """
 from __future__ import annotations
 
@@ -44,9 +45,10 @@ _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 # Under TRITON_INTERPRET=1 the tests run small rows: smaller segments, capacities, sample and tiles
 # exercise the multi-segment, overflow, narrowing and fallback logic there.
 _SEGMENT = 256 if _INTERPRET else 1024  # tokens of a segment: one warp of the scan, its own candidate region
-_SEG_CAP = 32 if _INTERPRET else 128  # candidates a segment can hold
+_SEG_CAP = 32 if _INTERPRET else 256  # candidates a segment can hold
 _CHUNK = 1024 if _INTERPRET else 8192  # tokens per program of the fill launch (whole segments)
 _FULL_GROUP_ROWS = 4 if _INTERPRET else 16  # from this many rows, a scan program takes a chunk's segments
+_SCAN_REPEAT = 2  # ... and then this many chunks' worth, one after the other
 _SAMPLE = 256 if _INTERPRET else 2048  # sampled tokens (32 runs spread over the row)
 _TILE = 256 if _INTERPRET else 1024  # candidates per step of the selection, and held in registers
 _WARPS = {"sample": 8, "fill": 4, "select": 8, "general": 8}
@@ -180,7 +182,7 @@ def _sample_bound_kernel(
         if k_on:  # top-p, if on, runs inside the top-k set
             expected = k.to(tl.float32) * n_sample / vocab_size
             rank = tl.where(vocab_size <= SAMPLE, k, (expected + 4.0 * tl.sqrt(expected) + 4.0).to(tl.int32))
-        else:
+        else:  # top-p alone: where half the candidate capacity is expected above it
             budget = 0.5 * SEG_CAP * num_segments
             rank = (budget * n_sample / vocab_size).to(tl.int32)
         rank = tl.minimum(tl.maximum(rank, 1), n_sample)
@@ -241,48 +243,52 @@ def _scan_step(x, offs, lo, ref2, lane_max, total, mass, count, pairs_ptr, WITH_
 @triton.jit
 def _scan_segments_kernel(
     logits_ptr, logits_stride, idx_mapping_ptr, top_k_ptr, top_p_ptr, ws_ptr, ws_stride, num_slots, vocab_size,
-    num_segments, SEGMENT: tl.constexpr, SEG_CAP: tl.constexpr, GROUP: tl.constexpr,
+    num_segments, SEGMENT: tl.constexpr, SEG_CAP: tl.constexpr, GROUP: tl.constexpr, REPEAT: tl.constexpr,
 ):
-    """Statistics and candidates of GROUP segments, one warp each: the segment's max, normaliser
+    """Statistics and candidates of REPEAT x GROUP segments, GROUP at a time, one warp each: the segment's max, normaliser
     and candidate mass (only for top-p alone: with top-k on, the selection weighs its own
     candidates), and its candidates compacted in row order. A step is 4 consecutive tokens per
     lane, so a segment's step stays inside its warp and its prefix sum needs no block-wide barrier;
     a segment's result does not depend on GROUP."""
     t = tl.program_id(0)
+    ws_row = ws_ptr + t.to(tl.int64) * ws_stride
+    lo = tl.maximum(tl.load(ws_row), -3.4028234663852886e38)  # -inf is never a candidate
+    ref2 = tl.load(ws_row + 2) * 1.4426950408889634
     k, p, k_on, p_on, active = _row_settings(idx_mapping_ptr, top_k_ptr, top_p_ptr, t, num_slots, vocab_size)
     if active:
-        ws_row = ws_ptr + t.to(tl.int64) * ws_stride
         row_ptr = logits_ptr + t.to(tl.int64) * logits_stride
-        lo = tl.maximum(tl.load(ws_row), -3.4028234663852886e38)  # -inf is never a candidate
-        ref2 = tl.load(ws_row + 2) * 1.4426950408889634
-        segment = tl.program_id(1) * GROUP + tl.arange(0, GROUP)
         max_ptr, sum_ptr, mass_ptr, count_ptr, pairs_ptr = _workspace(ws_row, num_segments, SEG_CAP)[:5]
-        pairs_ptr = pairs_ptr + segment * SEG_CAP
-        STEP: tl.constexpr = 128
-        offs = (segment[:, None, None] * SEGMENT + tl.arange(0, 32)[None, :, None] * 4
-                + tl.arange(0, 4)[None, None, :])
-        lane_max = tl.full([GROUP, 32, 4], float("-inf"), tl.float32)
-        total = tl.zeros([GROUP, 32, 4], tl.float32)
-        mass = tl.zeros([GROUP, 32, 4], tl.float32)
-        count = tl.zeros([GROUP], tl.int32)
-        x = tl.load(row_ptr + offs, mask=offs < vocab_size, other=float("-inf")).to(tl.float32)
-        for v0 in range(0, SEGMENT, STEP):
-            # The next step's load goes out before this step's arithmetic.
-            x_next = tl.load(row_ptr + offs + STEP, mask=(v0 + STEP < SEGMENT) & (offs + STEP < vocab_size),
-                             other=float("-inf")).to(tl.float32)
-            if k_on:
-                lane_max, total, mass, count = _scan_step(x, offs, lo, ref2, lane_max, total, mass, count, pairs_ptr,
-                                                          False, SEG_CAP)
-            else:
-                lane_max, total, mass, count = _scan_step(x, offs, lo, ref2, lane_max, total, mass, count, pairs_ptr,
-                                                          True, SEG_CAP)
-            x = x_next
-            offs += STEP
-        mine = segment < num_segments
-        tl.store(max_ptr + segment, tl.max(tl.max(lane_max, axis=2), axis=1), mask=mine)
-        tl.store(sum_ptr + segment, tl.sum(tl.sum(total, axis=2), axis=1), mask=mine)
-        tl.store(mass_ptr + segment, tl.sum(tl.sum(mass, axis=2), axis=1), mask=mine)
-        tl.store(count_ptr + segment, count, mask=mine)
+        for r in range(REPEAT):
+            segment = (tl.program_id(1) * REPEAT + r) * GROUP + tl.arange(0, GROUP)
+            seg_pairs_ptr = pairs_ptr + segment * SEG_CAP
+            STEP: tl.constexpr = 128
+            offs = (segment[:, None, None] * SEGMENT + tl.arange(0, 32)[None, :, None] * 4
+                    + tl.arange(0, 4)[None, None, :])
+            lane_max = tl.full([GROUP, 32, 4], float("-inf"), tl.float32)
+            total = tl.zeros([GROUP, 32, 4], tl.float32)
+            mass = tl.zeros([GROUP, 32, 4], tl.float32)
+            count = tl.zeros([GROUP], tl.int32)
+            # Two steps ahead are loading while a step is processed.
+            x = tl.load(row_ptr + offs, mask=offs < vocab_size, other=float("-inf")).to(tl.float32)
+            x_next = tl.load(row_ptr + offs + STEP, mask=offs + STEP < vocab_size, other=float("-inf")).to(tl.float32)
+            for v0 in range(0, SEGMENT, STEP):
+                ahead = offs + 2 * STEP
+                x_after = tl.load(row_ptr + ahead, mask=(v0 + 2 * STEP < SEGMENT) & (ahead < vocab_size),
+                                  other=float("-inf")).to(tl.float32)
+                if k_on:
+                    lane_max, total, mass, count = _scan_step(x, offs, lo, ref2, lane_max, total, mass, count,
+                                                              seg_pairs_ptr, False, SEG_CAP)
+                else:
+                    lane_max, total, mass, count = _scan_step(x, offs, lo, ref2, lane_max, total, mass, count,
+                                                              seg_pairs_ptr, True, SEG_CAP)
+                x = x_next
+                x_next = x_after
+                offs += STEP
+            mine = segment < num_segments
+            tl.store(max_ptr + segment, tl.max(tl.max(lane_max, axis=2), axis=1), mask=mine)
+            tl.store(sum_ptr + segment, tl.sum(tl.sum(total, axis=2), axis=1), mask=mine)
+            tl.store(mass_ptr + segment, tl.sum(tl.sum(mass, axis=2), axis=1), mask=mine)
+            tl.store(count_ptr + segment, count, mask=mine)
 
 
 @triton.jit
@@ -382,11 +388,14 @@ def _select_threshold(values_ptr, scratch_ptr, count, in_set, lo, floor, row_max
                 stats = tl.zeros([16], tl.float32)
             else:
                 stats = tl.zeros([16], tl.int32)
-            for start in range(0, count, TILE):
-                values, present = _candidate_values(values_ptr, count, start, TILE)
+            values, present = _candidate_values(values_ptr, count, 0, TILE)
+            for start in range(TILE, count + TILE, TILE):
+                # The next tile loads while this one is counted.
+                next_values, next_present = _candidate_values(values_ptr, count, start, TILE)
                 tile_counts, tile_stats = _digit_stats(values, present, floor, prefix, shift, row_max, USE_MASS)
                 counts += tile_counts
                 stats += tile_stats
+                values, present = next_values, next_present
             prefix, shift, above, in_bracket = _radix_round(prefix, shift, above, counts, stats, target)
         tl.debug_barrier()  # an earlier selection of this program may still read the scratch
         base = 0
@@ -641,10 +650,10 @@ def _top_k_top_p_triton(logits, idx_mapping, top_k, top_p) -> None:
     segments_p2 = triton.next_power_of_2(num_segments)
     # A segment is one warp of the scan; a small batch takes one segment per program, to spread
     # over the GPU, a larger one a chunk's worth.
-    group = _CHUNK // _SEGMENT if T >= _FULL_GROUP_ROWS else 1
+    group, repeat = (_CHUNK // _SEGMENT, _SCAN_REPEAT) if T >= _FULL_GROUP_ROWS else (1, 1)
     launch(_sample_bound_kernel, (T,), *args, SAMPLE=_SAMPLE, SEG_CAP=_SEG_CAP, num_warps=_WARPS["sample"])
-    launch(_scan_segments_kernel, (T, triton.cdiv(num_segments, group)), *args, SEGMENT=_SEGMENT, SEG_CAP=_SEG_CAP,
-           GROUP=group, num_warps=group)
+    launch(_scan_segments_kernel, (T, triton.cdiv(num_segments, group * repeat)), *args, SEGMENT=_SEGMENT,
+           SEG_CAP=_SEG_CAP, GROUP=group, REPEAT=repeat, num_warps=group)
     launch(_fill_chunks_kernel, (T, triton.cdiv(V, _CHUNK)), *args, CHUNK=_CHUNK, SEGMENTS=_CHUNK // _SEGMENT,
            SEG_CAP=_SEG_CAP, SEGMENTS_P2=segments_p2, num_warps=_WARPS["fill"])
     launch(_select_kernel, (T,), *args, SEG_CAP=_SEG_CAP, SEGMENTS_P2=segments_p2, TILE=_TILE,
