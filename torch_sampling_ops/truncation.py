@@ -48,7 +48,8 @@ _SEGMENT = 256 if _INTERPRET else 1024  # tokens of a segment: one warp of the s
 _SEG_CAP = 32 if _INTERPRET else 256  # candidates a segment can hold
 _CHUNK = 1024 if _INTERPRET else 8192  # tokens per program of the fill launch (whole segments)
 _FULL_GROUP_ROWS = 4 if _INTERPRET else 16  # from this many rows, a scan program takes a chunk's segments
-_SCAN_REPEAT = 2  # ... and then this many chunks' worth, one after the other
+_SCAN_REPEAT = 1  # ... and then this many chunks' worth, one after the other
+_SCAN_AHEAD = 1  # steps a scan warp loads ahead (measured: 2 was slower)
 _SAMPLE = 256 if _INTERPRET else 2048  # sampled tokens (32 runs spread over the row)
 _TILE = 256 if _INTERPRET else 1024  # candidates per step of the selection, and held in registers
 _WARPS = {"sample": 8, "fill": 4, "select": 8, "general": 8}
@@ -244,6 +245,7 @@ def _scan_step(x, offs, lo, ref2, lane_max, total, mass, count, pairs_ptr, WITH_
 def _scan_segments_kernel(
     logits_ptr, logits_stride, idx_mapping_ptr, top_k_ptr, top_p_ptr, ws_ptr, ws_stride, num_slots, vocab_size,
     num_segments, SEGMENT: tl.constexpr, SEG_CAP: tl.constexpr, GROUP: tl.constexpr, REPEAT: tl.constexpr,
+    AHEAD: tl.constexpr,
 ):
     """Statistics and candidates of REPEAT x GROUP segments, GROUP at a time, one warp each: the segment's max, normaliser
     and candidate mass (only for top-p alone: with top-k on, the selection weighs its own
@@ -268,12 +270,14 @@ def _scan_segments_kernel(
             total = tl.zeros([GROUP, 32, 4], tl.float32)
             mass = tl.zeros([GROUP, 32, 4], tl.float32)
             count = tl.zeros([GROUP], tl.int32)
-            # Two steps ahead are loading while a step is processed.
+            # AHEAD steps are loading while a step is processed.
             x = tl.load(row_ptr + offs, mask=offs < vocab_size, other=float("-inf")).to(tl.float32)
-            x_next = tl.load(row_ptr + offs + STEP, mask=offs + STEP < vocab_size, other=float("-inf")).to(tl.float32)
+            if AHEAD == 2:
+                x_next = tl.load(row_ptr + offs + STEP, mask=offs + STEP < vocab_size,
+                                 other=float("-inf")).to(tl.float32)
             for v0 in range(0, SEGMENT, STEP):
-                ahead = offs + 2 * STEP
-                x_after = tl.load(row_ptr + ahead, mask=(v0 + 2 * STEP < SEGMENT) & (ahead < vocab_size),
+                ahead = offs + AHEAD * STEP
+                x_ahead = tl.load(row_ptr + ahead, mask=(v0 + AHEAD * STEP < SEGMENT) & (ahead < vocab_size),
                                   other=float("-inf")).to(tl.float32)
                 if k_on:
                     lane_max, total, mass, count = _scan_step(x, offs, lo, ref2, lane_max, total, mass, count,
@@ -281,8 +285,11 @@ def _scan_segments_kernel(
                 else:
                     lane_max, total, mass, count = _scan_step(x, offs, lo, ref2, lane_max, total, mass, count,
                                                               seg_pairs_ptr, True, SEG_CAP)
-                x = x_next
-                x_next = x_after
+                if AHEAD == 2:
+                    x = x_next
+                    x_next = x_ahead
+                else:
+                    x = x_ahead
                 offs += STEP
             mine = segment < num_segments
             tl.store(max_ptr + segment, tl.max(tl.max(lane_max, axis=2), axis=1), mask=mine)
@@ -653,7 +660,7 @@ def _top_k_top_p_triton(logits, idx_mapping, top_k, top_p) -> None:
     group, repeat = (_CHUNK // _SEGMENT, _SCAN_REPEAT) if T >= _FULL_GROUP_ROWS else (1, 1)
     launch(_sample_bound_kernel, (T,), *args, SAMPLE=_SAMPLE, SEG_CAP=_SEG_CAP, num_warps=_WARPS["sample"])
     launch(_scan_segments_kernel, (T, triton.cdiv(num_segments, group * repeat)), *args, SEGMENT=_SEGMENT,
-           SEG_CAP=_SEG_CAP, GROUP=group, REPEAT=repeat, num_warps=group)
+           SEG_CAP=_SEG_CAP, GROUP=group, REPEAT=repeat, AHEAD=_SCAN_AHEAD, num_warps=group)
     launch(_fill_chunks_kernel, (T, triton.cdiv(V, _CHUNK)), *args, CHUNK=_CHUNK, SEGMENTS=_CHUNK // _SEGMENT,
            SEG_CAP=_SEG_CAP, SEGMENTS_P2=segments_p2, num_warps=_WARPS["fill"])
     launch(_select_kernel, (T,), *args, SEG_CAP=_SEG_CAP, SEGMENTS_P2=segments_p2, TILE=_TILE,
