@@ -127,8 +127,7 @@ def test_inf_and_nan_rows(backend, gen):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_rows_do_not_depend_on_the_batch_or_the_run(backend, gen):
-    # Past 16 rows (4 under the interpreter) a scan program takes 16 segments instead of one.
-    T, V = (6 if backend == "interpret" else 17), 5000
+    T, V = 6, 5000
     top_k, top_p = settings(SETTINGS)
     logits = make_logits(T, V, torch.float32, device_of(backend), generator=gen)
     idx_mapping = torch.arange(T, dtype=INT)

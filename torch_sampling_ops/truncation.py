@@ -47,9 +47,6 @@ _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 _SEGMENT = 256 if _INTERPRET else 1024  # tokens of a segment: one warp of the scan, its own candidate region
 _SEG_CAP = 32 if _INTERPRET else 256  # candidates a segment can hold
 _CHUNK = 1024 if _INTERPRET else 8192  # tokens per program of the fill launch (whole segments)
-_FULL_GROUP_ROWS = 4 if _INTERPRET else 16  # from this many rows, a scan program takes a chunk's segments
-_SCAN_REPEAT = 1  # ... and then this many chunks' worth, one after the other
-_SCAN_AHEAD = 1  # steps a scan warp loads ahead (measured: 2 was slower)
 _SAMPLE = 256 if _INTERPRET else 2048  # sampled tokens (32 runs spread over the row)
 _TILE = 256 if _INTERPRET else 1024  # candidates per step of the selection, and held in registers
 _WARPS = {"sample": 8, "fill": 4, "select": 8, "general": 8}
@@ -203,8 +200,8 @@ def _sample_bound_kernel(
 
 @triton.jit
 def _lane_elements(x):
-    """The 4 elements each lane holds of x [GROUP, 32, 4], as 4 tensors [GROUP, 32] (no data moves)."""
-    even, odd = tl.split(tl.reshape(x, [x.shape[0], 32, 2, 2]))
+    """The 4 elements each lane holds of x [32, 4], as 4 tensors [32] (no data moves)."""
+    even, odd = tl.split(tl.reshape(x, [32, 2, 2]))
     x0, x2 = tl.split(even)
     x1, x3 = tl.split(odd)
     return x0, x1, x2, x3
@@ -213,10 +210,10 @@ def _lane_elements(x):
 @triton.jit
 def _scan_step(x, offs, lo, ref2, lane_max, total, mass, count, pairs_ptr, WITH_MASS: tl.constexpr,
                SEG_CAP: tl.constexpr):
-    """One step of _scan_segments_kernel over x [GROUP, 32, 4] at offs (each lane 4 consecutive
-    tokens): the running per-lane max (and normaliser and candidate mass relative to the reference,
-    ref2 = ref * log2(e)), and the step's candidates (x >= lo) appended to their segments' regions
-    in row order."""
+    """One step of _scan_segments_kernel over x [32, 4] at offs (each lane 4 consecutive tokens):
+    the running per-lane max (and normaliser and candidate mass relative to the reference,
+    ref2 = ref * log2(e)), and the step's candidates (x >= lo) appended to the segment's region in
+    row order."""
     lane_max = tl.maximum(lane_max, x)  # max.f32 passes over NaN
     candidate = x >= lo  # never NaN, never past the row (loaded as -inf; lo > -inf)
     if WITH_MASS:
@@ -225,34 +222,33 @@ def _scan_step(x, offs, lo, ref2, lane_max, total, mass, count, pairs_ptr, WITH_
         total += e
         mass += tl.where(candidate, e, 0.0)
     taken = candidate.to(tl.int32)
-    per_lane = tl.sum(taken, axis=2)
+    per_lane = tl.sum(taken, axis=1)
     # slot = candidates before this one in the segment: earlier steps, earlier lanes, earlier tokens of the lane
-    lane_base = count[:, None] + tl.cumsum(per_lane, axis=1) - per_lane
-    slot = lane_base[:, :, None] + tl.cumsum(taken, axis=2) - 1
+    lane_base = count + tl.cumsum(per_lane, axis=0) - per_lane
+    slot = lane_base[:, None] + tl.cumsum(taken, axis=1) - 1
     pair = (x.to(tl.int32, bitcast=True).to(tl.uint32).to(tl.uint64) << 32) | offs.to(tl.uint64)
     stored = candidate & (slot < SEG_CAP)
-    # One store per token of the lane: a scatter of the [GROUP, 32, 4] tensor at once would be laid
-    # out across warps, and the layout conversion would put barriers in the loop.
+    # One store per token of the lane, so the scatter keeps the load's layout (no conversion).
     slots = _lane_elements(slot)
     pairs = _lane_elements(pair.to(tl.int64, bitcast=True))
     masks = _lane_elements(stored)
     for r in tl.static_range(4):
-        tl.store(pairs_ptr[:, None] + slots[r], pairs[r], mask=masks[r])
-    return lane_max, total, mass, count + tl.sum(per_lane, axis=1)
+        tl.store(pairs_ptr + slots[r], pairs[r], mask=masks[r])
+    return lane_max, total, mass, count + tl.sum(per_lane, axis=0)
 
 
 @triton.jit
 def _scan_segments_kernel(
     logits_ptr, logits_stride, idx_mapping_ptr, top_k_ptr, top_p_ptr, ws_ptr, ws_stride, num_slots, vocab_size,
-    num_segments, SEGMENT: tl.constexpr, SEG_CAP: tl.constexpr, GROUP: tl.constexpr, REPEAT: tl.constexpr,
-    AHEAD: tl.constexpr,
+    num_segments, SEGMENT: tl.constexpr, SEG_CAP: tl.constexpr,
 ):
-    """Statistics and candidates of REPEAT x GROUP segments, GROUP at a time, one warp each: the segment's max, normaliser
-    and candidate mass (only for top-p alone: with top-k on, the selection weighs its own
-    candidates), and its candidates compacted in row order. A step is 4 consecutive tokens per
-    lane, so a segment's step stays inside its warp and its prefix sum needs no block-wide barrier;
-    a segment's result does not depend on GROUP."""
+    """Statistics and candidates of one segment, in one warp: its max, normaliser and candidate mass
+    (only for top-p alone: with top-k on, the selection weighs its own candidates), and its
+    candidates compacted in row order. A step is 4 consecutive tokens a lane; with one warp a
+    program, the step's prefix sum never waits on a block-wide barrier (with several warps, Triton
+    3.6 spread a step's lanes over warps)."""
     t = tl.program_id(0)
+    segment = tl.program_id(1)
     ws_row = ws_ptr + t.to(tl.int64) * ws_stride
     lo = tl.maximum(tl.load(ws_row), -3.4028234663852886e38)  # -inf is never a candidate
     ref2 = tl.load(ws_row + 2) * 1.4426950408889634
@@ -260,42 +256,30 @@ def _scan_segments_kernel(
     if active:
         row_ptr = logits_ptr + t.to(tl.int64) * logits_stride
         max_ptr, sum_ptr, mass_ptr, count_ptr, pairs_ptr = _workspace(ws_row, num_segments, SEG_CAP)[:5]
-        for r in range(REPEAT):
-            segment = (tl.program_id(1) * REPEAT + r) * GROUP + tl.arange(0, GROUP)
-            seg_pairs_ptr = pairs_ptr + segment * SEG_CAP
-            STEP: tl.constexpr = 128
-            offs = (segment[:, None, None] * SEGMENT + tl.arange(0, 32)[None, :, None] * 4
-                    + tl.arange(0, 4)[None, None, :])
-            lane_max = tl.full([GROUP, 32, 4], float("-inf"), tl.float32)
-            total = tl.zeros([GROUP, 32, 4], tl.float32)
-            mass = tl.zeros([GROUP, 32, 4], tl.float32)
-            count = tl.zeros([GROUP], tl.int32)
-            # AHEAD steps are loading while a step is processed.
-            x = tl.load(row_ptr + offs, mask=offs < vocab_size, other=float("-inf")).to(tl.float32)
-            if AHEAD == 2:
-                x_next = tl.load(row_ptr + offs + STEP, mask=offs + STEP < vocab_size,
-                                 other=float("-inf")).to(tl.float32)
-            for v0 in range(0, SEGMENT, STEP):
-                ahead = offs + AHEAD * STEP
-                x_ahead = tl.load(row_ptr + ahead, mask=(v0 + AHEAD * STEP < SEGMENT) & (ahead < vocab_size),
-                                  other=float("-inf")).to(tl.float32)
-                if k_on:
-                    lane_max, total, mass, count = _scan_step(x, offs, lo, ref2, lane_max, total, mass, count,
-                                                              seg_pairs_ptr, False, SEG_CAP)
-                else:
-                    lane_max, total, mass, count = _scan_step(x, offs, lo, ref2, lane_max, total, mass, count,
-                                                              seg_pairs_ptr, True, SEG_CAP)
-                if AHEAD == 2:
-                    x = x_next
-                    x_next = x_ahead
-                else:
-                    x = x_ahead
-                offs += STEP
-            mine = segment < num_segments
-            tl.store(max_ptr + segment, tl.max(tl.max(lane_max, axis=2), axis=1), mask=mine)
-            tl.store(sum_ptr + segment, tl.sum(tl.sum(total, axis=2), axis=1), mask=mine)
-            tl.store(mass_ptr + segment, tl.sum(tl.sum(mass, axis=2), axis=1), mask=mine)
-            tl.store(count_ptr + segment, count, mask=mine)
+        pairs_ptr += segment * SEG_CAP
+        STEP: tl.constexpr = 128
+        offs = segment * SEGMENT + tl.arange(0, 32)[:, None] * 4 + tl.arange(0, 4)[None, :]
+        lane_max = tl.full([32, 4], float("-inf"), tl.float32)
+        total = tl.zeros([32, 4], tl.float32)
+        mass = tl.zeros([32, 4], tl.float32)
+        count = 0
+        x = tl.load(row_ptr + offs, mask=offs < vocab_size, other=float("-inf")).to(tl.float32)
+        for v0 in range(0, SEGMENT, STEP):
+            # The next step's load goes out before this step's arithmetic.
+            x_next = tl.load(row_ptr + offs + STEP, mask=(v0 + STEP < SEGMENT) & (offs + STEP < vocab_size),
+                             other=float("-inf")).to(tl.float32)
+            if k_on:
+                lane_max, total, mass, count = _scan_step(x, offs, lo, ref2, lane_max, total, mass, count, pairs_ptr,
+                                                          False, SEG_CAP)
+            else:
+                lane_max, total, mass, count = _scan_step(x, offs, lo, ref2, lane_max, total, mass, count, pairs_ptr,
+                                                          True, SEG_CAP)
+            x = x_next
+            offs += STEP
+        tl.store(max_ptr + segment, tl.max(tl.max(lane_max, axis=1), axis=0))
+        tl.store(sum_ptr + segment, tl.sum(tl.sum(total, axis=1), axis=0))
+        tl.store(mass_ptr + segment, tl.sum(tl.sum(mass, axis=1), axis=0))
+        tl.store(count_ptr + segment, count)
 
 
 @triton.jit
@@ -655,12 +639,8 @@ def _top_k_top_p_triton(logits, idx_mapping, top_k, top_p) -> None:
     ws = logits.new_empty((T, ws_stride), dtype=torch.float32)
     args = (logits, logits.stride(0), idx_mapping, top_k, top_p, ws, ws_stride, top_k.size(0), V, num_segments)
     segments_p2 = triton.next_power_of_2(num_segments)
-    # A segment is one warp of the scan; a small batch takes one segment per program, to spread
-    # over the GPU, a larger one a chunk's worth.
-    group, repeat = (_CHUNK // _SEGMENT, _SCAN_REPEAT) if T >= _FULL_GROUP_ROWS else (1, 1)
     launch(_sample_bound_kernel, (T,), *args, SAMPLE=_SAMPLE, SEG_CAP=_SEG_CAP, num_warps=_WARPS["sample"])
-    launch(_scan_segments_kernel, (T, triton.cdiv(num_segments, group * repeat)), *args, SEGMENT=_SEGMENT,
-           SEG_CAP=_SEG_CAP, GROUP=group, REPEAT=repeat, AHEAD=_SCAN_AHEAD, num_warps=group)
+    launch(_scan_segments_kernel, (T, num_segments), *args, SEGMENT=_SEGMENT, SEG_CAP=_SEG_CAP, num_warps=1)
     launch(_fill_chunks_kernel, (T, triton.cdiv(V, _CHUNK)), *args, CHUNK=_CHUNK, SEGMENTS=_CHUNK // _SEGMENT,
            SEG_CAP=_SEG_CAP, SEGMENTS_P2=segments_p2, num_warps=_WARPS["fill"])
     launch(_select_kernel, (T,), *args, SEG_CAP=_SEG_CAP, SEGMENTS_P2=segments_p2, TILE=_TILE,
