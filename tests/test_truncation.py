@@ -172,6 +172,28 @@ def test_bad_arguments(backend, gen):
 
 @pytest.mark.cuda
 @pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
+def test_benchmark_rows_are_settled_by_their_candidates(gen, monkeypatch):
+    """The general path is exact but several times slower: rows like the benchmark's (V = 151936,
+    randn * 3) must be settled by their candidates under every setting it times, and a few more."""
+    from torch_sampling_ops import truncation
+    settled = []
+
+    def spy(kernel, grid, *args, **meta):
+        if kernel is truncation._select_kernel:  # the fill has written each row's flag (word 1)
+            settled.append(args[5][:, 1].clone().view(INT))
+        launch(kernel, grid, *args, **meta)
+
+    launch = truncation.launch
+    monkeypatch.setattr(truncation, "launch", spy)
+    T, V = 16, 151936
+    top_k, top_p = settings([(50, 0.9), (0, 0.9), (50, 1.0), (1000, 0.5), (0, 0.5), (0, 0.8), (20, 1.0), (1, 0.3)])
+    logits = make_logits(T, V, torch.float32, "cuda", generator=gen)
+    run_and_check("cuda", logits, torch.arange(T, dtype=INT) % 8, top_k, top_p)
+    assert settled and bool((settled[0] == 1).all()), f"rows left to the general path: {settled[0].tolist()}"
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
 def test_cuda_graph_replays_with_changed_parameters(gen):
     T, V = 4, 6000
     src = make_logits(T, V, torch.float32, "cuda", generator=gen)
