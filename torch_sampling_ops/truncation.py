@@ -7,8 +7,8 @@ launches; rows are split into fixed 1024-token segments, so a small batch still 
 1. `_sample_bound_kernel` (per row): a 2048-token sample gives a lower bound `lo` the threshold
    should clear: past the sample rank expected of the k-th token by a safe margin (top-k), or where
    about half the candidate capacity is expected above it (top-p alone).
-2. `_scan_segments_kernel` (row x segments, one warp a segment): each segment's max, softmax
-   normaliser and the mass of its tokens >= lo (the candidates; both only for top-p alone), and its
+2. `_scan_segments_kernel` (one warp per row and segment): the segment's max, softmax
+   normaliser and the mass of its tokens >= lo (the candidates; both only for top-p alone), and the
    candidates, with their positions, compacted in row order into its own region of the workspace.
 3. `_fill_chunks_kernel` (row x 8192-token chunk): every program of a row computes, from the same
    statistics, whether the candidates settle the row (no segment overflowed, and they hold the k
@@ -23,9 +23,8 @@ launches; rows are split into fixed 1024-token segments, so a small batch still 
    holding the threshold until at most CAP tokens remain, which are compacted, sorted in registers
    and read off; then one masking pass.
 
-Every reduction runs in a fixed order over segments that depend on V alone, and a segment is
-computed the same way whichever program holds it, so a row's result does not depend on the batch
-it is in. A row with both filters off is not read. Masses are float32 sums, so a token's membership
+Every reduction runs in a fixed order over segments that depend on V alone, so a row's result does
+not depend on the batch it is in. A row with both filters off is not read. Masses are float32 sums, so a token's membership
 may differ from the exact answer only where the exact mass above it is within float32 rounding of
 top_p.
 """
@@ -58,7 +57,6 @@ _MASK_BLOCK = 4096
 _PIVOTS = 16
 _CAP = 256 if _INTERPRET else 2048
 _MAX_REFINE = 8
-_LOG2E = 1.4426950408889634
 
 
 # ----------------------------------------------------------------------------------------------
