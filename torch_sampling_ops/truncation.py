@@ -183,12 +183,21 @@ def _sample_bound_kernel(
             rank = (budget * n_sample / vocab_size).to(tl.int32)
         rank = tl.minimum(tl.maximum(rank, 1), n_sample)
         # lo: the largest 16-bit key prefix with at least `rank` sampled keys above it, a value <= the
-        # sample's rank-th largest.
-        prefix = tl.zeros([], tl.uint32)
-        shift = tl.full([], 32, tl.int32)
+        # sample's rank-th largest. When rank <= 32, the rank-th largest of the 32 runs' maxima is
+        # below that value (each of those runs holds one above it): the keys from it to the max
+        # share their top bits, so the rounds start below them.
+        run_max = tl.max(tl.reshape(x, [32, SAMPLE // 32]), axis=1)
+        runs_above = tl.sum((run_max[None, :] >= run_max[:, None]).to(tl.int32), axis=1)
+        floor = tl.max(tl.where(runs_above >= rank, run_max, float("-inf")))
+        high = _float_key(tl.max(x))
+        low = _float_key(floor)
+        # The highest differing bit, from the float exponent of low ^ high (as in _select_threshold).
+        top = ((low ^ high).to(tl.float32).to(tl.int32, bitcast=True) >> 23) - 127
+        shift = tl.maximum(tl.where(low == high, 0, tl.minimum((top + 4) // 4 * 4, 32)), 16)
+        prefix = _high_bits(high, shift) << (shift // 2).to(tl.uint32) << (shift - shift // 2).to(tl.uint32)
         above = 0
-        for _ in tl.static_range(4):
-            count, _ = _digit_stats(x, offs < vocab_size, float("-inf"), prefix, shift, 0.0, False)
+        while shift > 16:
+            count, _ = _digit_stats(x, offs < vocab_size, floor, prefix, shift, 0.0, False)
             prefix, shift, above, _ = _radix_round(prefix, shift, above, count, count, rank)
         ws_row = ws_ptr + t.to(tl.int64) * ws_stride
         tl.store(ws_row, _key_value(prefix))
