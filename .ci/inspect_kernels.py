@@ -1,0 +1,75 @@
+"""Compiles the top_k_top_p kernels for a Hopper GPU with the installed Triton, without a GPU, and
+prints what decides their speed: registers, spills, block barriers and SASS size. A barrier inside a
+streaming loop usually means Triton laid a reduction or scan out across warps.
+
+    python3 .ci/inspect_kernels.py [--arch 90]
+
+Uses the ptxas and cuobjdump bundled with Triton's NVIDIA backend. Layouts differ between Triton
+versions (3.6 and 3.9 laid the multi-warp scan out differently), so check with the version the
+GPU runs: `pip install --target DIR triton==X` and run with PYTHONPATH=DIR.
+"""
+import argparse
+import os
+import re
+import subprocess
+import tempfile
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+import torch_sampling_ops.truncation as tr
+
+ARGS = {"logits_ptr": "*fp32", "logits_stride": "i32", "idx_mapping_ptr": "*i32", "top_k_ptr": "*i32",
+        "top_p_ptr": "*fp32", "ws_ptr": "*fp32", "ws_stride": "i32", "num_slots": "i32", "vocab_size": "i32",
+        "num_segments": "i32"}
+ALIGNED = ["logits_ptr", "logits_stride", "idx_mapping_ptr", "top_k_ptr", "top_p_ptr", "ws_ptr", "ws_stride",
+           "vocab_size"]  # as at V = 151936: Triton specialises arguments divisible by 16
+SEGMENTS_P2 = triton.next_power_of_2(triton.cdiv(151936, tr._SEGMENT))
+KERNELS = [
+    (tr._sample_bound_kernel, dict(SAMPLE=tr._SAMPLE, SEG_CAP=tr._SEG_CAP), tr._WARPS["sample"]),
+    (tr._scan_segments_kernel, dict(SEGMENT=tr._SEGMENT, SEG_CAP=tr._SEG_CAP), 1),
+    (tr._fill_chunks_kernel, dict(CHUNK=tr._CHUNK, SEGMENTS=tr._CHUNK // tr._SEGMENT, SEG_CAP=tr._SEG_CAP,
+                                  SEGMENTS_P2=SEGMENTS_P2), tr._WARPS["fill"]),
+    (tr._select_kernel, dict(SEG_CAP=tr._SEG_CAP, SEGMENTS_P2=SEGMENTS_P2, TILE=tr._TILE), tr._WARPS["select"]),
+    (tr._general_kernel, dict(SEG_CAP=tr._SEG_CAP, P=tr._PIVOTS, CAP=tr._CAP, BLOCK=tr._BLOCK,
+                              MAX_REFINE=tr._MAX_REFINE, MASK_BLOCK=tr._MASK_BLOCK), tr._WARPS["general"]),
+]
+
+
+def inspect(kernel, constants, num_warps, arch, tools, workdir):
+    names = kernel.arg_names
+    signature = {name: ARGS.get(name, "constexpr") for name in names}
+    attrs = {(names.index(name),): [["tt.divisibility", 16]] for name in ALIGNED}
+    source = ASTSource(kernel, signature, constexprs={(names.index(c),): v for c, v in constants.items()}, attrs=attrs)
+    compiled = triton.compile(source, target=GPUTarget("cuda", arch, 32), options={"num_warps": num_warps})
+    name = kernel.fn.__name__
+    ptx, cubin = os.path.join(workdir, name + ".ptx"), os.path.join(workdir, name + ".cubin")
+    # The bundled ptxas may be older than the PTX ISA Triton writes; the kernels use nothing newer.
+    with open(ptx, "w") as f:
+        f.write(re.sub(r"^\.version \d+\.\d+", ".version 8.7", compiled.asm["ptx"], flags=re.M))
+    built = subprocess.run([tools["ptxas"], "-v", f"--gpu-name=sm_{arch}a", ptx, "-o", cubin], capture_output=True,
+                           text=True)
+    usage = re.search(r"Used (\d+) registers", built.stderr)
+    spills = re.search(r"(\d+) bytes spill stores", built.stderr)
+    sass = subprocess.run([tools["cuobjdump"], "-sass", cubin], capture_output=True, text=True).stdout
+    instructions = re.findall(r"/\*[0-9a-f]{4,6}\*/\s+(.*?);", sass)
+    barriers = sum("BAR.SYNC" in i for i in instructions)
+    print(f"{name:24s} warps {num_warps}  registers {usage.group(1) if usage else '?':>3s}  "
+          f"spill bytes {spills.group(1) if spills else '?':>4s}  barriers {barriers:3d}  SASS {len(instructions)}")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--arch", type=int, default=90)
+    arch = parser.parse_args().arch
+    bin_dir = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+    tools = {tool: os.path.join(bin_dir, tool) for tool in ("ptxas", "cuobjdump")}
+    print(f"triton {triton.__version__}, sm_{arch}")
+    with tempfile.TemporaryDirectory() as workdir:
+        for kernel, constants, num_warps in KERNELS:
+            inspect(kernel, constants, num_warps, arch, tools, workdir)
+
+
+if __name__ == "__main__":
+    main()
