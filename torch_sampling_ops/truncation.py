@@ -331,11 +331,11 @@ def _fill_chunks_kernel(
             offs = c * CHUNK + tl.arange(0, CHUNK)
             row_ptr = logits_ptr + t.to(tl.int64) * logits_stride
             tl.store(row_ptr + offs, tl.full([CHUNK], float("-inf"), row_ptr.dtype.element_ty), mask=offs < vocab_size)
-            pairs_ptr, values_ptr, positions_ptr = _workspace(ws_row, num_segments, SEG_CAP)[4:7]
+            count_ptr, pairs_ptr, values_ptr, positions_ptr = _workspace(ws_row, num_segments, SEG_CAP)[3:7]
             mine = c * SEGMENTS + tl.arange(0, SEGMENTS)
-            g = tl.arange(0, SEGMENTS_P2)
-            first = tl.sum(tl.where(g[None, :] < mine[:, None], counts[None, :], 0), axis=1)
-            n = tl.sum(tl.where(g[None, :] == mine[:, None], counts[None, :], 0), axis=1)
+            n = tl.load(count_ptr + mine, mask=mine < num_segments, other=0)
+            before = tl.sum(tl.where(tl.arange(0, SEGMENTS_P2) < c * SEGMENTS, counts, 0))
+            first = before + tl.cumsum(n, axis=0) - n
             i = tl.arange(0, SEG_CAP)[None, :]
             present = i < n[:, None]
             pair = tl.load(pairs_ptr + mine[:, None] * SEG_CAP + i, mask=present, other=0)
