@@ -87,6 +87,17 @@ def _high_bits(key, shift):
 
 
 @triton.jit
+def _shared_prefix(low, high, min_shift):
+    """Where a radix selection between keys low <= high starts: (prefix, shift), with shift the
+    multiple of 4 above the highest bit in which they differ (at least min_shift) and prefix the
+    bits of high above it. Every key in [low, high] shares those bits."""
+    # The highest differing bit, from the float exponent of low ^ high (rounding up only adds a round).
+    top = ((low ^ high).to(tl.float32).to(tl.int32, bitcast=True) >> 23) - 127
+    shift = tl.maximum(tl.where(low == high, 0, tl.minimum((top + 4) // 4 * 4, 32)), min_shift)
+    return _high_bits(high, shift) << (shift // 2).to(tl.uint32) << (shift - shift // 2).to(tl.uint32), shift
+
+
+@triton.jit
 def _digit_stats(values, present, floor, prefix, shift, row_max, USE_MASS: tl.constexpr):
     """For the values >= floor whose key bits above `shift` equal prefix's: per 4-bit digit d below
     `shift`, the count and the count or mass (relative to row_max) of those with digit >= d."""
@@ -189,12 +200,7 @@ def _sample_bound_kernel(
         run_max = tl.max(tl.reshape(x, [32, SAMPLE // 32]), axis=1)
         runs_above = tl.sum((run_max[None, :] >= run_max[:, None]).to(tl.int32), axis=1)
         floor = tl.max(tl.where(runs_above >= rank, run_max, float("-inf")))
-        high = _float_key(tl.max(x))
-        low = _float_key(floor)
-        # The highest differing bit, from the float exponent of low ^ high (as in _select_threshold).
-        top = ((low ^ high).to(tl.float32).to(tl.int32, bitcast=True) >> 23) - 127
-        shift = tl.maximum(tl.where(low == high, 0, tl.minimum((top + 4) // 4 * 4, 32)), 16)
-        prefix = _high_bits(high, shift) << (shift // 2).to(tl.uint32) << (shift - shift // 2).to(tl.uint32)
+        prefix, shift = _shared_prefix(_float_key(floor), _float_key(tl.max(x)), 16)
         above = 0
         while shift > 16:
             count, _ = _digit_stats(x, offs < vocab_size, floor, prefix, shift, 0.0, False)
@@ -366,12 +372,7 @@ def _select_threshold(values_ptr, scratch_ptr, count, in_set, lo, floor, row_max
     all; then the bracket is compacted into the scratch and the remaining rounds run in registers.
     They stop early once the answer is the bracket's smallest value: a bracket of one candidate, or
     (counts) one whose candidates are all needed."""
-    low = _float_key(tl.maximum(lo, floor))
-    high = _float_key(row_max)
-    # The highest differing bit, from the float exponent of low ^ high (rounding up only adds a round).
-    top = ((low ^ high).to(tl.float32).to(tl.int32, bitcast=True) >> 23) - 127
-    shift = tl.where(low == high, 0, tl.minimum((top + 4) // 4 * 4, 32))
-    prefix = _high_bits(high, shift) << (shift // 2).to(tl.uint32) << (shift - shift // 2).to(tl.uint32)
+    prefix, shift = _shared_prefix(_float_key(tl.maximum(lo, floor)), _float_key(row_max), 0)
     if USE_MASS:
         above = 0.0
     else:
