@@ -31,7 +31,8 @@ KERNELS = [
     (tr._scan_segments_kernel, dict(SEGMENT=tr._SEGMENT, SEG_CAP=tr._SEG_CAP), 1),
     (tr._fill_chunks_kernel, dict(CHUNK=tr._CHUNK, SEGMENTS=tr._CHUNK // tr._SEGMENT, SEG_CAP=tr._SEG_CAP,
                                   SEGMENTS_P2=SEGMENTS_P2), tr._WARPS["fill"]),
-    (tr._select_kernel, dict(SEG_CAP=tr._SEG_CAP, SEGMENTS_P2=SEGMENTS_P2, TILE=tr._TILE), tr._WARPS["select"]),
+    (tr._select_kernel, dict(SEG_CAP=tr._SEG_CAP, SEGMENTS_P2=SEGMENTS_P2, TILE=tr._TILE, SMALL=tr._SMALL),
+     tr._WARPS["select"]),
     (tr._general_kernel, dict(SEG_CAP=tr._SEG_CAP, P=tr._PIVOTS, CAP=tr._CAP, BLOCK=tr._BLOCK,
                               MAX_REFINE=tr._MAX_REFINE, MASK_BLOCK=tr._MASK_BLOCK), tr._WARPS["general"]),
 ]

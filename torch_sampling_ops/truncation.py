@@ -14,8 +14,9 @@ launches; rows are split into fixed 1024-token segments, so a small batch still 
    statistics, whether the candidates settle the row (no segment overflowed, and they hold the k
    tokens or the top_p mass). If so it writes -inf over its chunk, so the row is never read again,
    and gathers its segments' candidates into the row's candidate list, in row order.
-4. `_select_kernel` (per row): the exact thresholds by radix selection on the float keys of the
-   candidates (4 bits a round: counts for top-k, masses for top-p), then the candidates >= the
+4. `_select_kernel` (per row): the exact thresholds by interval rounds on the float keys of the
+   candidates (each keeps the one of 16 equal key ranges holding the answer, by counts for top-k
+   and masses for top-p; the list is compacted as the range narrows), then the candidates >= the
    threshold are written back. The fill is the previous launch, so no -inf can land after a restore.
 5. `_general_kernel` (per row): a row the candidates did not settle, on its untouched logits: the
    row max, count and normaliser and, for 16 pivots placed geometrically below the first block's
@@ -48,6 +49,7 @@ _SEG_CAP = 32 if _INTERPRET else 256  # candidates a segment can hold
 _CHUNK = 1024 if _INTERPRET else 8192  # tokens per program of the fill launch (whole segments)
 _SAMPLE = 256 if _INTERPRET else 2048  # sampled tokens (32 runs spread over the row)
 _TILE = 256 if _INTERPRET else 1024  # candidates per step of the selection, and held in registers
+_SMALL = 32 if _INTERPRET else 128  # the selection's last rounds run on this many candidates
 _WARPS = {"sample": 8, "fill": 4, "select": 8, "general": 8}
 # General path: tokens per step of a counting pass ([BLOCK, PIVOTS] comparisons) and of the mask
 # pass, bracket tokens sorted in registers (in the selection's scratch), counting passes that narrow
@@ -60,7 +62,7 @@ _MAX_REFINE = 8
 
 
 # ----------------------------------------------------------------------------------------------
-# Float keys and radix rounds
+# Float keys and interval rounds
 
 
 @triton.jit
@@ -80,31 +82,27 @@ def _key_value(key):
 
 
 @triton.jit
-def _high_bits(key, shift):
-    """key >> shift for shift in [0, 32] (a shift by 32 is undefined in one step)."""
-    half = (shift // 2).to(tl.uint32)
-    return (key >> half) >> (shift.to(tl.uint32) - half)
-
-
-@triton.jit
-def _shared_prefix(low, high, min_shift):
-    """Where a radix selection between keys low <= high starts: (prefix, shift), with shift the
-    multiple of 4 above the highest bit in which they differ (at least min_shift) and prefix the
-    bits of high above it. Every key in [low, high] shares those bits."""
-    # The highest differing bit, from the float exponent of low ^ high (rounding up only adds a round).
-    top = ((low ^ high).to(tl.float32).to(tl.int32, bitcast=True) >> 23) - 127
-    shift = tl.maximum(tl.where(low == high, 0, tl.minimum((top + 4) // 4 * 4, 32)), min_shift)
-    return _high_bits(high, shift) << (shift // 2).to(tl.uint32) << (shift - shift // 2).to(tl.uint32), shift
-
-
-@triton.jit
-def _digit_stats(values, present, floor, prefix, shift, row_max, USE_MASS: tl.constexpr):
-    """For the values >= floor whose key bits above `shift` equal prefix's: per 4-bit digit d below
-    `shift`, the count and the count or mass (relative to row_max) of those with digit >= d."""
+def _in_interval(values, present, low, high):
+    """Which values are present with keys in [low, high]."""
     key = _float_key(values)
-    in_bracket = present & (values >= floor) & (_high_bits(key, shift) == _high_bits(prefix, shift))
-    digit = ((key >> (shift - 4).to(tl.uint32)) & 15).to(tl.int32)
-    at_least = in_bracket[:, None] & (digit[:, None] >= tl.arange(0, 16)[None, :])
+    return present & (key >= low) & (key <= high)
+
+
+@triton.jit
+def _part_shift(low, high):
+    """The shift that cuts the key interval [low, high] into at most 16 parts of 2^shift keys."""
+    top = ((high - low).to(tl.float32).to(tl.int32, bitcast=True) >> 23) - 127  # rounding up only widens
+    return tl.maximum(top - 3, 0).to(tl.uint32)
+
+
+@triton.jit
+def _interval_stats(values, present, low, high, shift, row_max, USE_MASS: tl.constexpr):
+    """For the values whose keys lie in [low, high], in parts of 2^shift keys from low: per part
+    j < 16, the count and the count or mass (relative to row_max) of those in parts >= j."""
+    key = _float_key(values)
+    inside = _in_interval(values, present, low, high)
+    part = ((key - low) >> shift).to(tl.int32)
+    at_least = inside[:, None] & (part[:, None] >= tl.arange(0, 16)[None, :])
     count = tl.sum(at_least.to(tl.int32), axis=0)
     if USE_MASS:
         stat = tl.sum(tl.where(at_least, tl.exp(values - row_max)[:, None], 0.0), axis=0)
@@ -114,15 +112,16 @@ def _digit_stats(values, present, floor, prefix, shift, row_max, USE_MASS: tl.co
 
 
 @triton.jit
-def _radix_round(prefix, shift, above, count, stat, target):
-    """Fixes the next 4 key bits: the largest digit whose tokens (with those above the bracket) reach
-    target. Returns the new prefix, shift, stat above the new bracket, and tokens in it."""
+def _interval_round(low, high, shift, above, count, stat, target):
+    """Narrows the key interval [low, high] to its highest part whose tokens (with those above the
+    interval) reach target. Returns the new interval, the stat above it and the tokens in it."""
     j = tl.arange(0, 16)
     d = tl.max(tl.where(above + stat >= target, j, 0))
     above += tl.sum(tl.where(j == d + 1, stat, 0))
     in_bracket = tl.sum(tl.where(j == d, count, 0)) - tl.sum(tl.where(j == d + 1, count, 0))
-    shift -= 4
-    return prefix | (d.to(tl.uint32) << shift.to(tl.uint32)), shift, above, in_bracket
+    new_low = low + (d.to(tl.uint32) << shift)
+    new_high = tl.minimum(new_low + ((tl.full([], 1, tl.uint32) << shift) - 1), high)
+    return new_low, new_high, above, in_bracket
 
 
 # ----------------------------------------------------------------------------------------------
@@ -193,20 +192,21 @@ def _sample_bound_kernel(
             budget = 0.5 * SEG_CAP * num_segments
             rank = (budget * n_sample / vocab_size).to(tl.int32)
         rank = tl.minimum(tl.maximum(rank, 1), n_sample)
-        # lo: the largest 16-bit key prefix with at least `rank` sampled keys above it, a value <= the
-        # sample's rank-th largest. When rank <= 32, the rank-th largest of the 32 runs' maxima is
-        # below that value (each of those runs holds one above it): the keys from it to the max
-        # share their top bits, so the rounds start below them.
+        # lo: the low end of a key interval at most 2^16 wide holding the sample's rank-th largest
+        # value, so at least `rank` sampled values are >= lo. When rank <= 32, the rank-th largest
+        # of the 32 runs' maxima is below that value (each of those runs holds one above it): the
+        # rounds start from it.
         run_max = tl.max(tl.reshape(x, [32, SAMPLE // 32]), axis=1)
         runs_above = tl.sum((run_max[None, :] >= run_max[:, None]).to(tl.int32), axis=1)
-        floor = tl.max(tl.where(runs_above >= rank, run_max, float("-inf")))
-        prefix, shift = _shared_prefix(_float_key(floor), _float_key(tl.max(x)), 16)
+        low = _float_key(tl.max(tl.where(runs_above >= rank, run_max, float("-inf"))))
+        high = _float_key(tl.max(x))
         above = 0
-        while shift > 16:
-            count, _ = _digit_stats(x, offs < vocab_size, floor, prefix, shift, 0.0, False)
-            prefix, shift, above, _ = _radix_round(prefix, shift, above, count, count, rank)
+        while high - low >= 65536:
+            shift = _part_shift(low, high)
+            count, _ = _interval_stats(x, offs < vocab_size, low, high, shift, 0.0, False)
+            low, high, above, _ = _interval_round(low, high, shift, above, count, count, rank)
         ws_row = ws_ptr + t.to(tl.int64) * ws_stride
-        tl.store(ws_row, _key_value(prefix))
+        tl.store(ws_row, _key_value(low))
         # The scan's exp reference; a row whose max is far above it is left to the general path.
         tl.store(ws_row + 2, tl.max(x))
 
@@ -355,73 +355,114 @@ def _fill_chunks_kernel(
 
 
 @triton.jit
-def _candidate_values(values_ptr, count, start, TILE: tl.constexpr):
-    """Candidates start .. start + TILE of the row: values (-inf past the last) and which are present."""
+def _candidate_values(src_ptr, count, start, TILE: tl.constexpr):
+    """Values start .. start + TILE of a candidate list (-inf past the last) and which are present.
+    .cg: a list compacted by this program is read back after a barrier, past the SM's L1."""
     i = start + tl.arange(0, TILE)
     present = i < count
-    return tl.load(values_ptr + i, mask=present, other=float("-inf")), present
+    return tl.load(src_ptr + i, mask=present, other=float("-inf"), cache_modifier=".cg"), present
 
 
 @triton.jit
-def _select_threshold(values_ptr, scratch_ptr, count, in_set, lo, floor, row_max, target, USE_MASS: tl.constexpr,
-                      TILE: tl.constexpr):
+def _compact(src_ptr, n, low, high, dst_ptr, cap, TILE: tl.constexpr):
+    """Copies, in order, the values of src[:n] whose keys lie in [low, high] to dst (at most cap)."""
+    tl.debug_barrier()  # an earlier step of this program may still read dst
+    base = 0
+    for start in range(0, n, TILE):
+        values, present = _candidate_values(src_ptr, n, start, TILE)
+        inside = _in_interval(values, present, low, high)
+        slot = base + tl.cumsum(inside.to(tl.int32), axis=0) - 1
+        tl.store(dst_ptr + slot, values, mask=inside & (slot < cap))
+        base += tl.sum(inside.to(tl.int32))
+    tl.debug_barrier()
+
+
+@triton.jit
+def _unsettled(low, high, above, in_bracket, target, USE_MASS: tl.constexpr):
+    """Whether the answer may still be above the bracket's smallest value: more than one key left,
+    and more than one token (masses) or more tokens than needed (counts)."""
+    if USE_MASS:
+        return (high != low) & (in_bracket > 1)
+    else:
+        return (high != low) & (above + in_bracket > target)
+
+
+@triton.jit
+def _register_rounds(values, present, low, high, above, in_bracket, row_max, target, STOP_AT: tl.constexpr,
+                     USE_MASS: tl.constexpr):
+    """Interval rounds on values held in registers, until the answer is the bracket's smallest
+    value or the bracket holds at most STOP_AT tokens. Returns the bracket and whether it is unsettled."""
+    unsettled = _unsettled(low, high, above, in_bracket, target, USE_MASS)
+    while unsettled & (in_bracket > STOP_AT):
+        shift = _part_shift(low, high)
+        counts, stats = _interval_stats(values, present, low, high, shift, row_max, USE_MASS)
+        low, high, above, in_bracket = _interval_round(low, high, shift, above, counts, stats, target)
+        unsettled = _unsettled(low, high, above, in_bracket, target, USE_MASS)
+    return low, high, above, in_bracket, unsettled
+
+
+@triton.jit
+def _select_threshold(values_ptr, buffers_ptr, list_size, scratch_ptr, count, in_set, lo, floor, row_max, target,
+                      USE_MASS: tl.constexpr, TILE: tl.constexpr, SMALL: tl.constexpr):
     """The largest candidate value v >= floor whose count (or mass relative to row_max) of candidates
     >= max(v, floor) reaches target; lo when none does. `count` candidates in all, `in_set` of them
-    >= floor. Radix selection on the float keys, 4 bits a round, starting below the bits that all
-    candidates >= floor share. While the bracket holds more than TILE candidates a round sweeps them
-    all; then the bracket is compacted into the scratch and the remaining rounds run in registers.
-    They stop early once the answer is the bracket's smallest value: a bracket of one candidate, or
-    (counts) one whose candidates are all needed."""
-    prefix, shift = _shared_prefix(_float_key(tl.maximum(lo, floor)), _float_key(row_max), 0)
+    >= floor. Each round cuts the key interval still holding the answer (first [key(floor),
+    key(row_max)]) into at most 16 parts of a power-of-two size and keeps one, so about 8 rounds
+    fix a key. While the
+    interval holds more than TILE candidates a round sweeps the list, and a list at least twice
+    the interval's size is first compacted to it (two buffers of list_size at buffers_ptr take
+    turns); then the rounds run on TILE, then on SMALL candidates held in registers."""
+    low = _float_key(tl.maximum(lo, floor))
+    high = _float_key(row_max)
     if USE_MASS:
         above = 0.0
     else:
         above = 0
     in_bracket = in_set
-    if count <= TILE:  # every candidate fits in registers
-        values, present = _candidate_values(values_ptr, count, 0, TILE)
-    else:
-        while (shift > 0) & (in_bracket > TILE):
-            counts = tl.zeros([16], tl.int32)
-            if USE_MASS:
-                stats = tl.zeros([16], tl.float32)
-            else:
-                stats = tl.zeros([16], tl.int32)
-            values, present = _candidate_values(values_ptr, count, 0, TILE)
-            for start in range(TILE, count + TILE, TILE):
-                # The next tile loads while this one is counted.
-                next_values, next_present = _candidate_values(values_ptr, count, start, TILE)
-                tile_counts, tile_stats = _digit_stats(values, present, floor, prefix, shift, row_max, USE_MASS)
-                counts += tile_counts
-                stats += tile_stats
-                values, present = next_values, next_present
-            prefix, shift, above, in_bracket = _radix_round(prefix, shift, above, counts, stats, target)
-        tl.debug_barrier()  # an earlier selection of this program may still read the scratch
-        base = 0
-        for start in range(0, count, TILE):
-            values, present = _candidate_values(values_ptr, count, start, TILE)
-            inside = present & (values >= floor) & (_high_bits(_float_key(values), shift) == _high_bits(prefix, shift))
-            slot = base + tl.cumsum(inside.to(tl.int32), axis=0) - 1
-            tl.store(scratch_ptr + slot, values, mask=inside & (slot < TILE))
-            base += tl.sum(inside.to(tl.int32))
-        tl.debug_barrier()
-        i = tl.arange(0, TILE)
-        present = i < base
-        values = tl.load(scratch_ptr + i, mask=present, other=float("-inf"), cache_modifier=".cg")
-    if USE_MASS:
-        all_needed = in_bracket <= 1
-    else:
-        all_needed = above + in_bracket <= target
-    while (shift > 0) & ~all_needed:
-        counts, stats = _digit_stats(values, present, floor, prefix, shift, row_max, USE_MASS)
-        prefix, shift, above, in_bracket = _radix_round(prefix, shift, above, counts, stats, target)
+    src_ptr = values_ptr
+    n = count
+    turn = 0
+    while (in_bracket > TILE) & (high > low):
+        if in_bracket * 2 <= n:
+            dst_ptr = buffers_ptr + turn * list_size
+            _compact(src_ptr, n, low, high, dst_ptr, list_size, TILE)
+            src_ptr = dst_ptr
+            n = in_bracket
+            turn = 1 - turn
+        shift = _part_shift(low, high)
+        counts = tl.zeros([16], tl.int32)
         if USE_MASS:
-            all_needed = in_bracket <= 1
+            stats = tl.zeros([16], tl.float32)
         else:
-            all_needed = above + in_bracket <= target
-    inside = present & (values >= floor) & (_high_bits(_float_key(values), shift) == _high_bits(prefix, shift))
-    smallest = tl.min(tl.where(inside, values, float("inf")))
-    return tl.maximum(tl.where(smallest < float("inf"), smallest, _key_value(prefix)), lo)
+            stats = tl.zeros([16], tl.int32)
+        values, present = _candidate_values(src_ptr, n, 0, TILE)
+        for start in range(TILE, n + TILE, TILE):
+            # The next tile loads while this one is counted.
+            next_values, next_present = _candidate_values(src_ptr, n, start, TILE)
+            tile_counts, tile_stats = _interval_stats(values, present, low, high, shift, row_max, USE_MASS)
+            counts += tile_counts
+            stats += tile_stats
+            values, present = next_values, next_present
+        low, high, above, in_bracket = _interval_round(low, high, shift, above, counts, stats, target)
+    if n > TILE:
+        _compact(src_ptr, n, low, high, scratch_ptr, TILE, TILE)
+        src_ptr = scratch_ptr
+        n = tl.minimum(in_bracket, TILE)
+    values, present = _candidate_values(src_ptr, n, 0, TILE)
+    low, high, above, in_bracket, unsettled = _register_rounds(values, present, low, high, above, in_bracket,
+                                                               row_max, target, SMALL, USE_MASS)
+    smallest = tl.min(tl.where(_in_interval(values, present, low, high), values, float("inf")))
+    if unsettled:  # at most SMALL tokens left: on to a smaller tile
+        inside = _in_interval(values, present, low, high)
+        slot = tl.cumsum(inside.to(tl.int32), axis=0) - 1
+        tl.debug_barrier()  # the scratch may still be read
+        tl.store(scratch_ptr + slot, values, mask=inside & (slot < SMALL))
+        tl.debug_barrier()
+        small, small_present = _candidate_values(scratch_ptr, tl.minimum(in_bracket, SMALL), 0, SMALL)
+        low, high, above, in_bracket, _ = _register_rounds(small, small_present, low, high, above, in_bracket,
+                                                           row_max, target, 0, USE_MASS)
+        smallest = tl.min(tl.where(_in_interval(small, small_present, low, high), small, float("inf")))
+    return tl.maximum(tl.where(smallest < float("inf"), smallest, _key_value(low)), lo)
 
 
 @triton.jit
@@ -440,7 +481,7 @@ def _candidate_mass(values_ptr, count, row_max, floor, TILE: tl.constexpr):
 @triton.jit
 def _select_kernel(
     logits_ptr, logits_stride, idx_mapping_ptr, top_k_ptr, top_p_ptr, ws_ptr, ws_stride, num_slots, vocab_size,
-    num_segments, SEG_CAP: tl.constexpr, SEGMENTS_P2: tl.constexpr, TILE: tl.constexpr,
+    num_segments, SEG_CAP: tl.constexpr, SEGMENTS_P2: tl.constexpr, TILE: tl.constexpr, SMALL: tl.constexpr,
 ):
     t = tl.program_id(0)
     k, p, k_on, p_on, active = _row_settings(idx_mapping_ptr, top_k_ptr, top_p_ptr, t, num_slots, vocab_size)
@@ -449,21 +490,25 @@ def _select_kernel(
         settled = tl.load((ws_row + 1).to(tl.pointer_type(tl.int32)))
         if settled != 0:
             row_ptr = logits_ptr + t.to(tl.int64) * logits_stride
-            values_ptr, positions_ptr, scratch_ptr = _workspace(ws_row, num_segments, SEG_CAP)[5:]
+            pairs_ptr, values_ptr, positions_ptr, scratch_ptr = _workspace(ws_row, num_segments, SEG_CAP)[4:]
+            # The segments' candidate pairs were gathered by the fill: their words serve as two buffers.
+            buffers_ptr = pairs_ptr.to(tl.pointer_type(tl.float32))
+            list_size = num_segments * SEG_CAP
             lo = tl.load(ws_row)
             row_max, total, _, _, count, _ = _row_stats(ws_row, num_segments, SEG_CAP, SEGMENTS_P2)
             threshold = lo
             in_set = count
             if k_on:
-                threshold = _select_threshold(values_ptr, scratch_ptr, count, count, lo, lo, row_max, k, False, TILE)
+                threshold = _select_threshold(values_ptr, buffers_ptr, list_size, scratch_ptr, count, count, lo, lo,
+                                              row_max, k, False, TILE, SMALL)
             if p_on:
                 target = p * total
                 if k_on:  # renormalised over the top-k set
                     kept_mass, in_set = _candidate_mass(values_ptr, count, row_max, threshold, TILE)
                     target = p * kept_mass
                 # top_p <= 0 keeps the most probable token(s)
-                threshold = _select_threshold(values_ptr, scratch_ptr, count, in_set, lo, threshold, row_max,
-                                              tl.maximum(target, 1e-30), True, TILE)
+                threshold = _select_threshold(values_ptr, buffers_ptr, list_size, scratch_ptr, count, in_set, lo,
+                                              threshold, row_max, tl.maximum(target, 1e-30), True, TILE, SMALL)
             for start in range(0, count, TILE):  # the kept candidates, written back over the fill
                 values, present = _candidate_values(values_ptr, count, start, TILE)
                 positions = tl.load(positions_ptr + start + tl.arange(0, TILE), mask=present)
@@ -651,7 +696,7 @@ def _top_k_top_p_triton(logits, idx_mapping, top_k, top_p) -> None:
     launch(_scan_segments_kernel, (T, num_segments), *args, SEGMENT=_SEGMENT, SEG_CAP=_SEG_CAP, num_warps=1)
     launch(_fill_chunks_kernel, (T, triton.cdiv(V, _CHUNK)), *args, CHUNK=_CHUNK, SEGMENTS=_CHUNK // _SEGMENT,
            SEG_CAP=_SEG_CAP, SEGMENTS_P2=segments_p2, num_warps=_WARPS["fill"])
-    launch(_select_kernel, (T,), *args, SEG_CAP=_SEG_CAP, SEGMENTS_P2=segments_p2, TILE=_TILE,
+    launch(_select_kernel, (T,), *args, SEG_CAP=_SEG_CAP, SEGMENTS_P2=segments_p2, TILE=_TILE, SMALL=_SMALL,
            num_warps=_WARPS["select"])
     launch(_general_kernel, (T,), *args, SEG_CAP=_SEG_CAP, P=_PIVOTS, CAP=_CAP, BLOCK=_BLOCK, MAX_REFINE=_MAX_REFINE,
            MASK_BLOCK=_MASK_BLOCK, num_warps=_WARPS["general"])
