@@ -26,24 +26,25 @@ ARGS = {"logits_ptr": "*fp32", "logits_stride": "i32", "idx_mapping_ptr": "*i32"
 ALIGNED = ["logits_ptr", "logits_stride", "idx_mapping_ptr", "top_k_ptr", "top_p_ptr", "ws_ptr", "ws_stride",
            "vocab_size"]  # as at V = 151936: Triton specialises arguments divisible by 16
 SEGMENTS_P2 = triton.next_power_of_2(triton.cdiv(151936, tr._SEGMENT))
-KERNELS = [
-    (tr._sample_bound_kernel, dict(SAMPLE=tr._SAMPLE, SEG_CAP=tr._SEG_CAP), tr._WARPS["sample"]),
-    (tr._scan_segments_kernel, dict(SEGMENT=tr._SEGMENT, SEG_CAP=tr._SEG_CAP), 1),
-    (tr._fill_chunks_kernel, dict(CHUNK=tr._CHUNK, SEGMENTS=tr._CHUNK // tr._SEGMENT, SEG_CAP=tr._SEG_CAP,
-                                  SEGMENTS_P2=SEGMENTS_P2), tr._WARPS["fill"]),
-    (tr._select_kernel, dict(SEG_CAP=tr._SEG_CAP, SEGMENTS_P2=SEGMENTS_P2, TILE=tr._TILE, SMALL=tr._SMALL),
-     tr._WARPS["select"]),
+KERNELS = [  # kernel, constants, compile options as the launcher passes them
+    (tr._sample_bound_kernel, dict(SAMPLE=tr._SAMPLE, SEG_CAP=tr._SEG_CAP), dict(num_warps=tr._WARPS["sample"])),
+    (tr._scan_segments_kernel, dict(SEGMENT=tr._SEGMENT, SEG_CAP=tr._SEG_CAP, SEGMENTS_P2=SEGMENTS_P2),
+     dict(num_warps=1)),
+    (tr._fill_chunks_kernel, dict(CHUNK=tr._CHUNK, SEGMENTS=tr._CHUNK // tr._SEGMENT, SEG_CAP=tr._SEG_CAP),
+     dict(num_warps=tr._WARPS["fill"])),
+    (tr._select_kernel, dict(SEG_CAP=tr._SEG_CAP, TILE=tr._TILE, SMALL=tr._SMALL),
+     dict(num_warps=tr._WARPS["select"], maxnreg=128)),
     (tr._general_kernel, dict(SEG_CAP=tr._SEG_CAP, P=tr._PIVOTS, CAP=tr._CAP, BLOCK=tr._BLOCK,
-                              MAX_REFINE=tr._MAX_REFINE, MASK_BLOCK=tr._MASK_BLOCK), tr._WARPS["general"]),
+                              MAX_REFINE=tr._MAX_REFINE, MASK_BLOCK=tr._MASK_BLOCK), dict(num_warps=tr._WARPS["general"])),
 ]
 
 
-def inspect(kernel, constants, num_warps, arch, tools, workdir):
+def inspect(kernel, constants, options, arch, tools, workdir):
     names = kernel.arg_names
     signature = {name: ARGS.get(name, "constexpr") for name in names}
     attrs = {(names.index(name),): [["tt.divisibility", 16]] for name in ALIGNED}
     source = ASTSource(kernel, signature, constexprs={(names.index(c),): v for c, v in constants.items()}, attrs=attrs)
-    compiled = triton.compile(source, target=GPUTarget("cuda", arch, 32), options={"num_warps": num_warps})
+    compiled = triton.compile(source, target=GPUTarget("cuda", arch, 32), options=options)
     name = kernel.fn.__name__
     ptx, cubin = os.path.join(workdir, name + ".ptx"), os.path.join(workdir, name + ".cubin")
     # The bundled ptxas may be older than the PTX ISA Triton writes; the kernels use nothing newer.
@@ -56,7 +57,7 @@ def inspect(kernel, constants, num_warps, arch, tools, workdir):
     sass = subprocess.run([tools["cuobjdump"], "-sass", cubin], capture_output=True, text=True).stdout
     instructions = re.findall(r"/\*[0-9a-f]{4,6}\*/\s+(.*?);", sass)
     barriers = sum("BAR.SYNC" in i for i in instructions)
-    print(f"{name:24s} warps {num_warps}  registers {usage.group(1) if usage else '?':>3s}  "
+    print(f"{name:24s} warps {options['num_warps']}  registers {usage.group(1) if usage else '?':>3s}  "
           f"spill bytes {spills.group(1) if spills else '?':>4s}  barriers {barriers:3d}  SASS {len(instructions)}")
 
 
@@ -68,8 +69,8 @@ def main():
     tools = {tool: os.path.join(bin_dir, tool) for tool in ("ptxas", "cuobjdump")}
     print(f"triton {triton.__version__}, sm_{arch}")
     with tempfile.TemporaryDirectory() as workdir:
-        for kernel, constants, num_warps in KERNELS:
-            inspect(kernel, constants, num_warps, arch, tools, workdir)
+        for kernel, constants, options in KERNELS:
+            inspect(kernel, constants, options, arch, tools, workdir)
 
 
 if __name__ == "__main__":

@@ -179,7 +179,7 @@ def test_benchmark_rows_are_settled_by_their_candidates(gen, monkeypatch):
     settled = []
 
     def spy(kernel, grid, *args, **meta):
-        if kernel is truncation._select_kernel:  # the fill has written each row's flag (word 1)
+        if kernel is truncation._select_kernel:  # the scan has written each row's flag (word 1)
             settled.append(args[5][:, 1].clone().view(INT))
         launch(kernel, grid, *args, **meta)
 
