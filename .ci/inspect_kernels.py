@@ -32,10 +32,9 @@ KERNELS = [  # kernel, constants, compile options as the launcher passes them
      dict(num_warps=1)),
     (tr._fill_chunks_kernel, dict(CHUNK=tr._CHUNK, SEGMENTS=tr._CHUNK // tr._SEGMENT, SEG_CAP=tr._SEG_CAP),
      dict(num_warps=tr._WARPS["fill"])),
-    (tr._select_kernel, dict(SEG_CAP=tr._SEG_CAP, TILE=tr._TILE, SMALL=tr._SMALL),
+    (tr._select_kernel, dict(SEG_CAP=tr._SEG_CAP, TILE=tr._TILE, SMALL=tr._SMALL, P=tr._PIVOTS, CAP=tr._CAP,
+                             BLOCK=tr._BLOCK, MAX_REFINE=tr._MAX_REFINE, MASK_BLOCK=tr._MASK_BLOCK),
      dict(num_warps=tr._WARPS["select"], maxnreg=128)),
-    (tr._general_kernel, dict(SEG_CAP=tr._SEG_CAP, P=tr._PIVOTS, CAP=tr._CAP, BLOCK=tr._BLOCK,
-                              MAX_REFINE=tr._MAX_REFINE, MASK_BLOCK=tr._MASK_BLOCK), dict(num_warps=tr._WARPS["general"])),
 ]
 
 

@@ -1,7 +1,7 @@
 """Truncation of the distribution, in place, without sorting the row: `top_k_top_p`.
 
 Both filters keep the tokens >= a threshold: the largest value v whose count (top-k) or probability
-mass (top-p, after top-k: renormalised over the kept set) of tokens >= v reaches the target. Five
+mass (top-p, after top-k: renormalised over the kept set) of tokens >= v reaches the target. Four
 launches; rows are split into fixed 1024-token segments, so a small batch still spreads over the GPU:
 
 1. `_sample_bound_kernel` (per row): a 2048-token sample gives a lower bound `lo` the threshold
@@ -20,16 +20,16 @@ launches; rows are split into fixed 1024-token segments, so a small batch still 
    and masses for top-p; the list is compacted as the range narrows), then the candidates >= the
    threshold are written back (the kernel runs with 128 registers, two programs an SM). The fill
    is the previous launch, so no -inf can land after a restore.
-5. `_general_kernel` (per row): a row the candidates did not settle, on its untouched logits: the
-   row max, count and normaliser and, for 16 pivots placed geometrically below the first block's
-   max, the count and mass of the tokens >= each; further counting passes narrow the pivot interval
-   holding the threshold until at most CAP tokens remain, which are compacted, sorted in registers
-   and read off; then one masking pass.
+   A row the candidates did not settle takes the general path in the same program, on its
+   untouched logits: the row max, count and normaliser and, for 16 pivots placed geometrically
+   below the first block's max, the count and mass of the tokens >= each; further counting passes
+   narrow the pivot interval holding the threshold until at most CAP tokens remain, which are
+   compacted, sorted in registers and read off; then one masking pass.
 
 Every reduction runs in a fixed order over segments that depend on V alone, so a row's result does
-not depend on the batch it is in. A row with both filters off is not read. Masses are float32 sums, so a token's membership
-may differ from the exact answer only where the exact mass above it is within float32 rounding of
-top_p.
+not depend on the batch it is in. A row with both filters off is not read. Masses are float32
+sums, so a token's membership may differ from the exact answer only where the exact mass above it
+is within float32 rounding of top_p.
 """
 from __future__ import annotations
 
@@ -52,7 +52,7 @@ _CHUNK = 1024 if _INTERPRET else 8192  # tokens per program of the fill launch (
 _SAMPLE = 256 if _INTERPRET else 2048  # sampled tokens (32 runs spread over the row)
 _TILE = 256 if _INTERPRET else 1024  # candidates per step of the selection, and held in registers
 _SMALL = 32 if _INTERPRET else 128  # the selection's last rounds run on this many candidates
-_WARPS = {"sample": 8, "fill": 4, "select": 8, "general": 8}
+_WARPS = {"sample": 8, "fill": 4, "select": 8}
 # General path: tokens per step of a counting pass ([BLOCK, PIVOTS] comparisons) and of the mask
 # pass, bracket tokens sorted in registers (in the selection's scratch), counting passes that narrow
 # a bracket (16 pivots each cut it ~16x).
@@ -496,41 +496,33 @@ def _candidate_mass(values_ptr, count, row_max, floor, TILE: tl.constexpr):
 
 
 @triton.jit
-def _select_kernel(
-    logits_ptr, logits_stride, idx_mapping_ptr, top_k_ptr, top_p_ptr, ws_ptr, ws_stride, num_slots, vocab_size,
-    num_segments, SEG_CAP: tl.constexpr, TILE: tl.constexpr, SMALL: tl.constexpr,
-):
-    t = tl.program_id(0)
-    k, p, k_on, p_on, active = _row_settings(idx_mapping_ptr, top_k_ptr, top_p_ptr, t, num_slots, vocab_size)
-    if active:
-        ws_row = ws_ptr + t.to(tl.int64) * ws_stride
-        if tl.load(_header_int(ws_row, 1)) != 0:
-            row_ptr = logits_ptr + t.to(tl.int64) * logits_stride
-            pairs_ptr, values_ptr, positions_ptr, scratch_ptr = _workspace(ws_row, num_segments, SEG_CAP)[5:]
-            # The segments' candidate pairs were gathered by the fill: their words serve as two buffers.
-            buffers_ptr = pairs_ptr.to(tl.pointer_type(tl.float32))
-            list_size = num_segments * SEG_CAP
-            lo = tl.load(ws_row)
-            row_max = tl.load(ws_row + 4)
-            total = tl.load(ws_row + 5)
-            count = tl.load(_header_int(ws_row, 6))
-            threshold = lo
-            in_set = count
-            if k_on:
-                threshold = _select_threshold(values_ptr, buffers_ptr, list_size, scratch_ptr, count, count, lo, lo,
-                                              row_max, k, False, TILE, SMALL)
-            if p_on:
-                target = p * total
-                if k_on:  # renormalised over the top-k set
-                    kept_mass, in_set = _candidate_mass(values_ptr, count, row_max, threshold, TILE)
-                    target = p * kept_mass
-                # top_p <= 0 keeps the most probable token(s)
-                threshold = _select_threshold(values_ptr, buffers_ptr, list_size, scratch_ptr, count, in_set, lo,
-                                              threshold, row_max, tl.maximum(target, 1e-30), True, TILE, SMALL)
-            for start in range(0, count, TILE):  # the kept candidates, written back over the fill
-                values, present = _candidate_values(values_ptr, count, start, TILE)
-                positions = tl.load(positions_ptr + start + tl.arange(0, TILE), mask=present)
-                tl.store(row_ptr + positions, values.to(row_ptr.dtype.element_ty), mask=present & (values >= threshold))
+def _select_row(row_ptr, ws_row, pairs_ptr, values_ptr, positions_ptr, scratch_ptr, num_segments, k, p, k_on, p_on,
+                SEG_CAP: tl.constexpr, TILE: tl.constexpr, SMALL: tl.constexpr):
+    """A settled row: its thresholds from the candidate list, then the kept candidates written back."""
+    # The segments' candidate pairs were gathered by the fill: their words serve as two buffers.
+    buffers_ptr = pairs_ptr.to(tl.pointer_type(tl.float32))
+    list_size = num_segments * SEG_CAP
+    lo = tl.load(ws_row)
+    row_max = tl.load(ws_row + 4)
+    total = tl.load(ws_row + 5)
+    count = tl.load(_header_int(ws_row, 6))
+    threshold = lo
+    in_set = count
+    if k_on:
+        threshold = _select_threshold(values_ptr, buffers_ptr, list_size, scratch_ptr, count, count, lo, lo,
+                                      row_max, k, False, TILE, SMALL)
+    if p_on:
+        target = p * total
+        if k_on:  # renormalised over the top-k set
+            kept_mass, in_set = _candidate_mass(values_ptr, count, row_max, threshold, TILE)
+            target = p * kept_mass
+        # top_p <= 0 keeps the most probable token(s)
+        threshold = _select_threshold(values_ptr, buffers_ptr, list_size, scratch_ptr, count, in_set, lo,
+                                      threshold, row_max, tl.maximum(target, 1e-30), True, TILE, SMALL)
+    for start in range(0, count, TILE):  # the kept candidates, written back over the fill
+        values, present = _candidate_values(values_ptr, count, start, TILE)
+        positions = tl.load(positions_ptr + start + tl.arange(0, TILE), mask=present)
+        tl.store(row_ptr + positions, values.to(row_ptr.dtype.element_ty), mask=present & (values >= threshold))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -653,36 +645,46 @@ def _find_threshold(row_ptr, scratch_ptr, vocab_size, row_max, pivots, counts, m
 
 
 @triton.jit
-def _general_kernel(
+def _general_row(row_ptr, scratch_ptr, vocab_size, k, p, k_on, p_on, P: tl.constexpr, CAP: tl.constexpr,
+                 BLOCK: tl.constexpr, MAX_REFINE: tl.constexpr, MASK_BLOCK: tl.constexpr):
+    """A row the candidates did not settle, on its untouched logits."""
+    pivots, counts, masses, row_max, count, total = _first_pass(row_ptr, vocab_size, BLOCK, P)
+    if count > 0:  # else no logit above -inf: nothing to keep or drop
+        threshold = float("-inf")
+        kept_mass = total
+        if k_on & (k < count):
+            threshold, kept_mass = _find_threshold(row_ptr, scratch_ptr, vocab_size, row_max, pivots, counts,
+                                                   masses, k.to(tl.float32), False, P, CAP, BLOCK, MAX_REFINE)
+        if p_on:
+            target = tl.maximum(p * kept_mass, 1e-30)
+            top_p_threshold, _ = _find_threshold(row_ptr, scratch_ptr, vocab_size, row_max, pivots, counts,
+                                                 masses, target, True, P, CAP, BLOCK, MAX_REFINE)
+            threshold = tl.maximum(threshold, top_p_threshold)
+        for v0 in range(0, vocab_size, MASK_BLOCK):
+            offs = v0 + tl.arange(0, MASK_BLOCK)
+            in_row = offs < vocab_size
+            x = tl.load(row_ptr + offs, mask=in_row)
+            tl.store(row_ptr + offs, tl.where(x.to(tl.float32) >= threshold, x, float("-inf")), mask=in_row)
+
+
+@triton.jit
+def _select_kernel(
     logits_ptr, logits_stride, idx_mapping_ptr, top_k_ptr, top_p_ptr, ws_ptr, ws_stride, num_slots, vocab_size,
-    num_segments, SEG_CAP: tl.constexpr, P: tl.constexpr, CAP: tl.constexpr,
-    BLOCK: tl.constexpr, MAX_REFINE: tl.constexpr, MASK_BLOCK: tl.constexpr,
+    num_segments, SEG_CAP: tl.constexpr, TILE: tl.constexpr, SMALL: tl.constexpr, P: tl.constexpr,
+    CAP: tl.constexpr, BLOCK: tl.constexpr, MAX_REFINE: tl.constexpr, MASK_BLOCK: tl.constexpr,
 ):
-    """The rows the candidates did not settle, on their untouched logits."""
+    """A row's thresholds: from its candidates when they settle it, else by the general path."""
     t = tl.program_id(0)
     k, p, k_on, p_on, active = _row_settings(idx_mapping_ptr, top_k_ptr, top_p_ptr, t, num_slots, vocab_size)
-    ws_row = ws_ptr + t.to(tl.int64) * ws_stride
     if active:
-        if tl.load(_header_int(ws_row, 1)) == 0:
-            row_ptr = logits_ptr + t.to(tl.int64) * logits_stride
-            scratch_ptr = _workspace(ws_row, num_segments, SEG_CAP)[8]
-            pivots, counts, masses, row_max, count, total = _first_pass(row_ptr, vocab_size, BLOCK, P)
-            if count > 0:  # else no logit above -inf: nothing to keep or drop
-                threshold = float("-inf")
-                kept_mass = total
-                if k_on & (k < count):
-                    threshold, kept_mass = _find_threshold(row_ptr, scratch_ptr, vocab_size, row_max, pivots, counts,
-                                                           masses, k.to(tl.float32), False, P, CAP, BLOCK, MAX_REFINE)
-                if p_on:
-                    target = tl.maximum(p * kept_mass, 1e-30)
-                    top_p_threshold, _ = _find_threshold(row_ptr, scratch_ptr, vocab_size, row_max, pivots, counts,
-                                                         masses, target, True, P, CAP, BLOCK, MAX_REFINE)
-                    threshold = tl.maximum(threshold, top_p_threshold)
-                for v0 in range(0, vocab_size, MASK_BLOCK):
-                    offs = v0 + tl.arange(0, MASK_BLOCK)
-                    in_row = offs < vocab_size
-                    x = tl.load(row_ptr + offs, mask=in_row)
-                    tl.store(row_ptr + offs, tl.where(x.to(tl.float32) >= threshold, x, float("-inf")), mask=in_row)
+        ws_row = ws_ptr + t.to(tl.int64) * ws_stride
+        row_ptr = logits_ptr + t.to(tl.int64) * logits_stride
+        pairs_ptr, values_ptr, positions_ptr, scratch_ptr = _workspace(ws_row, num_segments, SEG_CAP)[5:]
+        if tl.load(_header_int(ws_row, 1)) != 0:
+            _select_row(row_ptr, ws_row, pairs_ptr, values_ptr, positions_ptr, scratch_ptr, num_segments, k, p, k_on,
+                        p_on, SEG_CAP, TILE, SMALL)
+        else:
+            _general_row(row_ptr, scratch_ptr, vocab_size, k, p, k_on, p_on, P, CAP, BLOCK, MAX_REFINE, MASK_BLOCK)
 
 
 def _check_top_k_top_p(logits, idx_mapping, top_k, top_p) -> None:
@@ -715,10 +717,8 @@ def _top_k_top_p_triton(logits, idx_mapping, top_k, top_p) -> None:
     launch(_fill_chunks_kernel, (T, triton.cdiv(V, _CHUNK)), *args, CHUNK=_CHUNK, SEGMENTS=_CHUNK // _SEGMENT,
            SEG_CAP=_SEG_CAP, num_warps=_WARPS["fill"])
     # 128 registers: two programs an SM (measured: 24 instead of 34 µs at T = 256, k=50 p=0.9)
-    launch(_select_kernel, (T,), *args, SEG_CAP=_SEG_CAP, TILE=_TILE, SMALL=_SMALL, num_warps=_WARPS["select"],
-           maxnreg=128)
-    launch(_general_kernel, (T,), *args, SEG_CAP=_SEG_CAP, P=_PIVOTS, CAP=_CAP, BLOCK=_BLOCK, MAX_REFINE=_MAX_REFINE,
-           MASK_BLOCK=_MASK_BLOCK, num_warps=_WARPS["general"])
+    launch(_select_kernel, (T,), *args, SEG_CAP=_SEG_CAP, TILE=_TILE, SMALL=_SMALL, P=_PIVOTS, CAP=_CAP, BLOCK=_BLOCK,
+           MAX_REFINE=_MAX_REFINE, MASK_BLOCK=_MASK_BLOCK, num_warps=_WARPS["select"], maxnreg=128)
 
 
 top_k_top_p_op = define_op(
