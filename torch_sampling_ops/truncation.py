@@ -425,10 +425,9 @@ def _select_threshold(values_ptr, buffers_ptr, list_size, scratch_ptr, count, in
     >= max(v, floor) reaches target; lo when none does. `count` candidates in all, `in_set` of them
     >= floor. Each round cuts the key interval still holding the answer (first [key(floor),
     key(row_max)]) into at most 16 parts of a power-of-two size and keeps one, so about 8 rounds
-    fix a key. While the
-    interval holds more than TILE candidates a round sweeps the list, and a list at least twice
-    the interval's size is first compacted to it (two buffers of list_size at buffers_ptr take
-    turns); then the rounds run on TILE, then on SMALL candidates held in registers."""
+    fix a key. While the interval holds more than TILE candidates a round sweeps the list, and a
+    list at least twice the interval's size is first compacted to it (two buffers of list_size at
+    buffers_ptr take turns); then the rounds run on TILE, then on SMALL candidates in registers."""
     low = _float_key(tl.maximum(lo, floor))
     high = _float_key(row_max)
     if USE_MASS:
