@@ -287,18 +287,23 @@ def _scan_segments_kernel(
         total = tl.zeros([32, 4], tl.float32)
         mass = tl.zeros([32, 4], tl.float32)
         count = 0
+        # Three steps' loads stay in flight ahead of the arithmetic: a one-warp program is what keeps
+        # the memory busy (at most 32 programs an SM).
         x = tl.load(row_ptr + offs, mask=offs < vocab_size, other=float("-inf")).to(tl.float32)
+        x1 = tl.load(row_ptr + offs + STEP, mask=(STEP < SEGMENT) & (offs + STEP < vocab_size),
+                     other=float("-inf")).to(tl.float32)
+        x2 = tl.load(row_ptr + offs + 2 * STEP, mask=(2 * STEP < SEGMENT) & (offs + 2 * STEP < vocab_size),
+                     other=float("-inf")).to(tl.float32)
         for v0 in range(0, SEGMENT, STEP):
-            # The next step's load goes out before this step's arithmetic.
-            x_next = tl.load(row_ptr + offs + STEP, mask=(v0 + STEP < SEGMENT) & (offs + STEP < vocab_size),
-                             other=float("-inf")).to(tl.float32)
+            x3 = tl.load(row_ptr + offs + 3 * STEP, mask=(v0 + 3 * STEP < SEGMENT) & (offs + 3 * STEP < vocab_size),
+                         other=float("-inf")).to(tl.float32)
             if k_on:
                 lane_max, total, mass, count = _scan_step(x, offs, lo, ref2, lane_max, total, mass, count, pairs_ptr,
                                                           False, SEG_CAP)
             else:
                 lane_max, total, mass, count = _scan_step(x, offs, lo, ref2, lane_max, total, mass, count, pairs_ptr,
                                                           True, SEG_CAP)
-            x = x_next
+            x, x1, x2 = x1, x2, x3
             offs += STEP
         tl.store(max_ptr + segment, tl.max(tl.max(lane_max, axis=1), axis=0))
         tl.store(sum_ptr + segment, tl.sum(tl.sum(total, axis=1), axis=0))
@@ -385,12 +390,14 @@ def _compact(src_ptr, n, low, high, dst_ptr, cap, TILE: tl.constexpr):
     """Copies, in order, the values of src[:n] whose keys lie in [low, high] to dst (at most cap)."""
     tl.debug_barrier()  # an earlier step of this program may still read dst
     base = 0
-    for start in range(0, n, TILE):
-        values, present = _candidate_values(src_ptr, n, start, TILE)
+    values, present = _candidate_values(src_ptr, n, 0, TILE)
+    for start in range(TILE, n + TILE, TILE):
+        next_values, next_present = _candidate_values(src_ptr, n, start, TILE)  # in flight meanwhile
         inside = _in_interval(values, present, low, high)
         slot = base + tl.cumsum(inside.to(tl.int32), axis=0) - 1
         tl.store(dst_ptr + slot, values, mask=inside & (slot < cap))
         base += tl.sum(inside.to(tl.int32))
+        values, present = next_values, next_present
     tl.debug_barrier()
 
 
@@ -518,10 +525,14 @@ def _select_row(row_ptr, ws_row, pairs_ptr, values_ptr, positions_ptr, scratch_p
         # top_p <= 0 keeps the most probable token(s)
         threshold = _select_threshold(values_ptr, buffers_ptr, list_size, scratch_ptr, count, in_set, lo,
                                       threshold, row_max, tl.maximum(target, 1e-30), True, TILE, SMALL)
-    for start in range(0, count, TILE):  # the kept candidates, written back over the fill
-        values, present = _candidate_values(values_ptr, count, start, TILE)
-        positions = tl.load(positions_ptr + start + tl.arange(0, TILE), mask=present)
+    # The kept candidates, written back over the fill; the next tile loads meanwhile.
+    values, present = _candidate_values(values_ptr, count, 0, TILE)
+    positions = tl.load(positions_ptr + tl.arange(0, TILE), mask=present)
+    for start in range(TILE, count + TILE, TILE):
+        next_values, next_present = _candidate_values(values_ptr, count, start, TILE)
+        next_positions = tl.load(positions_ptr + start + tl.arange(0, TILE), mask=next_present)
         tl.store(row_ptr + positions, values.to(row_ptr.dtype.element_ty), mask=present & (values >= threshold))
+        values, present, positions = next_values, next_present, next_positions
 
 
 # ----------------------------------------------------------------------------------------------
