@@ -28,8 +28,9 @@ ALIGNED = ["logits_ptr", "logits_stride", "idx_mapping_ptr", "top_k_ptr", "top_p
 SEGMENTS_P2 = triton.next_power_of_2(triton.cdiv(151936, tr._SEGMENT))
 KERNELS = [  # kernel, constants, compile options as the launcher passes them
     (tr._sample_bound_kernel, dict(SAMPLE=tr._SAMPLE, SEG_CAP=tr._SEG_CAP), dict(num_warps=tr._WARPS["sample"])),
-    (tr._scan_segments_kernel, dict(SEGMENT=tr._SEGMENT, SEG_CAP=tr._SEG_CAP, SEGMENTS_P2=SEGMENTS_P2),
-     dict(num_warps=1)),
+    (tr._scan_segments_kernel, dict(SEGMENT=tr._SEGMENT, SEG_CAP=tr._SEG_CAP, SEGMENTS_P2=SEGMENTS_P2,
+                                    SETTLE=True), dict(num_warps=1)),
+    (tr._settle_kernel, dict(SEG_CAP=tr._SEG_CAP, SEGMENTS_P2=SEGMENTS_P2), dict(num_warps=1)),
     (tr._fill_chunks_kernel, dict(CHUNK=tr._CHUNK, SEGMENTS=tr._CHUNK // tr._SEGMENT, SEG_CAP=tr._SEG_CAP),
      dict(num_warps=tr._WARPS["fill"])),
     (tr._select_kernel, dict(SEG_CAP=tr._SEG_CAP, TILE=tr._TILE, SMALL=tr._SMALL, P=tr._PIVOTS, CAP=tr._CAP,

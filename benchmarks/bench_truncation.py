@@ -41,7 +41,7 @@ def launch_breakdown(V=151936, Ts=(1, 256)) -> str:
                        ["T", "setting"] + [k.strip("_").removesuffix("_kernel") for k in KERNELS] + ["sum"], rows)
 
 
-KERNELS = ["_sample_bound_kernel", "_scan_segments_kernel", "_fill_chunks_kernel", "_select_kernel"]
+KERNELS = ["_sample_bound_kernel", "_scan_segments_kernel", "_settle_kernel", "_fill_chunks_kernel", "_select_kernel"]
 
 if __name__ == "__main__":
     main(CASES, __doc__, extra_gpu=launch_breakdown)

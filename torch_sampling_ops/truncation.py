@@ -53,6 +53,9 @@ _SAMPLE = 256 if _INTERPRET else 2048  # sampled tokens (32 runs spread over the
 _TILE = 256 if _INTERPRET else 1024  # candidates per step of the selection, and held in registers
 _SMALL = 32 if _INTERPRET else 128  # the selection's last rounds run on this many candidates
 _WARPS = {"sample": 8, "fill": 4, "select": 8}
+# From this batch size the rows are settled by a launch of their own: the scan's counter (its release
+# waits for each program's stores) cost about 7 µs at T = 256; a launch costs about 2 µs of a small batch.
+_SETTLE_LAUNCH_MIN_T = 32
 # General path: tokens per step of a counting pass ([BLOCK, PIVOTS] comparisons) and of the mask
 # pass, bracket tokens sorted in registers (in the selection's scratch), counting passes that narrow
 # a bracket (16 pivots each cut it ~16x).
@@ -264,7 +267,7 @@ def _scan_step(x, offs, lo, ref2, lane_max, total, mass, count, pairs_ptr, WITH_
 @triton.jit
 def _scan_segments_kernel(
     logits_ptr, logits_stride, idx_mapping_ptr, top_k_ptr, top_p_ptr, ws_ptr, ws_stride, num_slots, vocab_size,
-    num_segments, SEGMENT: tl.constexpr, SEG_CAP: tl.constexpr, SEGMENTS_P2: tl.constexpr,
+    num_segments, SEGMENT: tl.constexpr, SEG_CAP: tl.constexpr, SEGMENTS_P2: tl.constexpr, SETTLE: tl.constexpr,
 ):
     """Statistics and candidates of one segment, in one warp: its max, normaliser and candidate mass
     (only for top-p alone: with top-k on, the selection weighs its own candidates), and its
@@ -309,10 +312,10 @@ def _scan_segments_kernel(
         tl.store(sum_ptr + segment, tl.sum(tl.sum(total, axis=1), axis=0))
         tl.store(mass_ptr + segment, tl.sum(tl.sum(mass, axis=1), axis=0))
         tl.store(count_ptr + segment, count)
-        # The row's last segment to finish settles the row (acq_rel: it sees the others' statistics).
-        tl.debug_barrier()
-        if tl.atomic_add(_header_int(ws_row, 3), 1, sem="acq_rel") == num_segments - 1:
-            _settle_row(ws_row, num_segments, k, p, k_on, SEG_CAP, SEGMENTS_P2)
+        if SETTLE:  # the row's last segment to finish settles it (acq_rel: it sees the others' statistics)
+            tl.debug_barrier()
+            if tl.atomic_add(_header_int(ws_row, 3), 1, sem="acq_rel") == num_segments - 1:
+                _settle_row(ws_row, num_segments, k, p, k_on, SEG_CAP, SEGMENTS_P2)
 
 
 @triton.jit
@@ -342,6 +345,18 @@ def _settle_row(ws_row, num_segments, k, p, k_on, SEG_CAP: tl.constexpr, SEGMENT
     tl.store(ws_row + 5, total)
     tl.store(_header_int(ws_row, 6), count)
     tl.store(_header_int(ws_row, 1), settled.to(tl.int32))
+
+
+@triton.jit
+def _settle_kernel(
+    logits_ptr, logits_stride, idx_mapping_ptr, top_k_ptr, top_p_ptr, ws_ptr, ws_stride, num_slots, vocab_size,
+    num_segments, SEG_CAP: tl.constexpr, SEGMENTS_P2: tl.constexpr,
+):
+    """_settle_row as its own launch, one warp a row (for large batches: see _SETTLE_LAUNCH_MIN_T)."""
+    t = tl.program_id(0)
+    k, p, k_on, p_on, active = _row_settings(idx_mapping_ptr, top_k_ptr, top_p_ptr, t, num_slots, vocab_size)
+    if active:
+        _settle_row(ws_ptr + t.to(tl.int64) * ws_stride, num_segments, k, p, k_on, SEG_CAP, SEGMENTS_P2)
 
 
 @triton.jit
@@ -722,8 +737,11 @@ def _top_k_top_p_triton(logits, idx_mapping, top_k, top_p) -> None:
     args = (logits, logits.stride(0), idx_mapping, top_k, top_p, ws, ws_stride, top_k.size(0), V, num_segments)
     segments_p2 = triton.next_power_of_2(num_segments)
     launch(_sample_bound_kernel, (T,), *args, SAMPLE=_SAMPLE, SEG_CAP=_SEG_CAP, num_warps=_WARPS["sample"])
+    settle_in_scan = T < _SETTLE_LAUNCH_MIN_T
     launch(_scan_segments_kernel, (T, num_segments), *args, SEGMENT=_SEGMENT, SEG_CAP=_SEG_CAP,
-           SEGMENTS_P2=segments_p2, num_warps=1)
+           SEGMENTS_P2=segments_p2, SETTLE=settle_in_scan, num_warps=1)
+    if not settle_in_scan:
+        launch(_settle_kernel, (T,), *args, SEG_CAP=_SEG_CAP, SEGMENTS_P2=segments_p2, num_warps=1)
     launch(_fill_chunks_kernel, (T, triton.cdiv(V, _CHUNK)), *args, CHUNK=_CHUNK, SEGMENTS=_CHUNK // _SEGMENT,
            SEG_CAP=_SEG_CAP, num_warps=_WARPS["fill"])
     # 128 registers: two programs an SM (measured: 24 instead of 34 µs at T = 256, k=50 p=0.9)
