@@ -33,7 +33,8 @@ KERNELS = [  # kernel, constants, compile options as the launcher passes them
     (tr._settle_kernel, dict(SEG_CAP=tr._SEG_CAP, SEGMENTS_P2=SEGMENTS_P2), dict(num_warps=1)),
     (tr._fill_chunks_kernel, dict(CHUNK=tr._CHUNK, SEGMENTS=tr._CHUNK // tr._SEGMENT, SEG_CAP=tr._SEG_CAP),
      dict(num_warps=tr._WARPS["fill"])),
-    (tr._select_kernel, dict(SEG_CAP=tr._SEG_CAP, TILE=tr._TILE, SMALL=tr._SMALL, P=tr._PIVOTS, CAP=tr._CAP,
+    (tr._select_kernel, dict(SEG_CAP=tr._SEG_CAP, TILE=tr._TILE, SMALL=tr._SMALL, SEGMENTS=tr._CHUNK // tr._SEGMENT,
+                             CHUNKS_P2=triton.next_power_of_2(triton.cdiv(151936, tr._CHUNK)), P=tr._PIVOTS, CAP=tr._CAP,
                              BLOCK=tr._BLOCK, MAX_REFINE=tr._MAX_REFINE, MASK_BLOCK=tr._MASK_BLOCK),
      dict(num_warps=tr._WARPS["select"], maxnreg=128)),
 ]

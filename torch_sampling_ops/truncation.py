@@ -137,6 +137,7 @@ def _interval_round(low, high, shift, above, count, stat, target):
 #     count; candidates before it (once the last segment is scanned); one unused word
 #   per segment [S, C] int64: its candidates in row order, value bits << 32 | position
 #   the row's candidates in row order, once the fill gathered them: values [S * C], positions [S * C]
+#   for top-p alone, the selection's first round per fill chunk [chunks, 32]: 16 counts, 16 masses (32 S words)
 #   scratch [max(TILE, CAP)]
 # _workspace_words gives the size, _workspace the pointers: keep the two together.
 _HEADER = 8
@@ -144,22 +145,24 @@ _HEADER = 8
 
 def _workspace_words(num_segments: int) -> int:
     """Words per workspace row (a multiple of 16, so every row starts 64-byte aligned)."""
-    return triton.cdiv(_HEADER + 6 * num_segments + 4 * num_segments * _SEG_CAP + max(_TILE, _CAP), 16) * 16
+    return triton.cdiv(_HEADER + 6 * num_segments + 4 * num_segments * _SEG_CAP + 32 * num_segments + max(_TILE, _CAP),
+                       16) * 16
 
 
 @triton.jit
 def _workspace(ws_row, num_segments, SEG_CAP: tl.constexpr):
     """(segment max, normaliser, mass, counts, candidates before, candidate pairs, gathered values,
-    gathered positions, scratch) pointers of a row's workspace. The pairs start 8-byte aligned: 8 + 6 S
+    gathered positions, first-round statistics, scratch) pointers of a row's workspace. The pairs start 8-byte aligned: 8 + 6 S
     words in."""
     max_ptr = ws_row + 8
     count_ptr = (max_ptr + 3 * num_segments).to(tl.pointer_type(tl.int32))
     pairs_ptr = (max_ptr + 6 * num_segments).to(tl.pointer_type(tl.int64))
     values_ptr = max_ptr + 6 * num_segments + 2 * num_segments * SEG_CAP
     positions_ptr = (values_ptr + num_segments * SEG_CAP).to(tl.pointer_type(tl.int32))
-    scratch_ptr = values_ptr + 2 * num_segments * SEG_CAP
+    round_ptr = values_ptr + 2 * num_segments * SEG_CAP
+    scratch_ptr = round_ptr + 32 * num_segments
     return (max_ptr, max_ptr + num_segments, max_ptr + 2 * num_segments, count_ptr, count_ptr + num_segments,
-            pairs_ptr, values_ptr, positions_ptr, scratch_ptr)
+            pairs_ptr, values_ptr, positions_ptr, round_ptr, scratch_ptr)
 
 
 @triton.jit
@@ -365,7 +368,8 @@ def _fill_chunks_kernel(
     num_segments, CHUNK: tl.constexpr, SEGMENTS: tl.constexpr, SEG_CAP: tl.constexpr,
 ):
     """A settled row's chunk: -inf over it, and its SEGMENTS segments' candidates gathered into the
-    row's candidate list, at their offsets in row order."""
+    row's candidate list, at their offsets in row order (and, for top-p alone, the selection's first
+    round over them)."""
     t = tl.program_id(0)
     c = tl.program_id(1)
     k, p, k_on, p_on, active = _row_settings(idx_mapping_ptr, top_k_ptr, top_p_ptr, t, num_slots, vocab_size)
@@ -375,16 +379,35 @@ def _fill_chunks_kernel(
             offs = c * CHUNK + tl.arange(0, CHUNK)
             row_ptr = logits_ptr + t.to(tl.int64) * logits_stride
             tl.store(row_ptr + offs, tl.full([CHUNK], float("-inf"), row_ptr.dtype.element_ty), mask=offs < vocab_size)
-            count_ptr, first_ptr, pairs_ptr, values_ptr, positions_ptr = _workspace(ws_row, num_segments, SEG_CAP)[3:8]
-            mine = c * SEGMENTS + tl.arange(0, SEGMENTS)
-            n = tl.load(count_ptr + mine, mask=mine < num_segments, other=0)
-            first = tl.load(first_ptr + mine, mask=mine < num_segments, other=0)
-            i = tl.arange(0, SEG_CAP)[None, :]
-            present = i < n[:, None]
-            pair = tl.load(pairs_ptr + mine[:, None] * SEG_CAP + i, mask=present, other=0)
-            dest = first[:, None] + i
-            tl.store(values_ptr + dest, (pair >> 32).to(tl.int32).to(tl.float32, bitcast=True), mask=present)
-            tl.store(positions_ptr + dest, pair.to(tl.int32), mask=present)
+            count_ptr, first_ptr, pairs_ptr, values_ptr, positions_ptr, round_ptr = _workspace(
+                ws_row, num_segments, SEG_CAP)[3:9]
+            # Top-p alone: the selection's first round (see _select_threshold) over this chunk's
+            # candidates, summed in chunk order by the selection.
+            first_round = p_on & (k_on == 0)
+            row_max = tl.load(ws_row + 4)
+            low = _float_key(tl.load(ws_row))
+            high = _float_key(row_max)
+            shift = _part_shift(low, high)
+            counts = tl.zeros([16], tl.int32)
+            stats = tl.zeros([16], tl.float32)
+            i = tl.arange(0, SEG_CAP)
+            for j in tl.static_range(SEGMENTS):
+                segment = c * SEGMENTS + j
+                n = tl.load(count_ptr + segment, mask=segment < num_segments, other=0)
+                first = tl.load(first_ptr + segment, mask=segment < num_segments, other=0)
+                present = i < n
+                pair = tl.load(pairs_ptr + segment * SEG_CAP + i, mask=present, other=0)
+                values = (pair >> 32).to(tl.int32).to(tl.float32, bitcast=True)
+                tl.store(values_ptr + first + i, values, mask=present)
+                tl.store(positions_ptr + first + i, pair.to(tl.int32), mask=present)
+                if first_round:
+                    segment_counts, segment_stats = _interval_stats(values, present, low, high, shift, row_max, True)
+                    counts += segment_counts
+                    stats += segment_stats
+            if first_round:
+                part = tl.arange(0, 16)
+                tl.store(round_ptr.to(tl.pointer_type(tl.int32)) + c * 32 + part, counts)
+                tl.store(round_ptr + c * 32 + 16 + part, stats)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -441,22 +464,16 @@ def _register_rounds(values, present, low, high, above, in_bracket, row_max, tar
 
 
 @triton.jit
-def _select_threshold(values_ptr, buffers_ptr, list_size, scratch_ptr, count, in_set, lo, floor, row_max, target,
-                      USE_MASS: tl.constexpr, TILE: tl.constexpr, SMALL: tl.constexpr):
+def _select_threshold(values_ptr, buffers_ptr, list_size, scratch_ptr, count, lo, low, high, above, in_bracket,
+                      row_max, target, USE_MASS: tl.constexpr, TILE: tl.constexpr, SMALL: tl.constexpr):
     """The largest candidate value v >= floor whose count (or mass relative to row_max) of candidates
-    >= max(v, floor) reaches target; lo when none does. `count` candidates in all, `in_set` of them
-    >= floor. Each round cuts the key interval still holding the answer (first [key(floor),
-    key(row_max)]) into at most 16 parts of a power-of-two size and keeps one, so about 8 rounds
-    fix a key. While the interval holds more than TILE candidates a round sweeps the list, and a
-    list at least twice the interval's size is first compacted to it (two buffers of list_size at
-    buffers_ptr take turns); then the rounds run on TILE, then on SMALL candidates in registers."""
-    low = _float_key(tl.maximum(lo, floor))
-    high = _float_key(row_max)
-    if USE_MASS:
-        above = 0.0
-    else:
-        above = 0
-    in_bracket = in_set
+    >= max(v, floor) reaches target; lo when none does. `count` candidates in all. Each round cuts
+    the key interval still holding the answer (first [key(max(lo, floor)), key(row_max)]) into at
+    most 16 parts of a power-of-two size and keeps one, so about 8 rounds fix a key. The rounds
+    start from [low, high], with `above` (count or mass above it) and `in_bracket` tokens in it.
+    While the interval holds more than TILE candidates a round sweeps the list, and a list at least
+    twice the interval's size is first compacted to it (two buffers of list_size at buffers_ptr take
+    turns); then the rounds run on TILE, then on SMALL candidates in registers."""
     src_ptr = values_ptr
     n = count
     turn = 0
@@ -504,6 +521,18 @@ def _select_threshold(values_ptr, buffers_ptr, list_size, scratch_ptr, count, in
 
 
 @triton.jit
+def _chunk_round(round_ptr, num_chunks, low, high, target, CHUNKS_P2: tl.constexpr):
+    """The first round of a top-p-alone selection from the fill chunks' statistics, summed in chunk
+    order: the interval, the mass above it and the tokens in it."""
+    c = tl.arange(0, CHUNKS_P2)[:, None] * 32
+    j = tl.arange(0, 16)[None, :]
+    in_row = c < num_chunks * 32
+    counts = tl.sum(tl.load(round_ptr.to(tl.pointer_type(tl.int32)) + c + j, mask=in_row, other=0), axis=0)
+    stats = tl.sum(tl.load(round_ptr + c + 16 + j, mask=in_row, other=0.0), axis=0)
+    return _interval_round(low, high, _part_shift(low, high), 0.0, counts, stats, target)
+
+
+@triton.jit
 def _candidate_mass(values_ptr, count, row_max, floor, TILE: tl.constexpr):
     """Mass (relative to row_max) and number of the candidates >= floor."""
     mass = 0.0
@@ -517,8 +546,9 @@ def _candidate_mass(values_ptr, count, row_max, floor, TILE: tl.constexpr):
 
 
 @triton.jit
-def _select_row(row_ptr, ws_row, pairs_ptr, values_ptr, positions_ptr, scratch_ptr, num_segments, k, p, k_on, p_on,
-                SEG_CAP: tl.constexpr, TILE: tl.constexpr, SMALL: tl.constexpr):
+def _select_row(row_ptr, ws_row, pairs_ptr, values_ptr, positions_ptr, round_ptr, scratch_ptr, num_segments, k, p,
+                k_on, p_on, SEG_CAP: tl.constexpr, TILE: tl.constexpr, SMALL: tl.constexpr,
+                SEGMENTS: tl.constexpr, CHUNKS_P2: tl.constexpr):
     """A settled row: its thresholds from the candidate list, then the kept candidates written back."""
     # The segments' candidate pairs were gathered by the fill: their words serve as two buffers.
     buffers_ptr = pairs_ptr.to(tl.pointer_type(tl.float32))
@@ -527,19 +557,24 @@ def _select_row(row_ptr, ws_row, pairs_ptr, values_ptr, positions_ptr, scratch_p
     row_max = tl.load(ws_row + 4)
     total = tl.load(ws_row + 5)
     count = tl.load(_header_int(ws_row, 6))
+    low = _float_key(lo)
+    high = _float_key(row_max)
     threshold = lo
-    in_set = count
     if k_on:
-        threshold = _select_threshold(values_ptr, buffers_ptr, list_size, scratch_ptr, count, count, lo, lo,
-                                      row_max, k, False, TILE, SMALL)
+        threshold = _select_threshold(values_ptr, buffers_ptr, list_size, scratch_ptr, count, lo, low, high,
+                                      tl.full([], 0, tl.int32), count, row_max, k, False, TILE, SMALL)
     if p_on:
-        target = p * total
         if k_on:  # renormalised over the top-k set
             kept_mass, in_set = _candidate_mass(values_ptr, count, row_max, threshold, TILE)
-            target = p * kept_mass
-        # top_p <= 0 keeps the most probable token(s)
-        threshold = _select_threshold(values_ptr, buffers_ptr, list_size, scratch_ptr, count, in_set, lo,
-                                      threshold, row_max, tl.maximum(target, 1e-30), True, TILE, SMALL)
+            target = tl.maximum(p * kept_mass, 1e-30)  # top_p <= 0 keeps the most probable token(s)
+            low = _float_key(threshold)
+            above = tl.full([], 0.0, tl.float32)
+        else:  # the first round was counted by the fill
+            target = tl.maximum(p * total, 1e-30)
+            low, high, above, in_set = _chunk_round(round_ptr, tl.cdiv(num_segments, SEGMENTS), low, high, target,
+                                                    CHUNKS_P2)
+        threshold = _select_threshold(values_ptr, buffers_ptr, list_size, scratch_ptr, count, lo, low, high, above,
+                                      in_set, row_max, target, True, TILE, SMALL)
     # The kept candidates, written back over the fill; the next tile loads meanwhile.
     values, present = _candidate_values(values_ptr, count, 0, TILE)
     positions = tl.load(positions_ptr + tl.arange(0, TILE), mask=present)
@@ -695,8 +730,9 @@ def _general_row(row_ptr, scratch_ptr, vocab_size, k, p, k_on, p_on, P: tl.const
 @triton.jit
 def _select_kernel(
     logits_ptr, logits_stride, idx_mapping_ptr, top_k_ptr, top_p_ptr, ws_ptr, ws_stride, num_slots, vocab_size,
-    num_segments, SEG_CAP: tl.constexpr, TILE: tl.constexpr, SMALL: tl.constexpr, P: tl.constexpr,
-    CAP: tl.constexpr, BLOCK: tl.constexpr, MAX_REFINE: tl.constexpr, MASK_BLOCK: tl.constexpr,
+    num_segments, SEG_CAP: tl.constexpr, TILE: tl.constexpr, SMALL: tl.constexpr, SEGMENTS: tl.constexpr,
+    CHUNKS_P2: tl.constexpr, P: tl.constexpr, CAP: tl.constexpr, BLOCK: tl.constexpr, MAX_REFINE: tl.constexpr,
+    MASK_BLOCK: tl.constexpr,
 ):
     """A row's thresholds: from its candidates when they settle it, else by the general path."""
     t = tl.program_id(0)
@@ -704,10 +740,10 @@ def _select_kernel(
     if active:
         ws_row = ws_ptr + t.to(tl.int64) * ws_stride
         row_ptr = logits_ptr + t.to(tl.int64) * logits_stride
-        pairs_ptr, values_ptr, positions_ptr, scratch_ptr = _workspace(ws_row, num_segments, SEG_CAP)[5:]
+        pairs_ptr, values_ptr, positions_ptr, round_ptr, scratch_ptr = _workspace(ws_row, num_segments, SEG_CAP)[5:]
         if tl.load(_header_int(ws_row, 1)) != 0:
-            _select_row(row_ptr, ws_row, pairs_ptr, values_ptr, positions_ptr, scratch_ptr, num_segments, k, p, k_on,
-                        p_on, SEG_CAP, TILE, SMALL)
+            _select_row(row_ptr, ws_row, pairs_ptr, values_ptr, positions_ptr, round_ptr, scratch_ptr, num_segments, k,
+                        p, k_on, p_on, SEG_CAP, TILE, SMALL, SEGMENTS, CHUNKS_P2)
         else:
             _general_row(row_ptr, scratch_ptr, vocab_size, k, p, k_on, p_on, P, CAP, BLOCK, MAX_REFINE, MASK_BLOCK)
 
@@ -745,7 +781,8 @@ def _top_k_top_p_triton(logits, idx_mapping, top_k, top_p) -> None:
     launch(_fill_chunks_kernel, (T, triton.cdiv(V, _CHUNK)), *args, CHUNK=_CHUNK, SEGMENTS=_CHUNK // _SEGMENT,
            SEG_CAP=_SEG_CAP, num_warps=_WARPS["fill"])
     # 128 registers: two programs an SM (measured: 24 instead of 34 µs at T = 256, k=50 p=0.9)
-    launch(_select_kernel, (T,), *args, SEG_CAP=_SEG_CAP, TILE=_TILE, SMALL=_SMALL, P=_PIVOTS, CAP=_CAP, BLOCK=_BLOCK,
+    launch(_select_kernel, (T,), *args, SEG_CAP=_SEG_CAP, TILE=_TILE, SMALL=_SMALL, SEGMENTS=_CHUNK // _SEGMENT,
+           CHUNKS_P2=triton.next_power_of_2(triton.cdiv(V, _CHUNK)), P=_PIVOTS, CAP=_CAP, BLOCK=_BLOCK,
            MAX_REFINE=_MAX_REFINE, MASK_BLOCK=_MASK_BLOCK, num_warps=_WARPS["select"], maxnreg=128)
 
 
