@@ -208,7 +208,7 @@ def test_benchmark_rows_are_settled_by_their_candidates(gen, monkeypatch):
     top_k, top_p = settings([(50, 0.9), (0, 0.9), (50, 1.0), (1000, 0.5), (0, 0.5), (0, 0.8), (20, 1.0), (1, 0.3)])
     logits = make_logits(T, V, torch.float32, "cuda", generator=gen)
     run_and_check("cuda", logits, torch.arange(T, dtype=INT) % 8, top_k, top_p)
-    assert settled and bool((settled[0] == 1).all()), f"rows left to the general path: {settled[0].tolist()}"
+    assert settled and bool((settled[0] != 0).all()), f"rows left to the general path: {settled[0].tolist()}"
 
 
 @pytest.mark.cuda

@@ -131,10 +131,11 @@ def _interval_round(low, high, shift, above, count, stat, target):
 
 # ----------------------------------------------------------------------------------------------
 # The row workspace, in 4-byte words, S = number of segments, C = SEG_CAP:
-#   header (8): lo, settled flag, exp reference (the sample max), segments done, and once the row's
-#     last segment is scanned: row max, normaliser relative to the row max, candidate count
+#   header (8): lo, settled flag, exp reference (the sample max), segments done, and once the row is
+#     settled: row max, normaliser relative to the row max, candidate count; the second bound
 #   per segment [S each]: max; normaliser and candidate mass relative to the reference; candidate
-#     count; candidates before it (once the last segment is scanned); one unused word
+#     count; candidates before it in the row's list (once the row is settled); mass and count of the
+#     candidates >= the second bound (top-p alone); one unused word
 #   per segment [S, C] int64: its candidates in row order, value bits << 32 | position
 #   the row's candidates in row order, once the fill gathered them: values [S * C], positions [S * C]
 #   for top-p alone, the selection's first round per fill chunk [chunks, 32]: 16 counts, 16 masses (32 S words)
@@ -145,24 +146,25 @@ _HEADER = 8
 
 def _workspace_words(num_segments: int) -> int:
     """Words per workspace row (a multiple of 16, so every row starts 64-byte aligned)."""
-    return triton.cdiv(_HEADER + 6 * num_segments + 4 * num_segments * _SEG_CAP + 32 * num_segments + max(_TILE, _CAP),
+    return triton.cdiv(_HEADER + 8 * num_segments + 4 * num_segments * _SEG_CAP + 32 * num_segments + max(_TILE, _CAP),
                        16) * 16
 
 
 @triton.jit
 def _workspace(ws_row, num_segments, SEG_CAP: tl.constexpr):
-    """(segment max, normaliser, mass, counts, candidates before, candidate pairs, gathered values,
-    gathered positions, first-round statistics, scratch) pointers of a row's workspace. The pairs start 8-byte aligned: 8 + 6 S
-    words in."""
+    """(segment max, normaliser, mass, counts, candidates before, mass and counts above the second
+    bound, candidate pairs, gathered values, gathered positions, first-round statistics, scratch)
+    pointers of a row's workspace. The pairs start 8-byte aligned: 8 + 8 S words in."""
     max_ptr = ws_row + 8
     count_ptr = (max_ptr + 3 * num_segments).to(tl.pointer_type(tl.int32))
-    pairs_ptr = (max_ptr + 6 * num_segments).to(tl.pointer_type(tl.int64))
-    values_ptr = max_ptr + 6 * num_segments + 2 * num_segments * SEG_CAP
+    pairs_ptr = (max_ptr + 8 * num_segments).to(tl.pointer_type(tl.int64))
+    values_ptr = max_ptr + 8 * num_segments + 2 * num_segments * SEG_CAP
     positions_ptr = (values_ptr + num_segments * SEG_CAP).to(tl.pointer_type(tl.int32))
     round_ptr = values_ptr + 2 * num_segments * SEG_CAP
     scratch_ptr = round_ptr + 32 * num_segments
     return (max_ptr, max_ptr + num_segments, max_ptr + 2 * num_segments, count_ptr, count_ptr + num_segments,
-            pairs_ptr, values_ptr, positions_ptr, round_ptr, scratch_ptr)
+            max_ptr + 5 * num_segments, count_ptr + 3 * num_segments, pairs_ptr, values_ptr, positions_ptr, round_ptr,
+            scratch_ptr)
 
 
 @triton.jit
@@ -191,6 +193,8 @@ def _sample_bound_kernel(
     logits_ptr, logits_stride, idx_mapping_ptr, top_k_ptr, top_p_ptr, ws_ptr, ws_stride, num_slots, vocab_size,
     num_segments, SAMPLE: tl.constexpr, SEG_CAP: tl.constexpr,
 ):
+    """A row's lower bound `lo` from a sample of its tokens, its exp reference, and for top-p alone a
+    second bound above `lo`."""
     t = tl.program_id(0)
     k, p, k_on, p_on, active = _row_settings(idx_mapping_ptr, top_k_ptr, top_p_ptr, t, num_slots, vocab_size)
     if active:
@@ -223,6 +227,18 @@ def _sample_bound_kernel(
             low, high, above, _ = _interval_round(low, high, shift, above, count, count, rank)
         ws_row = ws_ptr + t.to(tl.int64) * ws_stride
         tl.store(ws_row, _key_value(low))
+        # Top-p alone: a second bound where a quarter of the capacity is expected above it. The scan
+        # counts the mass above it too; when that holds top_p, only the candidates above it are kept.
+        high_bound = float("inf")
+        if k_on == 0:
+            high = _float_key(tl.max(x))
+            above = 0
+            while high - low >= 65536:
+                shift = _part_shift(low, high)
+                count, _ = _interval_stats(x, offs < vocab_size, low, high, shift, 0.0, False)
+                low, high, above, _ = _interval_round(low, high, shift, above, count, count, (rank + 1) // 2)
+            high_bound = _key_value(low)
+        tl.store(ws_row + 7, high_bound)
         # The scan's exp reference; a row whose max is far above it is left to the general path.
         tl.store(ws_row + 2, tl.max(x))
         tl.store(_header_int(ws_row, 3), 0)  # segments scanned
@@ -238,12 +254,12 @@ def _lane_elements(x):
 
 
 @triton.jit
-def _scan_step(x, offs, lo, ref2, lane_max, total, mass, count, pairs_ptr, WITH_MASS: tl.constexpr,
-               SEG_CAP: tl.constexpr):
+def _scan_step(x, offs, lo, high_bound, ref2, lane_max, total, mass, mass_high, count_high, count, pairs_ptr,
+               WITH_MASS: tl.constexpr, SEG_CAP: tl.constexpr):
     """One step of _scan_segments_kernel over x [32, 4] at offs (each lane 4 consecutive tokens):
-    the running per-lane max (and normaliser and candidate mass relative to the reference,
-    ref2 = ref * log2(e)), and the step's candidates (x >= lo) appended to the segment's region in
-    row order."""
+    the running per-lane max (and normaliser, candidate mass relative to the reference,
+    ref2 = ref * log2(e), and the mass and count of the tokens >= high_bound), and the step's
+    candidates (x >= lo) appended to the segment's region in row order."""
     lane_max = tl.maximum(lane_max, x)  # max.f32 passes over NaN
     candidate = x >= lo  # never NaN, never past the row (loaded as -inf; lo > -inf)
     if WITH_MASS:
@@ -251,6 +267,9 @@ def _scan_step(x, offs, lo, ref2, lane_max, total, mass, count, pairs_ptr, WITH_
         e = tl.math.exp2(tl.maximum(x * 1.4426950408889634 - ref2, -200.0))
         total += e
         mass += tl.where(candidate, e, 0.0)
+        high = x >= high_bound  # high_bound >= lo: candidates
+        mass_high += tl.sum(tl.where(high, e, 0.0), axis=1)  # a lane's 4 tokens: in its registers
+        count_high += tl.sum(high.to(tl.int32), axis=1)
     taken = candidate.to(tl.int32)
     per_lane = tl.sum(taken, axis=1)
     # slot = candidates before this one in the segment: earlier steps, earlier lanes, earlier tokens of the lane
@@ -264,7 +283,7 @@ def _scan_step(x, offs, lo, ref2, lane_max, total, mass, count, pairs_ptr, WITH_
     masks = _lane_elements(stored)
     for r in tl.static_range(4):
         tl.store(pairs_ptr + slots[r], pairs[r], mask=masks[r])
-    return lane_max, total, mass, count + tl.sum(per_lane, axis=0)
+    return lane_max, total, mass, mass_high, count_high, count + tl.sum(per_lane, axis=0)
 
 
 @triton.jit
@@ -282,16 +301,20 @@ def _scan_segments_kernel(
     ws_row = ws_ptr + t.to(tl.int64) * ws_stride
     lo = tl.maximum(tl.load(ws_row), -3.4028234663852886e38)  # -inf is never a candidate
     ref2 = tl.load(ws_row + 2) * 1.4426950408889634
+    high_bound = tl.maximum(tl.load(ws_row + 7), lo)
     k, p, k_on, p_on, active = _row_settings(idx_mapping_ptr, top_k_ptr, top_p_ptr, t, num_slots, vocab_size)
     if active:
         row_ptr = logits_ptr + t.to(tl.int64) * logits_stride
-        max_ptr, sum_ptr, mass_ptr, count_ptr, _, pairs_ptr = _workspace(ws_row, num_segments, SEG_CAP)[:6]
+        (max_ptr, sum_ptr, mass_ptr, count_ptr, _, mass_high_ptr, count_high_ptr,
+         pairs_ptr) = _workspace(ws_row, num_segments, SEG_CAP)[:8]
         pairs_ptr += segment * SEG_CAP
         STEP: tl.constexpr = 128
         offs = segment * SEGMENT + tl.arange(0, 32)[:, None] * 4 + tl.arange(0, 4)[None, :]
         lane_max = tl.full([32, 4], float("-inf"), tl.float32)
         total = tl.zeros([32, 4], tl.float32)
         mass = tl.zeros([32, 4], tl.float32)
+        mass_high = tl.zeros([32], tl.float32)
+        count_high = tl.zeros([32], tl.int32)
         count = 0
         # Three steps' loads stay in flight ahead of the arithmetic: a one-warp program is what keeps
         # the memory busy (at most 32 programs an SM).
@@ -304,17 +327,21 @@ def _scan_segments_kernel(
             x3 = tl.load(row_ptr + offs + 3 * STEP, mask=(v0 + 3 * STEP < SEGMENT) & (offs + 3 * STEP < vocab_size),
                          other=float("-inf")).to(tl.float32)
             if k_on:
-                lane_max, total, mass, count = _scan_step(x, offs, lo, ref2, lane_max, total, mass, count, pairs_ptr,
-                                                          False, SEG_CAP)
+                lane_max, total, mass, mass_high, count_high, count = _scan_step(
+                    x, offs, lo, high_bound, ref2, lane_max, total, mass, mass_high, count_high, count, pairs_ptr,
+                    False, SEG_CAP)
             else:
-                lane_max, total, mass, count = _scan_step(x, offs, lo, ref2, lane_max, total, mass, count, pairs_ptr,
-                                                          True, SEG_CAP)
+                lane_max, total, mass, mass_high, count_high, count = _scan_step(
+                    x, offs, lo, high_bound, ref2, lane_max, total, mass, mass_high, count_high, count, pairs_ptr,
+                    True, SEG_CAP)
             x, x1, x2 = x1, x2, x3
             offs += STEP
         tl.store(max_ptr + segment, tl.max(tl.max(lane_max, axis=1), axis=0))
         tl.store(sum_ptr + segment, tl.sum(tl.sum(total, axis=1), axis=0))
         tl.store(mass_ptr + segment, tl.sum(tl.sum(mass, axis=1), axis=0))
         tl.store(count_ptr + segment, count)
+        tl.store(mass_high_ptr + segment, tl.sum(mass_high, axis=0))
+        tl.store(count_high_ptr + segment, tl.sum(count_high, axis=0))
         if SETTLE:  # the row's last segment to finish settles it (acq_rel: it sees the others' statistics)
             tl.debug_barrier()
             if tl.atomic_add(_header_int(ws_row, 3), 1, sem="acq_rel") == num_segments - 1:
@@ -326,8 +353,11 @@ def _settle_row(ws_row, num_segments, k, p, k_on, SEG_CAP: tl.constexpr, SEGMENT
     """Combines the segment statistics in segment order: whether the candidates settle the row (no
     segment overflowed, and they hold the k tokens or the top_p mass), the row max, normaliser and
     candidate count, and each segment's offset in the row's candidate list. A row whose max is more
-    than 60 above the scan's reference is not settled (a segment's float32 sums could have overflowed)."""
-    max_ptr, sum_ptr, mass_ptr, count_ptr, first_ptr = _workspace(ws_row, num_segments, SEG_CAP)[:5]
+    than 60 above the scan's reference is not settled (a segment's float32 sums could have overflowed).
+    Top-p alone: when the tokens >= the second bound hold the mass, it becomes the row's `lo`, only
+    the candidates above it are listed, and the flag is 2."""
+    (max_ptr, sum_ptr, mass_ptr, count_ptr, first_ptr, mass_high_ptr,
+     count_high_ptr) = _workspace(ws_row, num_segments, SEG_CAP)[:7]
     g = tl.arange(0, SEGMENTS_P2)
     in_row = g < num_segments
     # .cg: written by other programs, read past this SM's L1
@@ -343,11 +373,16 @@ def _settle_row(ws_row, num_segments, k, p, k_on, SEG_CAP: tl.constexpr, SEGMENT
     else:
         enough = mass >= p * total  # NaN: not settled
     settled = (row_max > float("-inf")) & (tl.max(counts) <= SEG_CAP) & enough
+    mass_high = tl.sum(tl.load(mass_high_ptr + g, mask=in_row, other=0.0, cache_modifier=".cg")) * scale
+    narrow = (k_on == 0) & (mass_high >= p * total)
+    if narrow:
+        counts = tl.load(count_high_ptr + g, mask=in_row, other=0, cache_modifier=".cg")
+        tl.store(ws_row, tl.maximum(tl.load(ws_row + 7), -3.4028234663852886e38))
     tl.store(first_ptr + g, tl.cumsum(counts, axis=0) - counts, mask=in_row)
     tl.store(ws_row + 4, row_max)
     tl.store(ws_row + 5, total)
-    tl.store(_header_int(ws_row, 6), count)
-    tl.store(_header_int(ws_row, 1), settled.to(tl.int32))
+    tl.store(_header_int(ws_row, 6), tl.sum(counts))
+    tl.store(_header_int(ws_row, 1), tl.where(settled, tl.where(narrow, 2, 1), 0))
 
 
 @triton.jit
@@ -375,17 +410,20 @@ def _fill_chunks_kernel(
     k, p, k_on, p_on, active = _row_settings(idx_mapping_ptr, top_k_ptr, top_p_ptr, t, num_slots, vocab_size)
     if active:
         ws_row = ws_ptr + t.to(tl.int64) * ws_stride
-        if tl.load(_header_int(ws_row, 1)) != 0:
+        settled = tl.load(_header_int(ws_row, 1))
+        if settled != 0:
             offs = c * CHUNK + tl.arange(0, CHUNK)
             row_ptr = logits_ptr + t.to(tl.int64) * logits_stride
             tl.store(row_ptr + offs, tl.full([CHUNK], float("-inf"), row_ptr.dtype.element_ty), mask=offs < vocab_size)
-            count_ptr, first_ptr, pairs_ptr, values_ptr, positions_ptr, round_ptr = _workspace(
-                ws_row, num_segments, SEG_CAP)[3:9]
+            workspace = _workspace(ws_row, num_segments, SEG_CAP)
+            count_ptr, first_ptr = workspace[3:5]
+            pairs_ptr, values_ptr, positions_ptr, round_ptr = workspace[7:11]
             # Top-p alone: the selection's first round (see _select_threshold) over this chunk's
             # candidates, summed in chunk order by the selection.
             first_round = p_on & (k_on == 0)
             row_max = tl.load(ws_row + 4)
-            low = _float_key(tl.load(ws_row))
+            lo = tl.load(ws_row)  # raised to the second bound when settled is 2
+            low = _float_key(lo)
             high = _float_key(row_max)
             shift = _part_shift(low, high)
             counts = tl.zeros([16], tl.int32)
@@ -398,8 +436,12 @@ def _fill_chunks_kernel(
                 present = i < n
                 pair = tl.load(pairs_ptr + segment * SEG_CAP + i, mask=present, other=0)
                 values = (pair >> 32).to(tl.int32).to(tl.float32, bitcast=True)
-                tl.store(values_ptr + first + i, values, mask=present)
-                tl.store(positions_ptr + first + i, pair.to(tl.int32), mask=present)
+                slot = first + i
+                if settled == 2:  # only the candidates >= the second bound
+                    present = present & (values >= lo)
+                    slot = first + tl.cumsum(present.to(tl.int32), axis=0) - 1
+                tl.store(values_ptr + slot, values, mask=present)
+                tl.store(positions_ptr + slot, pair.to(tl.int32), mask=present)
                 if first_round:
                     segment_counts, segment_stats = _interval_stats(values, present, low, high, shift, row_max, True)
                     counts += segment_counts
@@ -740,7 +782,7 @@ def _select_kernel(
     if active:
         ws_row = ws_ptr + t.to(tl.int64) * ws_stride
         row_ptr = logits_ptr + t.to(tl.int64) * logits_stride
-        pairs_ptr, values_ptr, positions_ptr, round_ptr, scratch_ptr = _workspace(ws_row, num_segments, SEG_CAP)[5:]
+        pairs_ptr, values_ptr, positions_ptr, round_ptr, scratch_ptr = _workspace(ws_row, num_segments, SEG_CAP)[7:]
         if tl.load(_header_int(ws_row, 1)) != 0:
             _select_row(row_ptr, ws_row, pairs_ptr, values_ptr, positions_ptr, round_ptr, scratch_ptr, num_segments, k,
                         p, k_on, p_on, SEG_CAP, TILE, SMALL, SEGMENTS, CHUNKS_P2)
