@@ -25,19 +25,7 @@ ARGS = {"logits_ptr": "*fp32", "logits_stride": "i32", "idx_mapping_ptr": "*i32"
         "num_segments": "i32"}
 ALIGNED = ["logits_ptr", "logits_stride", "idx_mapping_ptr", "top_k_ptr", "top_p_ptr", "ws_ptr", "ws_stride",
            "vocab_size"]  # as at V = 151936: Triton specialises arguments divisible by 16
-SEGMENTS_P2 = triton.next_power_of_2(triton.cdiv(151936, tr._SEGMENT))
-KERNELS = [  # kernel, constants, compile options as the launcher passes them
-    (tr._sample_bound_kernel, dict(SAMPLE=tr._SAMPLE, SEG_CAP=tr._SEG_CAP), dict(num_warps=tr._WARPS["sample"])),
-    (tr._scan_segments_kernel, dict(SEGMENT=tr._SEGMENT, SEG_CAP=tr._SEG_CAP, SEGMENTS_P2=SEGMENTS_P2,
-                                    SETTLE=True), dict(num_warps=1)),
-    (tr._settle_kernel, dict(SEG_CAP=tr._SEG_CAP, SEGMENTS_P2=SEGMENTS_P2), dict(num_warps=1)),
-    (tr._fill_chunks_kernel, dict(CHUNK=tr._CHUNK, SEGMENTS=tr._CHUNK // tr._SEGMENT, SEG_CAP=tr._SEG_CAP),
-     dict(num_warps=tr._WARPS["fill"])),
-    (tr._select_kernel, dict(SEG_CAP=tr._SEG_CAP, TILE=tr._TILE, SMALL=tr._SMALL, SEGMENTS=tr._CHUNK // tr._SEGMENT,
-                             CHUNKS_P2=triton.next_power_of_2(triton.cdiv(151936, tr._CHUNK)), P=tr._PIVOTS, CAP=tr._CAP,
-                             BLOCK=tr._BLOCK, MAX_REFINE=tr._MAX_REFINE, MASK_BLOCK=tr._MASK_BLOCK),
-     dict(num_warps=tr._WARPS["select"], maxnreg=128)),
-]
+OPTIONS = ("num_warps", "maxnreg")  # compile options among a launch's keywords; the rest are constants
 
 
 def inspect(kernel, constants, options, arch, tools, workdir):
@@ -70,8 +58,20 @@ def main():
     tools = {tool: os.path.join(bin_dir, tool) for tool in ("ptxas", "cuobjdump")}
     print(f"triton {triton.__version__}, sm_{arch}")
     with tempfile.TemporaryDirectory() as workdir:
-        for kernel, constants, options in KERNELS:
+        for kernel, constants, options in plan_variants(151936):
             inspect(kernel, constants, options, arch, tools, workdir)
+
+
+def plan_variants(V):
+    """Each distinct compiled kernel of the op at vocabulary V: a batch of one, then a large batch."""
+    seen = []
+    for T in (1, 256):
+        for kernel, _, meta in tr._launch_plan(T, V):
+            options = {key: value for key, value in meta.items() if key in OPTIONS}
+            constants = {key: value for key, value in meta.items() if key not in OPTIONS}
+            if (kernel, constants, options) not in seen:
+                seen.append((kernel, constants, options))
+    return seen
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 import torch_sampling_ops as tso
-from torch_sampling_ops import reference
+from torch_sampling_ops import reference, truncation
 from timing import Case, kernel_breakdown, main, print_table
 
 
@@ -41,7 +41,7 @@ def launch_breakdown(V=151936, Ts=(1, 256)) -> str:
                        ["T", "setting"] + [k.strip("_").removesuffix("_kernel") for k in KERNELS] + ["sum"], rows)
 
 
-KERNELS = ["_sample_bound_kernel", "_scan_segments_kernel", "_settle_kernel", "_fill_chunks_kernel", "_select_kernel"]
+KERNELS = list(dict.fromkeys(kernel.fn.__name__ for T in (1, 256) for kernel, _, _ in truncation._launch_plan(T, 151936)))
 
 if __name__ == "__main__":
     main(CASES, __doc__, extra_gpu=launch_breakdown)

@@ -95,11 +95,8 @@ def kernel_breakdown(fn: Callable, inputs: Sequence, calls: int = 5) -> dict[str
         for _ in range(calls):
             call()
         torch.cuda.synchronize()
-    def device_us(event):  # renamed from cuda_time_total in recent torch
-        value = getattr(event, "device_time_total", None)
-        return value if value is not None else event.cuda_time_total
-
-    return {e.key: device_us(e) / calls for e in prof.key_averages() if e.key.startswith("_") and e.key.endswith("_kernel")}
+    return {e.key: e.device_time_total / calls for e in prof.key_averages()
+            if e.key.startswith("_") and e.key.endswith("_kernel")}
 
 
 def environment() -> str:

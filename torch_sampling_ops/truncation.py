@@ -805,6 +805,29 @@ def _check_top_k_top_p_values(logits, idx_mapping, top_k, top_p) -> None:
     _checks.check_values(op, "top_p", (top_p > 0) & (top_p <= 1), "values in (0, 1]")
 
 
+def _launch_plan(T: int, V: int) -> list:
+    """The op's launches for a [T, V] batch, in order: (kernel, grid, constants and compile options).
+    The launcher and `.ci/inspect_kernels.py` both read it."""
+    num_segments = triton.cdiv(V, _SEGMENT)
+    segments_p2 = triton.next_power_of_2(num_segments)
+    settle_in_scan = T < _SETTLE_LAUNCH_MIN_T
+    settle = [] if settle_in_scan else [
+        (_settle_kernel, (T,), dict(SEG_CAP=_SEG_CAP, SEGMENTS_P2=segments_p2, num_warps=1))]
+    return [
+        (_sample_bound_kernel, (T,), dict(SAMPLE=_SAMPLE, SEG_CAP=_SEG_CAP, num_warps=_WARPS["sample"])),
+        (_scan_segments_kernel, (T, num_segments),
+         dict(SEGMENT=_SEGMENT, SEG_CAP=_SEG_CAP, SEGMENTS_P2=segments_p2, SETTLE=settle_in_scan, num_warps=1)),
+        *settle,
+        (_fill_chunks_kernel, (T, triton.cdiv(V, _CHUNK)),
+         dict(CHUNK=_CHUNK, SEGMENTS=_CHUNK // _SEGMENT, SEG_CAP=_SEG_CAP, num_warps=_WARPS["fill"])),
+        # 128 registers: two programs an SM (measured: 24 instead of 34 µs at T = 256, k=50 p=0.9)
+        (_select_kernel, (T,),
+         dict(SEG_CAP=_SEG_CAP, TILE=_TILE, SMALL=_SMALL, SEGMENTS=_CHUNK // _SEGMENT,
+              CHUNKS_P2=triton.next_power_of_2(triton.cdiv(V, _CHUNK)), P=_PIVOTS, CAP=_CAP, BLOCK=_BLOCK,
+              MAX_REFINE=_MAX_REFINE, MASK_BLOCK=_MASK_BLOCK, num_warps=_WARPS["select"], maxnreg=128)),
+    ]
+
+
 def _top_k_top_p_triton(logits, idx_mapping, top_k, top_p) -> None:
     T, V = logits.shape
     if T == 0:
@@ -813,19 +836,8 @@ def _top_k_top_p_triton(logits, idx_mapping, top_k, top_p) -> None:
     ws_stride = _workspace_words(num_segments)
     ws = logits.new_empty((T, ws_stride), dtype=torch.float32)
     args = (logits, logits.stride(0), idx_mapping, top_k, top_p, ws, ws_stride, top_k.size(0), V, num_segments)
-    segments_p2 = triton.next_power_of_2(num_segments)
-    launch(_sample_bound_kernel, (T,), *args, SAMPLE=_SAMPLE, SEG_CAP=_SEG_CAP, num_warps=_WARPS["sample"])
-    settle_in_scan = T < _SETTLE_LAUNCH_MIN_T
-    launch(_scan_segments_kernel, (T, num_segments), *args, SEGMENT=_SEGMENT, SEG_CAP=_SEG_CAP,
-           SEGMENTS_P2=segments_p2, SETTLE=settle_in_scan, num_warps=1)
-    if not settle_in_scan:
-        launch(_settle_kernel, (T,), *args, SEG_CAP=_SEG_CAP, SEGMENTS_P2=segments_p2, num_warps=1)
-    launch(_fill_chunks_kernel, (T, triton.cdiv(V, _CHUNK)), *args, CHUNK=_CHUNK, SEGMENTS=_CHUNK // _SEGMENT,
-           SEG_CAP=_SEG_CAP, num_warps=_WARPS["fill"])
-    # 128 registers: two programs an SM (measured: 24 instead of 34 µs at T = 256, k=50 p=0.9)
-    launch(_select_kernel, (T,), *args, SEG_CAP=_SEG_CAP, TILE=_TILE, SMALL=_SMALL, SEGMENTS=_CHUNK // _SEGMENT,
-           CHUNKS_P2=triton.next_power_of_2(triton.cdiv(V, _CHUNK)), P=_PIVOTS, CAP=_CAP, BLOCK=_BLOCK,
-           MAX_REFINE=_MAX_REFINE, MASK_BLOCK=_MASK_BLOCK, num_warps=_WARPS["select"], maxnreg=128)
+    for kernel, grid, meta in _launch_plan(T, V):
+        launch(kernel, grid, *args, **meta)
 
 
 top_k_top_p_op = define_op(
