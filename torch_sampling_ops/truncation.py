@@ -56,6 +56,10 @@ _WARPS = {"sample": 8, "fill": 4, "select": 8}
 # From this batch size the rows are settled by a launch of their own: the scan's counter (its release
 # waits for each program's stores) cost about 7 µs at T = 256; a launch costs about 2 µs of a small batch.
 _SETTLE_LAUNCH_MIN_T = 32
+# Top-p alone: the fill counts the selection's first interval round over its chunk's candidates.
+_FILL_FIRST_ROUND = True
+# Segments a scan program reads one after another, from _SETTLE_LAUNCH_MIN_T rows (fewer, longer programs).
+_SCAN_GROUP = 2
 # General path: tokens per step of a counting pass ([BLOCK, PIVOTS] comparisons) and of the mask
 # pass, bracket tokens sorted in registers (in the selection's scratch), counting passes that narrow
 # a bracket (16 pivots each cut it ~16x).
@@ -289,15 +293,15 @@ def _scan_step(x, offs, lo, high_bound, ref2, lane_max, total, mass, mass_high, 
 @triton.jit
 def _scan_segments_kernel(
     logits_ptr, logits_stride, idx_mapping_ptr, top_k_ptr, top_p_ptr, ws_ptr, ws_stride, num_slots, vocab_size,
-    num_segments, SEGMENT: tl.constexpr, SEG_CAP: tl.constexpr, SEGMENTS_P2: tl.constexpr, SETTLE: tl.constexpr,
+    num_segments, SEGMENT: tl.constexpr, SEG_CAP: tl.constexpr, SEGMENTS_P2: tl.constexpr, GROUP: tl.constexpr,
+    SETTLE: tl.constexpr,
 ):
-    """Statistics and candidates of one segment, in one warp: its max, normaliser and candidate mass
-    (only for top-p alone: with top-k on, the selection weighs its own candidates), and its
-    candidates compacted in row order. A step is 4 consecutive tokens a lane; with one warp a
-    program, the step's prefix sum never waits on a block-wide barrier (with several warps, Triton
-    3.6 spread a step's lanes over warps)."""
+    """Statistics and candidates of GROUP consecutive segments, one after another, in one warp: each
+    segment's max, normaliser and candidate mass (only for top-p alone: with top-k on, the selection
+    weighs its own candidates), and its candidates compacted in row order. A step is 4 consecutive
+    tokens a lane; with one warp a program, the step's prefix sum never waits on a block-wide barrier
+    (with several warps, Triton 3.6 spread a step's lanes over warps)."""
     t = tl.program_id(0)
-    segment = tl.program_id(1)
     ws_row = ws_ptr + t.to(tl.int64) * ws_stride
     lo = tl.maximum(tl.load(ws_row), -3.4028234663852886e38)  # -inf is never a candidate
     ref2 = tl.load(ws_row + 2) * 1.4426950408889634
@@ -305,47 +309,57 @@ def _scan_segments_kernel(
     k, p, k_on, p_on, active = _row_settings(idx_mapping_ptr, top_k_ptr, top_p_ptr, t, num_slots, vocab_size)
     if active:
         row_ptr = logits_ptr + t.to(tl.int64) * logits_stride
-        (max_ptr, sum_ptr, mass_ptr, count_ptr, _, mass_high_ptr, count_high_ptr,
-         pairs_ptr) = _workspace(ws_row, num_segments, SEG_CAP)[:8]
-        pairs_ptr += segment * SEG_CAP
-        STEP: tl.constexpr = 128
-        offs = segment * SEGMENT + tl.arange(0, 32)[:, None] * 4 + tl.arange(0, 4)[None, :]
-        lane_max = tl.full([32, 4], float("-inf"), tl.float32)
-        total = tl.zeros([32, 4], tl.float32)
-        mass = tl.zeros([32, 4], tl.float32)
-        mass_high = tl.zeros([32], tl.float32)
-        count_high = tl.zeros([32], tl.int32)
-        count = 0
-        # Three steps' loads stay in flight ahead of the arithmetic: a one-warp program is what keeps
-        # the memory busy (at most 32 programs an SM).
-        x = tl.load(row_ptr + offs, mask=offs < vocab_size, other=float("-inf")).to(tl.float32)
-        x1 = tl.load(row_ptr + offs + STEP, mask=(STEP < SEGMENT) & (offs + STEP < vocab_size),
-                     other=float("-inf")).to(tl.float32)
-        x2 = tl.load(row_ptr + offs + 2 * STEP, mask=(2 * STEP < SEGMENT) & (offs + 2 * STEP < vocab_size),
-                     other=float("-inf")).to(tl.float32)
-        for v0 in range(0, SEGMENT, STEP):
-            x3 = tl.load(row_ptr + offs + 3 * STEP, mask=(v0 + 3 * STEP < SEGMENT) & (offs + 3 * STEP < vocab_size),
-                         other=float("-inf")).to(tl.float32)
-            if k_on:
-                lane_max, total, mass, mass_high, count_high, count = _scan_step(
-                    x, offs, lo, high_bound, ref2, lane_max, total, mass, mass_high, count_high, count, pairs_ptr,
-                    False, SEG_CAP)
-            else:
-                lane_max, total, mass, mass_high, count_high, count = _scan_step(
-                    x, offs, lo, high_bound, ref2, lane_max, total, mass, mass_high, count_high, count, pairs_ptr,
-                    True, SEG_CAP)
-            x, x1, x2 = x1, x2, x3
-            offs += STEP
-        tl.store(max_ptr + segment, tl.max(tl.max(lane_max, axis=1), axis=0))
-        tl.store(sum_ptr + segment, tl.sum(tl.sum(total, axis=1), axis=0))
-        tl.store(mass_ptr + segment, tl.sum(tl.sum(mass, axis=1), axis=0))
-        tl.store(count_ptr + segment, count)
-        tl.store(mass_high_ptr + segment, tl.sum(mass_high, axis=0))
-        tl.store(count_high_ptr + segment, tl.sum(count_high, axis=0))
-        if SETTLE:  # the row's last segment to finish settles it (acq_rel: it sees the others' statistics)
+        for g in tl.static_range(GROUP):
+            segment = tl.program_id(1) * GROUP + g
+            if segment < num_segments:
+                if k_on:
+                    _scan_segment(row_ptr, ws_row, segment, num_segments, vocab_size, lo, high_bound, ref2, False,
+                                  SEGMENT, SEG_CAP)
+                else:
+                    _scan_segment(row_ptr, ws_row, segment, num_segments, vocab_size, lo, high_bound, ref2, True,
+                                  SEGMENT, SEG_CAP)
+        if SETTLE:  # the row's last program to finish settles it (acq_rel: it sees the others' statistics)
             tl.debug_barrier()
-            if tl.atomic_add(_header_int(ws_row, 3), 1, sem="acq_rel") == num_segments - 1:
+            if tl.atomic_add(_header_int(ws_row, 3), 1, sem="acq_rel") == tl.num_programs(1) - 1:
                 _settle_row(ws_row, num_segments, k, p, k_on, SEG_CAP, SEGMENTS_P2)
+
+
+@triton.jit
+def _scan_segment(row_ptr, ws_row, segment, num_segments, vocab_size, lo, high_bound, ref2, WITH_MASS: tl.constexpr,
+                  SEGMENT: tl.constexpr, SEG_CAP: tl.constexpr):
+    """One segment of _scan_segments_kernel."""
+    (max_ptr, sum_ptr, mass_ptr, count_ptr, _, mass_high_ptr, count_high_ptr,
+     pairs_ptr) = _workspace(ws_row, num_segments, SEG_CAP)[:8]
+    pairs_ptr += segment * SEG_CAP
+    STEP: tl.constexpr = 128
+    offs = segment * SEGMENT + tl.arange(0, 32)[:, None] * 4 + tl.arange(0, 4)[None, :]
+    lane_max = tl.full([32, 4], float("-inf"), tl.float32)
+    total = tl.zeros([32, 4], tl.float32)
+    mass = tl.zeros([32, 4], tl.float32)
+    mass_high = tl.zeros([32], tl.float32)
+    count_high = tl.zeros([32], tl.int32)
+    count = 0
+    # Three steps' loads stay in flight ahead of the arithmetic: a one-warp program is what keeps
+    # the memory busy (at most 32 programs an SM).
+    x = tl.load(row_ptr + offs, mask=offs < vocab_size, other=float("-inf")).to(tl.float32)
+    x1 = tl.load(row_ptr + offs + STEP, mask=(STEP < SEGMENT) & (offs + STEP < vocab_size),
+                 other=float("-inf")).to(tl.float32)
+    x2 = tl.load(row_ptr + offs + 2 * STEP, mask=(2 * STEP < SEGMENT) & (offs + 2 * STEP < vocab_size),
+                 other=float("-inf")).to(tl.float32)
+    for v0 in range(0, SEGMENT, STEP):
+        x3 = tl.load(row_ptr + offs + 3 * STEP, mask=(v0 + 3 * STEP < SEGMENT) & (offs + 3 * STEP < vocab_size),
+                     other=float("-inf")).to(tl.float32)
+        lane_max, total, mass, mass_high, count_high, count = _scan_step(
+            x, offs, lo, high_bound, ref2, lane_max, total, mass, mass_high, count_high, count, pairs_ptr,
+            WITH_MASS, SEG_CAP)
+        x, x1, x2 = x1, x2, x3
+        offs += STEP
+    tl.store(max_ptr + segment, tl.max(tl.max(lane_max, axis=1), axis=0))
+    tl.store(sum_ptr + segment, tl.sum(tl.sum(total, axis=1), axis=0))
+    tl.store(mass_ptr + segment, tl.sum(tl.sum(mass, axis=1), axis=0))
+    tl.store(count_ptr + segment, count)
+    tl.store(mass_high_ptr + segment, tl.sum(mass_high, axis=0))
+    tl.store(count_high_ptr + segment, tl.sum(count_high, axis=0))
 
 
 @triton.jit
@@ -400,11 +414,11 @@ def _settle_kernel(
 @triton.jit
 def _fill_chunks_kernel(
     logits_ptr, logits_stride, idx_mapping_ptr, top_k_ptr, top_p_ptr, ws_ptr, ws_stride, num_slots, vocab_size,
-    num_segments, CHUNK: tl.constexpr, SEGMENTS: tl.constexpr, SEG_CAP: tl.constexpr,
+    num_segments, CHUNK: tl.constexpr, SEGMENTS: tl.constexpr, SEG_CAP: tl.constexpr, FIRST_ROUND: tl.constexpr,
 ):
     """A settled row's chunk: -inf over it, and its SEGMENTS segments' candidates gathered into the
-    row's candidate list, at their offsets in row order (and, for top-p alone, the selection's first
-    round over them)."""
+    row's candidate list, at their offsets in row order (and, for top-p alone with FIRST_ROUND, the
+    selection's first round over them)."""
     t = tl.program_id(0)
     c = tl.program_id(1)
     k, p, k_on, p_on, active = _row_settings(idx_mapping_ptr, top_k_ptr, top_p_ptr, t, num_slots, vocab_size)
@@ -418,38 +432,59 @@ def _fill_chunks_kernel(
             workspace = _workspace(ws_row, num_segments, SEG_CAP)
             count_ptr, first_ptr = workspace[3:5]
             pairs_ptr, values_ptr, positions_ptr, round_ptr = workspace[7:11]
-            # Top-p alone: the selection's first round (see _select_threshold) over this chunk's
-            # candidates, summed in chunk order by the selection.
-            first_round = p_on & (k_on == 0)
-            row_max = tl.load(ws_row + 4)
             lo = tl.load(ws_row)  # raised to the second bound when settled is 2
-            low = _float_key(lo)
-            high = _float_key(row_max)
-            shift = _part_shift(low, high)
-            counts = tl.zeros([16], tl.int32)
-            stats = tl.zeros([16], tl.float32)
-            i = tl.arange(0, SEG_CAP)
-            for j in tl.static_range(SEGMENTS):
-                segment = c * SEGMENTS + j
-                n = tl.load(count_ptr + segment, mask=segment < num_segments, other=0)
-                first = tl.load(first_ptr + segment, mask=segment < num_segments, other=0)
-                present = i < n
-                pair = tl.load(pairs_ptr + segment * SEG_CAP + i, mask=present, other=0)
+            if p_on & (k_on == 0) & FIRST_ROUND:
+                _gather_and_count(ws_row, count_ptr, first_ptr, pairs_ptr, values_ptr, positions_ptr, round_ptr,
+                                  num_segments, c, lo, settled, SEGMENTS, SEG_CAP)
+            else:
+                mine = c * SEGMENTS + tl.arange(0, SEGMENTS)
+                n = tl.load(count_ptr + mine, mask=mine < num_segments, other=0)
+                first = tl.load(first_ptr + mine, mask=mine < num_segments, other=0)
+                i = tl.arange(0, SEG_CAP)[None, :]
+                present = i < n[:, None]
+                pair = tl.load(pairs_ptr + mine[:, None] * SEG_CAP + i, mask=present, other=0)
                 values = (pair >> 32).to(tl.int32).to(tl.float32, bitcast=True)
-                slot = first + i
-                if settled == 2:  # only the candidates >= the second bound
-                    present = present & (values >= lo)
-                    slot = first + tl.cumsum(present.to(tl.int32), axis=0) - 1
+                slot = first[:, None] + i
+                if not FIRST_ROUND:
+                    if settled == 2:  # only the candidates >= the second bound
+                        present = present & (values >= lo)
+                        slot = first[:, None] + tl.cumsum(present.to(tl.int32), axis=1) - 1
                 tl.store(values_ptr + slot, values, mask=present)
                 tl.store(positions_ptr + slot, pair.to(tl.int32), mask=present)
-                if first_round:
-                    segment_counts, segment_stats = _interval_stats(values, present, low, high, shift, row_max, True)
-                    counts += segment_counts
-                    stats += segment_stats
-            if first_round:
-                part = tl.arange(0, 16)
-                tl.store(round_ptr.to(tl.pointer_type(tl.int32)) + c * 32 + part, counts)
-                tl.store(round_ptr + c * 32 + 16 + part, stats)
+
+
+@triton.jit
+def _gather_and_count(ws_row, count_ptr, first_ptr, pairs_ptr, values_ptr, positions_ptr, round_ptr, num_segments, c,
+                      lo, settled, SEGMENTS: tl.constexpr, SEG_CAP: tl.constexpr):
+    """The fill's gather for top-p alone, segment by segment, with the selection's first round (see
+    _select_threshold) over the chunk's candidates: 16 counts and masses, summed in chunk order by
+    the selection."""
+    row_max = tl.load(ws_row + 4)
+    low = _float_key(lo)
+    high = _float_key(row_max)
+    shift = _part_shift(low, high)
+    counts = tl.zeros([16], tl.int32)
+    stats = tl.zeros([16], tl.float32)
+    i = tl.arange(0, SEG_CAP)
+    for j in tl.static_range(SEGMENTS):
+        segment = c * SEGMENTS + j
+        n = tl.load(count_ptr + segment, mask=segment < num_segments, other=0)
+        first = tl.load(first_ptr + segment, mask=segment < num_segments, other=0)
+        present = i < n
+        pair = tl.load(pairs_ptr + segment * SEG_CAP + i, mask=present, other=0)
+        values = (pair >> 32).to(tl.int32).to(tl.float32, bitcast=True)
+        slot = first + i
+        if settled == 2:
+            present = present & (values >= lo)
+            slot = first + tl.cumsum(present.to(tl.int32), axis=0) - 1
+        tl.store(values_ptr + slot, values, mask=present)
+        tl.store(positions_ptr + slot, pair.to(tl.int32), mask=present)
+        segment_counts, segment_stats = _interval_stats(values, present, low, high, shift, row_max, True)
+        counts += segment_counts
+        stats += segment_stats
+    part = tl.arange(0, 16)
+    tl.store(round_ptr.to(tl.pointer_type(tl.int32)) + c * 32 + part, counts)
+    tl.store(round_ptr + c * 32 + 16 + part, stats)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -590,7 +625,7 @@ def _candidate_mass(values_ptr, count, row_max, floor, TILE: tl.constexpr):
 @triton.jit
 def _select_row(row_ptr, ws_row, pairs_ptr, values_ptr, positions_ptr, round_ptr, scratch_ptr, num_segments, k, p,
                 k_on, p_on, SEG_CAP: tl.constexpr, TILE: tl.constexpr, SMALL: tl.constexpr,
-                SEGMENTS: tl.constexpr, CHUNKS_P2: tl.constexpr):
+                SEGMENTS: tl.constexpr, CHUNKS_P2: tl.constexpr, FIRST_ROUND: tl.constexpr):
     """A settled row: its thresholds from the candidate list, then the kept candidates written back."""
     # The segments' candidate pairs were gathered by the fill: their words serve as two buffers.
     buffers_ptr = pairs_ptr.to(tl.pointer_type(tl.float32))
@@ -611,10 +646,14 @@ def _select_row(row_ptr, ws_row, pairs_ptr, values_ptr, positions_ptr, round_ptr
             target = tl.maximum(p * kept_mass, 1e-30)  # top_p <= 0 keeps the most probable token(s)
             low = _float_key(threshold)
             above = tl.full([], 0.0, tl.float32)
-        else:  # the first round was counted by the fill
+        else:
             target = tl.maximum(p * total, 1e-30)
-            low, high, above, in_set = _chunk_round(round_ptr, tl.cdiv(num_segments, SEGMENTS), low, high, target,
-                                                    CHUNKS_P2)
+            if FIRST_ROUND:  # counted by the fill
+                low, high, above, in_set = _chunk_round(round_ptr, tl.cdiv(num_segments, SEGMENTS), low, high, target,
+                                                        CHUNKS_P2)
+            else:
+                above = tl.full([], 0.0, tl.float32)
+                in_set = count
         threshold = _select_threshold(values_ptr, buffers_ptr, list_size, scratch_ptr, count, lo, low, high, above,
                                       in_set, row_max, target, True, TILE, SMALL)
     # The kept candidates, written back over the fill; the next tile loads meanwhile.
@@ -774,7 +813,7 @@ def _select_kernel(
     logits_ptr, logits_stride, idx_mapping_ptr, top_k_ptr, top_p_ptr, ws_ptr, ws_stride, num_slots, vocab_size,
     num_segments, SEG_CAP: tl.constexpr, TILE: tl.constexpr, SMALL: tl.constexpr, SEGMENTS: tl.constexpr,
     CHUNKS_P2: tl.constexpr, P: tl.constexpr, CAP: tl.constexpr, BLOCK: tl.constexpr, MAX_REFINE: tl.constexpr,
-    MASK_BLOCK: tl.constexpr,
+    MASK_BLOCK: tl.constexpr, FIRST_ROUND: tl.constexpr,
 ):
     """A row's thresholds: from its candidates when they settle it, else by the general path."""
     t = tl.program_id(0)
@@ -785,7 +824,7 @@ def _select_kernel(
         pairs_ptr, values_ptr, positions_ptr, round_ptr, scratch_ptr = _workspace(ws_row, num_segments, SEG_CAP)[7:]
         if tl.load(_header_int(ws_row, 1)) != 0:
             _select_row(row_ptr, ws_row, pairs_ptr, values_ptr, positions_ptr, round_ptr, scratch_ptr, num_segments, k,
-                        p, k_on, p_on, SEG_CAP, TILE, SMALL, SEGMENTS, CHUNKS_P2)
+                        p, k_on, p_on, SEG_CAP, TILE, SMALL, SEGMENTS, CHUNKS_P2, FIRST_ROUND)
         else:
             _general_row(row_ptr, scratch_ptr, vocab_size, k, p, k_on, p_on, P, CAP, BLOCK, MAX_REFINE, MASK_BLOCK)
 
@@ -811,20 +850,24 @@ def _launch_plan(T: int, V: int) -> list:
     num_segments = triton.cdiv(V, _SEGMENT)
     segments_p2 = triton.next_power_of_2(num_segments)
     settle_in_scan = T < _SETTLE_LAUNCH_MIN_T
+    group = 1 if settle_in_scan else _SCAN_GROUP
     settle = [] if settle_in_scan else [
         (_settle_kernel, (T,), dict(SEG_CAP=_SEG_CAP, SEGMENTS_P2=segments_p2, num_warps=1))]
     return [
         (_sample_bound_kernel, (T,), dict(SAMPLE=_SAMPLE, SEG_CAP=_SEG_CAP, num_warps=_WARPS["sample"])),
-        (_scan_segments_kernel, (T, num_segments),
-         dict(SEGMENT=_SEGMENT, SEG_CAP=_SEG_CAP, SEGMENTS_P2=segments_p2, SETTLE=settle_in_scan, num_warps=1)),
+        (_scan_segments_kernel, (T, triton.cdiv(num_segments, group)),
+         dict(SEGMENT=_SEGMENT, SEG_CAP=_SEG_CAP, SEGMENTS_P2=segments_p2, GROUP=group, SETTLE=settle_in_scan,
+              num_warps=1)),
         *settle,
         (_fill_chunks_kernel, (T, triton.cdiv(V, _CHUNK)),
-         dict(CHUNK=_CHUNK, SEGMENTS=_CHUNK // _SEGMENT, SEG_CAP=_SEG_CAP, num_warps=_WARPS["fill"])),
+         dict(CHUNK=_CHUNK, SEGMENTS=_CHUNK // _SEGMENT, SEG_CAP=_SEG_CAP, FIRST_ROUND=_FILL_FIRST_ROUND,
+              num_warps=_WARPS["fill"])),
         # 128 registers: two programs an SM (measured: 24 instead of 34 µs at T = 256, k=50 p=0.9)
         (_select_kernel, (T,),
          dict(SEG_CAP=_SEG_CAP, TILE=_TILE, SMALL=_SMALL, SEGMENTS=_CHUNK // _SEGMENT,
               CHUNKS_P2=triton.next_power_of_2(triton.cdiv(V, _CHUNK)), P=_PIVOTS, CAP=_CAP, BLOCK=_BLOCK,
-              MAX_REFINE=_MAX_REFINE, MASK_BLOCK=_MASK_BLOCK, num_warps=_WARPS["select"], maxnreg=128)),
+              MAX_REFINE=_MAX_REFINE, MASK_BLOCK=_MASK_BLOCK, FIRST_ROUND=_FILL_FIRST_ROUND, num_warps=_WARPS["select"],
+              maxnreg=128)),
     ]
 
 
