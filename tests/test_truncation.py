@@ -143,23 +143,33 @@ def test_rows_do_not_depend_on_the_batch_or_the_run(backend, gen):
         assert torch.equal(alone[0], batch[t])
 
 
-@pytest.mark.parametrize("backend", [p for p in BACKENDS if p.values[0] != "cpu"])
-def test_rows_are_settled_alike_by_the_scan_or_their_own_launch(backend, gen, monkeypatch):
-    """Small batches settle a row in its last scan program, large ones in a launch of their own: the
-    same combination in the same order, so the same bits."""
+def row_flags(monkeypatch, call):
+    """Runs call() and returns each row's settled flag as the selection finds it (word 1 of its workspace)."""
     from torch_sampling_ops import truncation
-    T, V = 4, 5000
-    top_k, top_p = settings(SETTINGS[:4])
+    flags = []
+
+    def spy(kernel, grid, *args, **meta):
+        if kernel is truncation._select_kernel:
+            flags.append(args[5][:, 1].clone().view(INT))
+        launch(kernel, grid, *args, **meta)
+
+    launch = truncation.launch
+    monkeypatch.setattr(truncation, "launch", spy)
+    call()
+    monkeypatch.undo()
+    return flags[0].cpu()
+
+
+@pytest.mark.parametrize("backend", [p for p in BACKENDS if p.values[0] != "cpu"])
+def test_every_way_to_settle_a_row_matches_the_reference(backend, gen, monkeypatch):
+    """Top-p alone settles a row on its candidates (flag 1), on those >= the second bound (flag 2),
+    or leaves it to the general path (flag 0): each way gives the reference's answer."""
+    top_p = [0.3, 0.5, 0.8, 0.82, 0.84, 0.86, 0.88, 0.9, 0.92, 0.95, 0.99]
+    T, V = len(top_p), 5000
+    top_k, top_p = settings([(0, p) for p in top_p])
     logits = make_logits(T, V, torch.float32, device_of(backend), generator=gen)
-    args = (torch.arange(T, dtype=INT).to(logits.device), top_k.to(logits.device), top_p.to(logits.device))
-    outs = []
-    for min_t in (T + 1, 1):  # in the scan, then in its own launch
-        monkeypatch.setattr(truncation, "_SETTLE_LAUNCH_MIN_T", min_t)
-        out = logits.clone()
-        run_op(backend, "top_k_top_p", out, *args)
-        outs.append(out)
-    assert torch.equal(outs[0], outs[1])
-    assert_matches(outs[1], logits.cpu(), *[a.cpu() for a in args])
+    flags = row_flags(monkeypatch, lambda: run_and_check(backend, logits, torch.arange(T, dtype=INT), top_k, top_p))
+    assert {0, 1, 2} <= set(flags.tolist()), flags.tolist()
 
 
 # ----------------------------------------------------------------------------------------------
@@ -194,21 +204,11 @@ def test_bad_arguments(backend, gen):
 def test_benchmark_rows_are_settled_by_their_candidates(gen, monkeypatch):
     """The general path is exact but several times slower: rows like the benchmark's (V = 151936,
     randn * 3) must be settled by their candidates under every setting it times, and a few more."""
-    from torch_sampling_ops import truncation
-    settled = []
-
-    def spy(kernel, grid, *args, **meta):
-        if kernel is truncation._select_kernel:  # the scan has written each row's flag (word 1)
-            settled.append(args[5][:, 1].clone().view(INT))
-        launch(kernel, grid, *args, **meta)
-
-    launch = truncation.launch
-    monkeypatch.setattr(truncation, "launch", spy)
     T, V = 16, 151936
     top_k, top_p = settings([(50, 0.9), (0, 0.9), (50, 1.0), (1000, 0.5), (0, 0.5), (0, 0.8), (20, 1.0), (1, 0.3)])
     logits = make_logits(T, V, torch.float32, "cuda", generator=gen)
-    run_and_check("cuda", logits, torch.arange(T, dtype=INT) % 8, top_k, top_p)
-    assert settled and bool((settled[0] != 0).all()), f"rows left to the general path: {settled[0].tolist()}"
+    flags = row_flags(monkeypatch, lambda: run_and_check("cuda", logits, torch.arange(T, dtype=INT) % 8, top_k, top_p))
+    assert bool((flags != 0).all()), f"rows left to the general path: {flags.tolist()}"
 
 
 @pytest.mark.cuda

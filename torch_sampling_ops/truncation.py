@@ -6,15 +6,18 @@ launches; rows are split into fixed 1024-token segments, so a small batch still 
 
 1. `_sample_bound_kernel` (per row): a 2048-token sample gives a lower bound `lo` the threshold
    should clear: past the sample rank expected of the k-th token by a safe margin (top-k), or where
-   about half the candidate capacity is expected above it (top-p alone).
+   about half the candidate capacity is expected above it (top-p alone; then also a second bound,
+   where a quarter is).
 2. `_scan_segments_kernel` (one warp per row and segment): the segment's max, softmax
-   normaliser and the mass of its tokens >= lo (the candidates; both only for top-p alone), and the
-   candidates, with their positions, compacted in row order into its own region of the workspace.
-   The row's last segment to finish (a counter with acquire-release ordering) combines the
-   statistics in segment order: whether the candidates settle the row (no segment overflowed, and
-   they hold the k tokens or the top_p mass), and each segment's offset in the row's list.
-3. `_fill_chunks_kernel` (row x 8192-token chunk): in a settled row, -inf over the chunk, so the
-   row is never read again, and its segments' candidates gathered into the row's candidate list.
+   normaliser and the mass of its tokens >= lo (the candidates) and >= the second bound (all
+   three only for top-p alone), and the candidates, with their positions, into its own region of
+   the workspace.
+3. `_fill_chunks_kernel` (row x 8192-token chunk): each program combines the segment statistics
+   in segment order (all of a row's programs reach the same bits): whether the candidates settle
+   the row (no segment overflowed, and they hold the k tokens or the top_p mass; for top-p alone,
+   only those >= the second bound when they hold it) and each segment's offset in the row's list.
+   In a settled row: -inf over the chunk, so the row is never read again, and its segments'
+   candidates gathered into the row's candidate list.
 4. `_select_kernel` (per row): the exact thresholds by interval rounds on the float keys of the
    candidates (each keeps the one of 16 equal key ranges holding the answer, by counts for top-k
    and masses for top-p; the list is compacted as the range narrows), then the candidates >= the
@@ -53,13 +56,6 @@ _SAMPLE = 256 if _INTERPRET else 2048  # sampled tokens (32 runs spread over the
 _TILE = 256 if _INTERPRET else 1024  # candidates per step of the selection, and held in registers
 _SMALL = 32 if _INTERPRET else 128  # the selection's last rounds run on this many candidates
 _WARPS = {"sample": 8, "fill": 4, "select": 8}
-# From this batch size the rows are settled by a launch of their own: the scan's counter (its release
-# waits for each program's stores) cost about 7 µs at T = 256; a launch costs about 2 µs of a small batch.
-_SETTLE_LAUNCH_MIN_T = 32
-# Top-p alone: the fill counts the selection's first interval round over its chunk's candidates.
-_FILL_FIRST_ROUND = True
-# Segments a scan program reads one after another, from _SETTLE_LAUNCH_MIN_T rows (fewer, longer programs).
-_SCAN_GROUP = 2
 # General path: tokens per step of a counting pass ([BLOCK, PIVOTS] comparisons) and of the mask
 # pass, bracket tokens sorted in registers (in the selection's scratch), counting passes that narrow
 # a bracket (16 pivots each cut it ~16x).
@@ -135,14 +131,14 @@ def _interval_round(low, high, shift, above, count, stat, target):
 
 # ----------------------------------------------------------------------------------------------
 # The row workspace, in 4-byte words, S = number of segments, C = SEG_CAP:
-#   header (8): lo, settled flag, exp reference (the sample max), segments done, and once the row is
-#     settled: row max, normaliser relative to the row max, candidate count; the second bound
+#   header (8): lo, settled flag (0: no, 1: yes, 2: yes, on the candidates >= the second bound), exp
+#     reference (the sample max), one unused word, row max, normaliser relative to the row max,
+#     listed candidates, the second bound (the flag and the three after it written by the fill)
 #   per segment [S each]: max; normaliser and candidate mass relative to the reference; candidate
-#     count; candidates before it in the row's list (once the row is settled); mass and count of the
-#     candidates >= the second bound (top-p alone); one unused word
-#   per segment [S, C] int64: its candidates in row order, value bits << 32 | position
-#   the row's candidates in row order, once the fill gathered them: values [S * C], positions [S * C]
-#   for top-p alone, the selection's first round per fill chunk [chunks, 32]: 16 counts, 16 masses (32 S words)
+#     count; mass and count of the candidates >= the second bound (top-p alone)
+#   per segment [S, C] int64: its candidates, value bits << 32 | position; for top-p alone those
+#     >= the second bound from the front, the others from the back, each in row order
+#   the row's candidate list, once the fill gathered it: values [S * C], positions [S * C]
 #   scratch [max(TILE, CAP)]
 # _workspace_words gives the size, _workspace the pointers: keep the two together.
 _HEADER = 8
@@ -150,25 +146,22 @@ _HEADER = 8
 
 def _workspace_words(num_segments: int) -> int:
     """Words per workspace row (a multiple of 16, so every row starts 64-byte aligned)."""
-    return triton.cdiv(_HEADER + 8 * num_segments + 4 * num_segments * _SEG_CAP + 32 * num_segments + max(_TILE, _CAP),
-                       16) * 16
+    return triton.cdiv(_HEADER + 6 * num_segments + 4 * num_segments * _SEG_CAP + max(_TILE, _CAP), 16) * 16
 
 
 @triton.jit
 def _workspace(ws_row, num_segments, SEG_CAP: tl.constexpr):
-    """(segment max, normaliser, mass, counts, candidates before, mass and counts above the second
-    bound, candidate pairs, gathered values, gathered positions, first-round statistics, scratch)
-    pointers of a row's workspace. The pairs start 8-byte aligned: 8 + 8 S words in."""
+    """(segment max, normaliser, mass, count, mass and count above the second bound, candidate
+    pairs, gathered values, gathered positions, scratch) pointers of a row's workspace. The pairs
+    start 8-byte aligned: 8 + 6 S words in."""
     max_ptr = ws_row + 8
     count_ptr = (max_ptr + 3 * num_segments).to(tl.pointer_type(tl.int32))
-    pairs_ptr = (max_ptr + 8 * num_segments).to(tl.pointer_type(tl.int64))
-    values_ptr = max_ptr + 8 * num_segments + 2 * num_segments * SEG_CAP
+    pairs_ptr = (max_ptr + 6 * num_segments).to(tl.pointer_type(tl.int64))
+    values_ptr = max_ptr + 6 * num_segments + 2 * num_segments * SEG_CAP
     positions_ptr = (values_ptr + num_segments * SEG_CAP).to(tl.pointer_type(tl.int32))
-    round_ptr = values_ptr + 2 * num_segments * SEG_CAP
-    scratch_ptr = round_ptr + 32 * num_segments
-    return (max_ptr, max_ptr + num_segments, max_ptr + 2 * num_segments, count_ptr, count_ptr + num_segments,
-            max_ptr + 5 * num_segments, count_ptr + 3 * num_segments, pairs_ptr, values_ptr, positions_ptr, round_ptr,
-            scratch_ptr)
+    scratch_ptr = values_ptr + 2 * num_segments * SEG_CAP
+    return (max_ptr, max_ptr + num_segments, max_ptr + 2 * num_segments, count_ptr, max_ptr + 4 * num_segments,
+            count_ptr + 2 * num_segments, pairs_ptr, values_ptr, positions_ptr, scratch_ptr)
 
 
 @triton.jit
@@ -245,7 +238,6 @@ def _sample_bound_kernel(
         tl.store(ws_row + 7, high_bound)
         # The scan's exp reference; a row whose max is far above it is left to the general path.
         tl.store(ws_row + 2, tl.max(x))
-        tl.store(_header_int(ws_row, 3), 0)  # segments scanned
 
 
 @triton.jit
@@ -258,14 +250,17 @@ def _lane_elements(x):
 
 
 @triton.jit
-def _scan_step(x, offs, lo, high_bound, ref2, lane_max, total, mass, mass_high, count_high, count, pairs_ptr,
+def _scan_step(x, offs, lo, high_bound, ref2, lane_max, total, mass, mass_high, count, count_high, pairs_ptr,
                WITH_MASS: tl.constexpr, SEG_CAP: tl.constexpr):
     """One step of _scan_segments_kernel over x [32, 4] at offs (each lane 4 consecutive tokens):
     the running per-lane max (and normaliser, candidate mass relative to the reference,
     ref2 = ref * log2(e), and the mass and count of the tokens >= high_bound), and the step's
-    candidates (x >= lo) appended to the segment's region in row order."""
+    candidates (x >= lo) stored in the segment's region (with mass: those >= high_bound from the
+    front, the others from the back)."""
     lane_max = tl.maximum(lane_max, x)  # max.f32 passes over NaN
     candidate = x >= lo  # never NaN, never past the row (loaded as -inf; lo > -inf)
+    taken = candidate.to(tl.int32)
+    per_lane = tl.sum(taken, axis=1)
     if WITH_MASS:
         # Clamping the exponent sends NaN and -inf to 2^-200, which is 0 in float32.
         e = tl.math.exp2(tl.maximum(x * 1.4426950408889634 - ref2, -200.0))
@@ -273,35 +268,40 @@ def _scan_step(x, offs, lo, high_bound, ref2, lane_max, total, mass, mass_high, 
         mass += tl.where(candidate, e, 0.0)
         high = x >= high_bound  # high_bound >= lo: candidates
         mass_high += tl.sum(tl.where(high, e, 0.0), axis=1)  # a lane's 4 tokens: in its registers
-        count_high += tl.sum(high.to(tl.int32), axis=1)
-    taken = candidate.to(tl.int32)
-    per_lane = tl.sum(taken, axis=1)
-    # slot = candidates before this one in the segment: earlier steps, earlier lanes, earlier tokens of the lane
-    lane_base = count + tl.cumsum(per_lane, axis=0) - per_lane
-    slot = lane_base[:, None] + tl.cumsum(taken, axis=1) - 1
+        high_taken = high.to(tl.int32)
+        low_taken = taken - high_taken
+        high_lane = tl.sum(high_taken, axis=1)
+        low_lane = per_lane - high_lane
+        # rank = candidates of the kind before this one: earlier steps, earlier lanes, earlier tokens of the lane
+        high_rank = (count_high + tl.cumsum(high_lane, axis=0) - high_lane)[:, None] + tl.cumsum(high_taken, axis=1) - 1
+        low_rank = (count - count_high + tl.cumsum(low_lane, axis=0) - low_lane)[:, None] + tl.cumsum(low_taken, axis=1) - 1
+        slot = tl.where(high, high_rank, SEG_CAP - 1 - low_rank)
+        count_high += tl.sum(high_lane, axis=0)
+    else:
+        slot = (count + tl.cumsum(per_lane, axis=0) - per_lane)[:, None] + tl.cumsum(taken, axis=1) - 1
     pair = (x.to(tl.int32, bitcast=True).to(tl.uint32).to(tl.uint64) << 32) | offs.to(tl.uint64)
-    stored = candidate & (slot < SEG_CAP)
+    stored = candidate & (slot >= 0) & (slot < SEG_CAP)  # a segment over capacity is never read
     # One store per token of the lane, so the scatter keeps the load's layout (no conversion).
     slots = _lane_elements(slot)
     pairs = _lane_elements(pair.to(tl.int64, bitcast=True))
     masks = _lane_elements(stored)
     for r in tl.static_range(4):
         tl.store(pairs_ptr + slots[r], pairs[r], mask=masks[r])
-    return lane_max, total, mass, mass_high, count_high, count + tl.sum(per_lane, axis=0)
+    return lane_max, total, mass, mass_high, count + tl.sum(per_lane, axis=0), count_high
 
 
 @triton.jit
 def _scan_segments_kernel(
     logits_ptr, logits_stride, idx_mapping_ptr, top_k_ptr, top_p_ptr, ws_ptr, ws_stride, num_slots, vocab_size,
-    num_segments, SEGMENT: tl.constexpr, SEG_CAP: tl.constexpr, SEGMENTS_P2: tl.constexpr, GROUP: tl.constexpr,
-    SETTLE: tl.constexpr,
+    num_segments, SEGMENT: tl.constexpr, SEG_CAP: tl.constexpr,
 ):
-    """Statistics and candidates of GROUP consecutive segments, one after another, in one warp: each
-    segment's max, normaliser and candidate mass (only for top-p alone: with top-k on, the selection
-    weighs its own candidates), and its candidates compacted in row order. A step is 4 consecutive
-    tokens a lane; with one warp a program, the step's prefix sum never waits on a block-wide barrier
-    (with several warps, Triton 3.6 spread a step's lanes over warps)."""
+    """Statistics and candidates of one segment, in one warp: its max, normaliser and candidate mass
+    (only for top-p alone: with top-k on, the selection weighs its own candidates), and its
+    candidates. A step is 4 consecutive tokens a lane; with one warp a program, the step's prefix
+    sums never wait on a block-wide barrier (with several warps, Triton 3.6 spread a step's lanes
+    over warps)."""
     t = tl.program_id(0)
+    segment = tl.program_id(1)
     ws_row = ws_ptr + t.to(tl.int64) * ws_stride
     lo = tl.maximum(tl.load(ws_row), -3.4028234663852886e38)  # -inf is never a candidate
     ref2 = tl.load(ws_row + 2) * 1.4426950408889634
@@ -309,182 +309,112 @@ def _scan_segments_kernel(
     k, p, k_on, p_on, active = _row_settings(idx_mapping_ptr, top_k_ptr, top_p_ptr, t, num_slots, vocab_size)
     if active:
         row_ptr = logits_ptr + t.to(tl.int64) * logits_stride
-        for g in tl.static_range(GROUP):
-            segment = tl.program_id(1) * GROUP + g
-            if segment < num_segments:
-                if k_on:
-                    _scan_segment(row_ptr, ws_row, segment, num_segments, vocab_size, lo, high_bound, ref2, False,
-                                  SEGMENT, SEG_CAP)
-                else:
-                    _scan_segment(row_ptr, ws_row, segment, num_segments, vocab_size, lo, high_bound, ref2, True,
-                                  SEGMENT, SEG_CAP)
-        if SETTLE:  # the row's last program to finish settles it (acq_rel: it sees the others' statistics)
-            tl.debug_barrier()
-            if tl.atomic_add(_header_int(ws_row, 3), 1, sem="acq_rel") == tl.num_programs(1) - 1:
-                _settle_row(ws_row, num_segments, k, p, k_on, SEG_CAP, SEGMENTS_P2)
-
-
-@triton.jit
-def _scan_segment(row_ptr, ws_row, segment, num_segments, vocab_size, lo, high_bound, ref2, WITH_MASS: tl.constexpr,
-                  SEGMENT: tl.constexpr, SEG_CAP: tl.constexpr):
-    """One segment of _scan_segments_kernel."""
-    (max_ptr, sum_ptr, mass_ptr, count_ptr, _, mass_high_ptr, count_high_ptr,
-     pairs_ptr) = _workspace(ws_row, num_segments, SEG_CAP)[:8]
-    pairs_ptr += segment * SEG_CAP
-    STEP: tl.constexpr = 128
-    offs = segment * SEGMENT + tl.arange(0, 32)[:, None] * 4 + tl.arange(0, 4)[None, :]
-    lane_max = tl.full([32, 4], float("-inf"), tl.float32)
-    total = tl.zeros([32, 4], tl.float32)
-    mass = tl.zeros([32, 4], tl.float32)
-    mass_high = tl.zeros([32], tl.float32)
-    count_high = tl.zeros([32], tl.int32)
-    count = 0
-    # Three steps' loads stay in flight ahead of the arithmetic: a one-warp program is what keeps
-    # the memory busy (at most 32 programs an SM).
-    x = tl.load(row_ptr + offs, mask=offs < vocab_size, other=float("-inf")).to(tl.float32)
-    x1 = tl.load(row_ptr + offs + STEP, mask=(STEP < SEGMENT) & (offs + STEP < vocab_size),
-                 other=float("-inf")).to(tl.float32)
-    x2 = tl.load(row_ptr + offs + 2 * STEP, mask=(2 * STEP < SEGMENT) & (offs + 2 * STEP < vocab_size),
-                 other=float("-inf")).to(tl.float32)
-    for v0 in range(0, SEGMENT, STEP):
-        x3 = tl.load(row_ptr + offs + 3 * STEP, mask=(v0 + 3 * STEP < SEGMENT) & (offs + 3 * STEP < vocab_size),
+        (max_ptr, sum_ptr, mass_ptr, count_ptr, mass_high_ptr, count_high_ptr,
+         pairs_ptr) = _workspace(ws_row, num_segments, SEG_CAP)[:7]
+        pairs_ptr += segment * SEG_CAP
+        STEP: tl.constexpr = 128
+        offs = segment * SEGMENT + tl.arange(0, 32)[:, None] * 4 + tl.arange(0, 4)[None, :]
+        lane_max = tl.full([32, 4], float("-inf"), tl.float32)
+        total = tl.zeros([32, 4], tl.float32)
+        mass = tl.zeros([32, 4], tl.float32)
+        mass_high = tl.zeros([32], tl.float32)
+        count = 0
+        count_high = 0
+        # Three steps' loads stay in flight ahead of the arithmetic.
+        x = tl.load(row_ptr + offs, mask=offs < vocab_size, other=float("-inf")).to(tl.float32)
+        x1 = tl.load(row_ptr + offs + STEP, mask=(STEP < SEGMENT) & (offs + STEP < vocab_size),
                      other=float("-inf")).to(tl.float32)
-        lane_max, total, mass, mass_high, count_high, count = _scan_step(
-            x, offs, lo, high_bound, ref2, lane_max, total, mass, mass_high, count_high, count, pairs_ptr,
-            WITH_MASS, SEG_CAP)
-        x, x1, x2 = x1, x2, x3
-        offs += STEP
-    tl.store(max_ptr + segment, tl.max(tl.max(lane_max, axis=1), axis=0))
-    tl.store(sum_ptr + segment, tl.sum(tl.sum(total, axis=1), axis=0))
-    tl.store(mass_ptr + segment, tl.sum(tl.sum(mass, axis=1), axis=0))
-    tl.store(count_ptr + segment, count)
-    tl.store(mass_high_ptr + segment, tl.sum(mass_high, axis=0))
-    tl.store(count_high_ptr + segment, tl.sum(count_high, axis=0))
+        x2 = tl.load(row_ptr + offs + 2 * STEP, mask=(2 * STEP < SEGMENT) & (offs + 2 * STEP < vocab_size),
+                     other=float("-inf")).to(tl.float32)
+        for v0 in range(0, SEGMENT, STEP):
+            x3 = tl.load(row_ptr + offs + 3 * STEP, mask=(v0 + 3 * STEP < SEGMENT) & (offs + 3 * STEP < vocab_size),
+                         other=float("-inf")).to(tl.float32)
+            if k_on:
+                lane_max, total, mass, mass_high, count, count_high = _scan_step(
+                    x, offs, lo, high_bound, ref2, lane_max, total, mass, mass_high, count, count_high, pairs_ptr,
+                    False, SEG_CAP)
+            else:
+                lane_max, total, mass, mass_high, count, count_high = _scan_step(
+                    x, offs, lo, high_bound, ref2, lane_max, total, mass, mass_high, count, count_high, pairs_ptr,
+                    True, SEG_CAP)
+            x, x1, x2 = x1, x2, x3
+            offs += STEP
+        tl.store(max_ptr + segment, tl.max(tl.max(lane_max, axis=1), axis=0))
+        tl.store(sum_ptr + segment, tl.sum(tl.sum(total, axis=1), axis=0))
+        tl.store(mass_ptr + segment, tl.sum(tl.sum(mass, axis=1), axis=0))
+        tl.store(count_ptr + segment, count)
+        tl.store(mass_high_ptr + segment, tl.sum(mass_high, axis=0))
+        tl.store(count_high_ptr + segment, count_high)
 
 
 @triton.jit
 def _settle_row(ws_row, num_segments, k, p, k_on, SEG_CAP: tl.constexpr, SEGMENTS_P2: tl.constexpr):
-    """Combines the segment statistics in segment order: whether the candidates settle the row (no
-    segment overflowed, and they hold the k tokens or the top_p mass), the row max, normaliser and
-    candidate count, and each segment's offset in the row's candidate list. A row whose max is more
-    than 60 above the scan's reference is not settled (a segment's float32 sums could have overflowed).
-    Top-p alone: when the tokens >= the second bound hold the mass, it becomes the row's `lo`, only
-    the candidates above it are listed, and the flag is 2."""
-    (max_ptr, sum_ptr, mass_ptr, count_ptr, first_ptr, mass_high_ptr,
-     count_high_ptr) = _workspace(ws_row, num_segments, SEG_CAP)[:7]
+    """Combines the segment statistics in segment order: whether the candidates settle the row (flag
+    1: no segment overflowed, and they hold the k tokens or the top_p mass; 2: top-p alone, and the
+    candidates >= the second bound hold the mass, so only they are listed), each segment's listed
+    candidates and of those the ones at the front of its region, the row max and the normaliser
+    (top-p alone). A row whose max is more than 60 above the scan's reference is not settled (a
+    segment's float32 sums could have overflowed)."""
+    (max_ptr, sum_ptr, mass_ptr, count_ptr, mass_high_ptr,
+     count_high_ptr) = _workspace(ws_row, num_segments, SEG_CAP)[:6]
     g = tl.arange(0, SEGMENTS_P2)
     in_row = g < num_segments
-    # .cg: written by other programs, read past this SM's L1
-    row_max = tl.max(tl.load(max_ptr + g, mask=in_row, other=float("-inf"), cache_modifier=".cg"))
+    with_mass = g < tl.where(k_on, 0, num_segments)  # top-p alone
+    row_max = tl.max(tl.load(max_ptr + g, mask=in_row, other=float("-inf")))
     ref = tl.load(ws_row + 2)
     scale = tl.where(row_max <= ref + 60.0, tl.exp(ref - row_max), float("nan"))
-    total = tl.sum(tl.load(sum_ptr + g, mask=in_row, other=0.0, cache_modifier=".cg")) * scale
-    mass = tl.sum(tl.load(mass_ptr + g, mask=in_row, other=0.0, cache_modifier=".cg")) * scale
-    counts = tl.load(count_ptr + g, mask=in_row, other=0, cache_modifier=".cg")
-    count = tl.sum(counts)
-    if k_on:
-        enough = count >= k
-    else:
-        enough = mass >= p * total  # NaN: not settled
+    total = tl.sum(tl.load(sum_ptr + g, mask=with_mass, other=0.0)) * scale
+    mass = tl.sum(tl.load(mass_ptr + g, mask=with_mass, other=0.0)) * scale
+    mass_high = tl.sum(tl.load(mass_high_ptr + g, mask=with_mass, other=0.0)) * scale
+    counts = tl.load(count_ptr + g, mask=in_row, other=0)
+    counts_high = tl.load(count_high_ptr + g, mask=with_mass, other=0)
+    enough = tl.where(k_on, tl.sum(counts) >= k, mass >= p * total)  # NaN: not settled
     settled = (row_max > float("-inf")) & (tl.max(counts) <= SEG_CAP) & enough
-    mass_high = tl.sum(tl.load(mass_high_ptr + g, mask=in_row, other=0.0, cache_modifier=".cg")) * scale
     narrow = (k_on == 0) & (mass_high >= p * total)
-    if narrow:
-        counts = tl.load(count_high_ptr + g, mask=in_row, other=0, cache_modifier=".cg")
-        tl.store(ws_row, tl.maximum(tl.load(ws_row + 7), -3.4028234663852886e38))
-    tl.store(first_ptr + g, tl.cumsum(counts, axis=0) - counts, mask=in_row)
-    tl.store(ws_row + 4, row_max)
-    tl.store(ws_row + 5, total)
-    tl.store(_header_int(ws_row, 6), tl.sum(counts))
-    tl.store(_header_int(ws_row, 1), tl.where(settled, tl.where(narrow, 2, 1), 0))
-
-
-@triton.jit
-def _settle_kernel(
-    logits_ptr, logits_stride, idx_mapping_ptr, top_k_ptr, top_p_ptr, ws_ptr, ws_stride, num_slots, vocab_size,
-    num_segments, SEG_CAP: tl.constexpr, SEGMENTS_P2: tl.constexpr,
-):
-    """_settle_row as its own launch, one warp a row (for large batches: see _SETTLE_LAUNCH_MIN_T)."""
-    t = tl.program_id(0)
-    k, p, k_on, p_on, active = _row_settings(idx_mapping_ptr, top_k_ptr, top_p_ptr, t, num_slots, vocab_size)
-    if active:
-        _settle_row(ws_ptr + t.to(tl.int64) * ws_stride, num_segments, k, p, k_on, SEG_CAP, SEGMENTS_P2)
+    flag = tl.where(settled, tl.where(narrow, 2, 1), 0)
+    listed = tl.where(narrow, counts_high, counts)
+    front = tl.where(k_on, counts, counts_high)
+    return flag, listed, front, row_max, total
 
 
 @triton.jit
 def _fill_chunks_kernel(
     logits_ptr, logits_stride, idx_mapping_ptr, top_k_ptr, top_p_ptr, ws_ptr, ws_stride, num_slots, vocab_size,
-    num_segments, CHUNK: tl.constexpr, SEGMENTS: tl.constexpr, SEG_CAP: tl.constexpr, FIRST_ROUND: tl.constexpr,
+    num_segments, CHUNK: tl.constexpr, SEGMENTS: tl.constexpr, SEG_CAP: tl.constexpr, SEGMENTS_P2: tl.constexpr,
 ):
-    """A settled row's chunk: -inf over it, and its SEGMENTS segments' candidates gathered into the
-    row's candidate list, at their offsets in row order (and, for top-p alone with FIRST_ROUND, the
-    selection's first round over them)."""
+    """A row's chunk: each program settles the row from the segment statistics (all of a row's
+    programs reach the same bits; the first writes them to the header for the selection). In a
+    settled row: -inf over the chunk, and its SEGMENTS segments' listed candidates gathered into the
+    row's candidate list, at their offsets in segment order."""
     t = tl.program_id(0)
     c = tl.program_id(1)
     k, p, k_on, p_on, active = _row_settings(idx_mapping_ptr, top_k_ptr, top_p_ptr, t, num_slots, vocab_size)
     if active:
         ws_row = ws_ptr + t.to(tl.int64) * ws_stride
-        settled = tl.load(_header_int(ws_row, 1))
-        if settled != 0:
+        flag, listed, front, row_max, total = _settle_row(ws_row, num_segments, k, p, k_on, SEG_CAP, SEGMENTS_P2)
+        if c == 0:
+            tl.store(_header_int(ws_row, 1), flag)
+            tl.store(ws_row + 4, row_max)
+            tl.store(ws_row + 5, total)
+            tl.store(_header_int(ws_row, 6), tl.sum(listed))
+        if flag != 0:
             offs = c * CHUNK + tl.arange(0, CHUNK)
             row_ptr = logits_ptr + t.to(tl.int64) * logits_stride
             tl.store(row_ptr + offs, tl.full([CHUNK], float("-inf"), row_ptr.dtype.element_ty), mask=offs < vocab_size)
-            workspace = _workspace(ws_row, num_segments, SEG_CAP)
-            count_ptr, first_ptr = workspace[3:5]
-            pairs_ptr, values_ptr, positions_ptr, round_ptr = workspace[7:11]
-            lo = tl.load(ws_row)  # raised to the second bound when settled is 2
-            if p_on & (k_on == 0) & FIRST_ROUND:
-                _gather_and_count(ws_row, count_ptr, first_ptr, pairs_ptr, values_ptr, positions_ptr, round_ptr,
-                                  num_segments, c, lo, settled, SEGMENTS, SEG_CAP)
-            else:
-                mine = c * SEGMENTS + tl.arange(0, SEGMENTS)
-                n = tl.load(count_ptr + mine, mask=mine < num_segments, other=0)
-                first = tl.load(first_ptr + mine, mask=mine < num_segments, other=0)
-                i = tl.arange(0, SEG_CAP)[None, :]
-                present = i < n[:, None]
-                pair = tl.load(pairs_ptr + mine[:, None] * SEG_CAP + i, mask=present, other=0)
-                values = (pair >> 32).to(tl.int32).to(tl.float32, bitcast=True)
-                slot = first[:, None] + i
-                if not FIRST_ROUND:
-                    if settled == 2:  # only the candidates >= the second bound
-                        present = present & (values >= lo)
-                        slot = first[:, None] + tl.cumsum(present.to(tl.int32), axis=1) - 1
-                tl.store(values_ptr + slot, values, mask=present)
-                tl.store(positions_ptr + slot, pair.to(tl.int32), mask=present)
-
-
-@triton.jit
-def _gather_and_count(ws_row, count_ptr, first_ptr, pairs_ptr, values_ptr, positions_ptr, round_ptr, num_segments, c,
-                      lo, settled, SEGMENTS: tl.constexpr, SEG_CAP: tl.constexpr):
-    """The fill's gather for top-p alone, segment by segment, with the selection's first round (see
-    _select_threshold) over the chunk's candidates: 16 counts and masses, summed in chunk order by
-    the selection."""
-    row_max = tl.load(ws_row + 4)
-    low = _float_key(lo)
-    high = _float_key(row_max)
-    shift = _part_shift(low, high)
-    counts = tl.zeros([16], tl.int32)
-    stats = tl.zeros([16], tl.float32)
-    i = tl.arange(0, SEG_CAP)
-    for j in tl.static_range(SEGMENTS):
-        segment = c * SEGMENTS + j
-        n = tl.load(count_ptr + segment, mask=segment < num_segments, other=0)
-        first = tl.load(first_ptr + segment, mask=segment < num_segments, other=0)
-        present = i < n
-        pair = tl.load(pairs_ptr + segment * SEG_CAP + i, mask=present, other=0)
-        values = (pair >> 32).to(tl.int32).to(tl.float32, bitcast=True)
-        slot = first + i
-        if settled == 2:
-            present = present & (values >= lo)
-            slot = first + tl.cumsum(present.to(tl.int32), axis=0) - 1
-        tl.store(values_ptr + slot, values, mask=present)
-        tl.store(positions_ptr + slot, pair.to(tl.int32), mask=present)
-        segment_counts, segment_stats = _interval_stats(values, present, low, high, shift, row_max, True)
-        counts += segment_counts
-        stats += segment_stats
-    part = tl.arange(0, 16)
-    tl.store(round_ptr.to(tl.pointer_type(tl.int32)) + c * 32 + part, counts)
-    tl.store(round_ptr + c * 32 + 16 + part, stats)
+            pairs_ptr, values_ptr, positions_ptr = _workspace(ws_row, num_segments, SEG_CAP)[6:9]
+            mine = c * SEGMENTS + tl.arange(0, SEGMENTS)
+            g = tl.arange(0, SEGMENTS_P2)[None, :]
+            this = g == mine[:, None]
+            n = tl.sum(tl.where(this, listed[None, :], 0), axis=1)
+            n_front = tl.sum(tl.where(this, front[None, :], 0), axis=1)[:, None]
+            first = tl.sum(tl.where(g < mine[:, None], listed[None, :], 0), axis=1)
+            i = tl.arange(0, SEG_CAP)[None, :]
+            present = i < n[:, None]
+            source = tl.where(i < n_front, i, SEG_CAP - 1 - (i - n_front))
+            pair = tl.load(pairs_ptr + mine[:, None] * SEG_CAP + source, mask=present, other=0)
+            dest = first[:, None] + i
+            tl.store(values_ptr + dest, (pair >> 32).to(tl.int32).to(tl.float32, bitcast=True), mask=present)
+            tl.store(positions_ptr + dest, pair.to(tl.int32), mask=present)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -598,18 +528,6 @@ def _select_threshold(values_ptr, buffers_ptr, list_size, scratch_ptr, count, lo
 
 
 @triton.jit
-def _chunk_round(round_ptr, num_chunks, low, high, target, CHUNKS_P2: tl.constexpr):
-    """The first round of a top-p-alone selection from the fill chunks' statistics, summed in chunk
-    order: the interval, the mass above it and the tokens in it."""
-    c = tl.arange(0, CHUNKS_P2)[:, None] * 32
-    j = tl.arange(0, 16)[None, :]
-    in_row = c < num_chunks * 32
-    counts = tl.sum(tl.load(round_ptr.to(tl.pointer_type(tl.int32)) + c + j, mask=in_row, other=0), axis=0)
-    stats = tl.sum(tl.load(round_ptr + c + 16 + j, mask=in_row, other=0.0), axis=0)
-    return _interval_round(low, high, _part_shift(low, high), 0.0, counts, stats, target)
-
-
-@triton.jit
 def _candidate_mass(values_ptr, count, row_max, floor, TILE: tl.constexpr):
     """Mass (relative to row_max) and number of the candidates >= floor."""
     mass = 0.0
@@ -623,14 +541,15 @@ def _candidate_mass(values_ptr, count, row_max, floor, TILE: tl.constexpr):
 
 
 @triton.jit
-def _select_row(row_ptr, ws_row, pairs_ptr, values_ptr, positions_ptr, round_ptr, scratch_ptr, num_segments, k, p,
-                k_on, p_on, SEG_CAP: tl.constexpr, TILE: tl.constexpr, SMALL: tl.constexpr,
-                SEGMENTS: tl.constexpr, CHUNKS_P2: tl.constexpr, FIRST_ROUND: tl.constexpr):
+def _select_row(row_ptr, ws_row, flag, pairs_ptr, values_ptr, positions_ptr, scratch_ptr, num_segments, k, p, k_on,
+                p_on, SEG_CAP: tl.constexpr, TILE: tl.constexpr, SMALL: tl.constexpr):
     """A settled row: its thresholds from the candidate list, then the kept candidates written back."""
     # The segments' candidate pairs were gathered by the fill: their words serve as two buffers.
     buffers_ptr = pairs_ptr.to(tl.pointer_type(tl.float32))
     list_size = num_segments * SEG_CAP
     lo = tl.load(ws_row)
+    if flag == 2:  # only the candidates >= the second bound are listed
+        lo = tl.maximum(tl.load(ws_row + 7), -3.4028234663852886e38)
     row_max = tl.load(ws_row + 4)
     total = tl.load(ws_row + 5)
     count = tl.load(_header_int(ws_row, 6))
@@ -648,12 +567,8 @@ def _select_row(row_ptr, ws_row, pairs_ptr, values_ptr, positions_ptr, round_ptr
             above = tl.full([], 0.0, tl.float32)
         else:
             target = tl.maximum(p * total, 1e-30)
-            if FIRST_ROUND:  # counted by the fill
-                low, high, above, in_set = _chunk_round(round_ptr, tl.cdiv(num_segments, SEGMENTS), low, high, target,
-                                                        CHUNKS_P2)
-            else:
-                above = tl.full([], 0.0, tl.float32)
-                in_set = count
+            above = tl.full([], 0.0, tl.float32)
+            in_set = count
         threshold = _select_threshold(values_ptr, buffers_ptr, list_size, scratch_ptr, count, lo, low, high, above,
                                       in_set, row_max, target, True, TILE, SMALL)
     # The kept candidates, written back over the fill; the next tile loads meanwhile.
@@ -811,9 +726,8 @@ def _general_row(row_ptr, scratch_ptr, vocab_size, k, p, k_on, p_on, P: tl.const
 @triton.jit
 def _select_kernel(
     logits_ptr, logits_stride, idx_mapping_ptr, top_k_ptr, top_p_ptr, ws_ptr, ws_stride, num_slots, vocab_size,
-    num_segments, SEG_CAP: tl.constexpr, TILE: tl.constexpr, SMALL: tl.constexpr, SEGMENTS: tl.constexpr,
-    CHUNKS_P2: tl.constexpr, P: tl.constexpr, CAP: tl.constexpr, BLOCK: tl.constexpr, MAX_REFINE: tl.constexpr,
-    MASK_BLOCK: tl.constexpr, FIRST_ROUND: tl.constexpr,
+    num_segments, SEG_CAP: tl.constexpr, TILE: tl.constexpr, SMALL: tl.constexpr, P: tl.constexpr,
+    CAP: tl.constexpr, BLOCK: tl.constexpr, MAX_REFINE: tl.constexpr, MASK_BLOCK: tl.constexpr,
 ):
     """A row's thresholds: from its candidates when they settle it, else by the general path."""
     t = tl.program_id(0)
@@ -821,10 +735,11 @@ def _select_kernel(
     if active:
         ws_row = ws_ptr + t.to(tl.int64) * ws_stride
         row_ptr = logits_ptr + t.to(tl.int64) * logits_stride
-        pairs_ptr, values_ptr, positions_ptr, round_ptr, scratch_ptr = _workspace(ws_row, num_segments, SEG_CAP)[7:]
-        if tl.load(_header_int(ws_row, 1)) != 0:
-            _select_row(row_ptr, ws_row, pairs_ptr, values_ptr, positions_ptr, round_ptr, scratch_ptr, num_segments, k,
-                        p, k_on, p_on, SEG_CAP, TILE, SMALL, SEGMENTS, CHUNKS_P2, FIRST_ROUND)
+        pairs_ptr, values_ptr, positions_ptr, scratch_ptr = _workspace(ws_row, num_segments, SEG_CAP)[6:]
+        flag = tl.load(_header_int(ws_row, 1))
+        if flag != 0:
+            _select_row(row_ptr, ws_row, flag, pairs_ptr, values_ptr, positions_ptr, scratch_ptr, num_segments, k, p,
+                        k_on, p_on, SEG_CAP, TILE, SMALL)
         else:
             _general_row(row_ptr, scratch_ptr, vocab_size, k, p, k_on, p_on, P, CAP, BLOCK, MAX_REFINE, MASK_BLOCK)
 
@@ -846,28 +761,18 @@ def _check_top_k_top_p_values(logits, idx_mapping, top_k, top_p) -> None:
 
 def _launch_plan(T: int, V: int) -> list:
     """The op's launches for a [T, V] batch, in order: (kernel, grid, constants and compile options).
-    The launcher and `.ci/inspect_kernels.py` both read it."""
+    The launcher, `.ci/inspect_kernels.py` and the benchmark read it."""
     num_segments = triton.cdiv(V, _SEGMENT)
-    segments_p2 = triton.next_power_of_2(num_segments)
-    settle_in_scan = T < _SETTLE_LAUNCH_MIN_T
-    group = 1 if settle_in_scan else _SCAN_GROUP
-    settle = [] if settle_in_scan else [
-        (_settle_kernel, (T,), dict(SEG_CAP=_SEG_CAP, SEGMENTS_P2=segments_p2, num_warps=1))]
     return [
         (_sample_bound_kernel, (T,), dict(SAMPLE=_SAMPLE, SEG_CAP=_SEG_CAP, num_warps=_WARPS["sample"])),
-        (_scan_segments_kernel, (T, triton.cdiv(num_segments, group)),
-         dict(SEGMENT=_SEGMENT, SEG_CAP=_SEG_CAP, SEGMENTS_P2=segments_p2, GROUP=group, SETTLE=settle_in_scan,
-              num_warps=1)),
-        *settle,
+        (_scan_segments_kernel, (T, num_segments), dict(SEGMENT=_SEGMENT, SEG_CAP=_SEG_CAP, num_warps=1)),
         (_fill_chunks_kernel, (T, triton.cdiv(V, _CHUNK)),
-         dict(CHUNK=_CHUNK, SEGMENTS=_CHUNK // _SEGMENT, SEG_CAP=_SEG_CAP, FIRST_ROUND=_FILL_FIRST_ROUND,
-              num_warps=_WARPS["fill"])),
+         dict(CHUNK=_CHUNK, SEGMENTS=_CHUNK // _SEGMENT, SEG_CAP=_SEG_CAP,
+              SEGMENTS_P2=triton.next_power_of_2(num_segments), num_warps=_WARPS["fill"])),
         # 128 registers: two programs an SM (measured: 24 instead of 34 µs at T = 256, k=50 p=0.9)
         (_select_kernel, (T,),
-         dict(SEG_CAP=_SEG_CAP, TILE=_TILE, SMALL=_SMALL, SEGMENTS=_CHUNK // _SEGMENT,
-              CHUNKS_P2=triton.next_power_of_2(triton.cdiv(V, _CHUNK)), P=_PIVOTS, CAP=_CAP, BLOCK=_BLOCK,
-              MAX_REFINE=_MAX_REFINE, MASK_BLOCK=_MASK_BLOCK, FIRST_ROUND=_FILL_FIRST_ROUND, num_warps=_WARPS["select"],
-              maxnreg=128)),
+         dict(SEG_CAP=_SEG_CAP, TILE=_TILE, SMALL=_SMALL, P=_PIVOTS, CAP=_CAP, BLOCK=_BLOCK, MAX_REFINE=_MAX_REFINE,
+              MASK_BLOCK=_MASK_BLOCK, num_warps=_WARPS["select"], maxnreg=128)),
     ]
 
 
