@@ -172,6 +172,25 @@ def test_every_way_to_settle_a_row_matches_the_reference(backend, gen, monkeypat
     assert {0, 1, 2} <= set(flags.tolist()), flags.tolist()
 
 
+@pytest.mark.parametrize("backend", [p for p in BACKENDS if p.values[0] != "cpu"])
+def test_rows_are_settled_alike_by_the_fill_or_their_own_launch(backend, gen, monkeypatch):
+    """Small batches settle a row in each of its fill programs, large ones in a launch of their own:
+    the same combination in the same order, so the same bits."""
+    from torch_sampling_ops import truncation
+    T, V = 6, 5000
+    top_k, top_p = settings(SETTINGS[:4] + [(0, 0.5), (0, 0.92)])
+    logits = make_logits(T, V, torch.float32, device_of(backend), generator=gen)
+    args = (torch.arange(T, dtype=INT).to(logits.device), top_k.to(logits.device), top_p.to(logits.device))
+    outs = []
+    for min_t in (T + 1, 1):  # in the fill, then in its own launch
+        monkeypatch.setattr(truncation, "_SETTLE_LAUNCH_MIN_T", min_t)
+        out = logits.clone()
+        run_op(backend, "top_k_top_p", out, *args)
+        outs.append(out)
+    assert torch.equal(outs[0], outs[1])
+    assert_matches(outs[1], logits.cpu(), *[a.cpu() for a in args])
+
+
 # ----------------------------------------------------------------------------------------------
 # Through the dispatcher
 

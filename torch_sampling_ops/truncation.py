@@ -56,6 +56,9 @@ _SAMPLE = 256 if _INTERPRET else 2048  # sampled tokens (32 runs spread over the
 _TILE = 256 if _INTERPRET else 1024  # candidates per step of the selection, and held in registers
 _SMALL = 32 if _INTERPRET else 128  # the selection's last rounds run on this many candidates
 _WARPS = {"sample": 8, "fill": 4, "select": 8}
+# From this batch size a launch of its own settles each row once (measured at T = 256: 3 µs, against
+# about 9 µs more fill when each fill program settles its row); below it the fill programs do.
+_SETTLE_LAUNCH_MIN_T = 32
 # General path: tokens per step of a counting pass ([BLOCK, PIVOTS] comparisons) and of the mask
 # pass, bracket tokens sorted in registers (in the selection's scratch), counting passes that narrow
 # a bracket (16 pivots each cut it ~16x).
@@ -133,9 +136,10 @@ def _interval_round(low, high, shift, above, count, stat, target):
 # The row workspace, in 4-byte words, S = number of segments, C = SEG_CAP:
 #   header (8): lo, settled flag (0: no, 1: yes, 2: yes, on the candidates >= the second bound), exp
 #     reference (the sample max), one unused word, row max, normaliser relative to the row max,
-#     listed candidates, the second bound (the flag and the three after it written by the fill)
+#     listed candidates, the second bound (the flag and the three after it written once the row is settled)
 #   per segment [S each]: max; normaliser and candidate mass relative to the reference; candidate
-#     count; mass and count of the candidates >= the second bound (top-p alone)
+#     count; mass and count of the candidates >= the second bound (top-p alone); listed candidates
+#     before it (written by the settle launch); one unused word (the pairs stay 8-byte aligned)
 #   per segment [S, C] int64: its candidates, value bits << 32 | position; for top-p alone those
 #     >= the second bound from the front, the others from the back, each in row order
 #   the row's candidate list, once the fill gathered it: values [S * C], positions [S * C]
@@ -146,22 +150,23 @@ _HEADER = 8
 
 def _workspace_words(num_segments: int) -> int:
     """Words per workspace row (a multiple of 16, so every row starts 64-byte aligned)."""
-    return triton.cdiv(_HEADER + 6 * num_segments + 4 * num_segments * _SEG_CAP + max(_TILE, _CAP), 16) * 16
+    return triton.cdiv(_HEADER + 8 * num_segments + 4 * num_segments * _SEG_CAP + max(_TILE, _CAP), 16) * 16
 
 
 @triton.jit
 def _workspace(ws_row, num_segments, SEG_CAP: tl.constexpr):
-    """(segment max, normaliser, mass, count, mass and count above the second bound, candidate
-    pairs, gathered values, gathered positions, scratch) pointers of a row's workspace. The pairs
-    start 8-byte aligned: 8 + 6 S words in."""
+    """(segment max, normaliser, mass, count, mass and count above the second bound, listed
+    candidates before it, candidate pairs, gathered values, gathered positions, scratch) pointers of
+    a row's workspace. The pairs start 8-byte aligned: 8 + 8 S words in."""
     max_ptr = ws_row + 8
     count_ptr = (max_ptr + 3 * num_segments).to(tl.pointer_type(tl.int32))
-    pairs_ptr = (max_ptr + 6 * num_segments).to(tl.pointer_type(tl.int64))
-    values_ptr = max_ptr + 6 * num_segments + 2 * num_segments * SEG_CAP
+    pairs_ptr = (max_ptr + 8 * num_segments).to(tl.pointer_type(tl.int64))
+    values_ptr = max_ptr + 8 * num_segments + 2 * num_segments * SEG_CAP
     positions_ptr = (values_ptr + num_segments * SEG_CAP).to(tl.pointer_type(tl.int32))
     scratch_ptr = values_ptr + 2 * num_segments * SEG_CAP
     return (max_ptr, max_ptr + num_segments, max_ptr + 2 * num_segments, count_ptr, max_ptr + 4 * num_segments,
-            count_ptr + 2 * num_segments, pairs_ptr, values_ptr, positions_ptr, scratch_ptr)
+            count_ptr + 2 * num_segments, count_ptr + 3 * num_segments, pairs_ptr, values_ptr, positions_ptr,
+            scratch_ptr)
 
 
 @triton.jit
@@ -309,8 +314,8 @@ def _scan_segments_kernel(
     k, p, k_on, p_on, active = _row_settings(idx_mapping_ptr, top_k_ptr, top_p_ptr, t, num_slots, vocab_size)
     if active:
         row_ptr = logits_ptr + t.to(tl.int64) * logits_stride
-        (max_ptr, sum_ptr, mass_ptr, count_ptr, mass_high_ptr, count_high_ptr,
-         pairs_ptr) = _workspace(ws_row, num_segments, SEG_CAP)[:7]
+        (max_ptr, sum_ptr, mass_ptr, count_ptr, mass_high_ptr, count_high_ptr, _,
+         pairs_ptr) = _workspace(ws_row, num_segments, SEG_CAP)[:8]
         pairs_ptr += segment * SEG_CAP
         STEP: tl.constexpr = 128
         offs = segment * SEGMENT + tl.arange(0, 32)[:, None] * 4 + tl.arange(0, 4)[None, :]
@@ -355,8 +360,7 @@ def _settle_row(ws_row, num_segments, k, p, k_on, SEG_CAP: tl.constexpr, SEGMENT
     candidates and of those the ones at the front of its region, the row max and the normaliser
     (top-p alone). A row whose max is more than 60 above the scan's reference is not settled (a
     segment's float32 sums could have overflowed)."""
-    (max_ptr, sum_ptr, mass_ptr, count_ptr, mass_high_ptr,
-     count_high_ptr) = _workspace(ws_row, num_segments, SEG_CAP)[:6]
+    max_ptr, sum_ptr, mass_ptr, count_ptr, mass_high_ptr, count_high_ptr = _workspace(ws_row, num_segments, SEG_CAP)[:6]
     g = tl.arange(0, SEGMENTS_P2)
     in_row = g < num_segments
     with_mass = g < tl.where(k_on, 0, num_segments)  # top-p alone
@@ -378,39 +382,73 @@ def _settle_row(ws_row, num_segments, k, p, k_on, SEG_CAP: tl.constexpr, SEGMENT
 
 
 @triton.jit
+def _store_settlement(ws_row, flag, row_max, total, listed):
+    """The header words the selection reads: the settled flag, row max, normaliser and list size."""
+    tl.store(_header_int(ws_row, 1), flag)
+    tl.store(ws_row + 4, row_max)
+    tl.store(ws_row + 5, total)
+    tl.store(_header_int(ws_row, 6), tl.sum(listed))
+
+
+@triton.jit
+def _settle_kernel(
+    logits_ptr, logits_stride, idx_mapping_ptr, top_k_ptr, top_p_ptr, ws_ptr, ws_stride, num_slots, vocab_size,
+    num_segments, SEG_CAP: tl.constexpr, SEGMENTS_P2: tl.constexpr,
+):
+    """A large batch's rows settled once each, one warp a row (see _SETTLE_LAUNCH_MIN_T): the header
+    and each segment's offset in the row's list."""
+    t = tl.program_id(0)
+    k, p, k_on, p_on, active = _row_settings(idx_mapping_ptr, top_k_ptr, top_p_ptr, t, num_slots, vocab_size)
+    if active:
+        ws_row = ws_ptr + t.to(tl.int64) * ws_stride
+        flag, listed, front, row_max, total = _settle_row(ws_row, num_segments, k, p, k_on, SEG_CAP, SEGMENTS_P2)
+        _store_settlement(ws_row, flag, row_max, total, listed)
+        g = tl.arange(0, SEGMENTS_P2)
+        first_ptr = _workspace(ws_row, num_segments, SEG_CAP)[6]
+        tl.store(first_ptr + g, tl.cumsum(listed, axis=0) - listed, mask=g < num_segments)
+
+
+@triton.jit
 def _fill_chunks_kernel(
     logits_ptr, logits_stride, idx_mapping_ptr, top_k_ptr, top_p_ptr, ws_ptr, ws_stride, num_slots, vocab_size,
     num_segments, CHUNK: tl.constexpr, SEGMENTS: tl.constexpr, SEG_CAP: tl.constexpr, SEGMENTS_P2: tl.constexpr,
+    SETTLED: tl.constexpr,
 ):
-    """A row's chunk: each program settles the row from the segment statistics (all of a row's
-    programs reach the same bits; the first writes them to the header for the selection). In a
-    settled row: -inf over the chunk, and its SEGMENTS segments' listed candidates gathered into the
-    row's candidate list, at their offsets in segment order."""
+    """A row's chunk. Unless the settle launch ran (SETTLED), each program settles the row from the
+    segment statistics (all of a row's programs reach the same bits; the first writes the header).
+    In a settled row: -inf over the chunk, and its SEGMENTS segments' listed candidates gathered
+    into the row's candidate list, at their offsets in segment order."""
     t = tl.program_id(0)
     c = tl.program_id(1)
     k, p, k_on, p_on, active = _row_settings(idx_mapping_ptr, top_k_ptr, top_p_ptr, t, num_slots, vocab_size)
     if active:
         ws_row = ws_ptr + t.to(tl.int64) * ws_stride
-        flag, listed, front, row_max, total = _settle_row(ws_row, num_segments, k, p, k_on, SEG_CAP, SEGMENTS_P2)
-        if c == 0:
-            tl.store(_header_int(ws_row, 1), flag)
-            tl.store(ws_row + 4, row_max)
-            tl.store(ws_row + 5, total)
-            tl.store(_header_int(ws_row, 6), tl.sum(listed))
+        count_ptr, _, count_high_ptr, first_ptr = _workspace(ws_row, num_segments, SEG_CAP)[3:7]
+        mine = c * SEGMENTS + tl.arange(0, SEGMENTS)
+        if SETTLED:
+            flag = tl.load(_header_int(ws_row, 1))
+            counts = tl.load(count_ptr + mine, mask=mine < num_segments, other=0)
+            counts_high = tl.load(count_high_ptr + mine, mask=mine < num_segments, other=0)
+            n = tl.where(flag == 2, counts_high, counts)
+            n_front = tl.where(k_on, counts, counts_high)
+            first = tl.load(first_ptr + mine, mask=mine < num_segments, other=0)
+        else:
+            flag, listed, front, row_max, total = _settle_row(ws_row, num_segments, k, p, k_on, SEG_CAP, SEGMENTS_P2)
+            if c == 0:
+                _store_settlement(ws_row, flag, row_max, total, listed)
+            g = tl.arange(0, SEGMENTS_P2)[None, :]
+            this = g == mine[:, None]
+            n = tl.sum(tl.where(this, listed[None, :], 0), axis=1)
+            n_front = tl.sum(tl.where(this, front[None, :], 0), axis=1)
+            first = tl.sum(tl.where(g < mine[:, None], listed[None, :], 0), axis=1)
         if flag != 0:
             offs = c * CHUNK + tl.arange(0, CHUNK)
             row_ptr = logits_ptr + t.to(tl.int64) * logits_stride
             tl.store(row_ptr + offs, tl.full([CHUNK], float("-inf"), row_ptr.dtype.element_ty), mask=offs < vocab_size)
-            pairs_ptr, values_ptr, positions_ptr = _workspace(ws_row, num_segments, SEG_CAP)[6:9]
-            mine = c * SEGMENTS + tl.arange(0, SEGMENTS)
-            g = tl.arange(0, SEGMENTS_P2)[None, :]
-            this = g == mine[:, None]
-            n = tl.sum(tl.where(this, listed[None, :], 0), axis=1)
-            n_front = tl.sum(tl.where(this, front[None, :], 0), axis=1)[:, None]
-            first = tl.sum(tl.where(g < mine[:, None], listed[None, :], 0), axis=1)
+            pairs_ptr, values_ptr, positions_ptr = _workspace(ws_row, num_segments, SEG_CAP)[7:10]
             i = tl.arange(0, SEG_CAP)[None, :]
             present = i < n[:, None]
-            source = tl.where(i < n_front, i, SEG_CAP - 1 - (i - n_front))
+            source = tl.where(i < n_front[:, None], i, SEG_CAP - 1 - (i - n_front[:, None]))
             pair = tl.load(pairs_ptr + mine[:, None] * SEG_CAP + source, mask=present, other=0)
             dest = first[:, None] + i
             tl.store(values_ptr + dest, (pair >> 32).to(tl.int32).to(tl.float32, bitcast=True), mask=present)
@@ -735,7 +773,7 @@ def _select_kernel(
     if active:
         ws_row = ws_ptr + t.to(tl.int64) * ws_stride
         row_ptr = logits_ptr + t.to(tl.int64) * logits_stride
-        pairs_ptr, values_ptr, positions_ptr, scratch_ptr = _workspace(ws_row, num_segments, SEG_CAP)[6:]
+        pairs_ptr, values_ptr, positions_ptr, scratch_ptr = _workspace(ws_row, num_segments, SEG_CAP)[7:]
         flag = tl.load(_header_int(ws_row, 1))
         if flag != 0:
             _select_row(row_ptr, ws_row, flag, pairs_ptr, values_ptr, positions_ptr, scratch_ptr, num_segments, k, p,
@@ -763,12 +801,17 @@ def _launch_plan(T: int, V: int) -> list:
     """The op's launches for a [T, V] batch, in order: (kernel, grid, constants and compile options).
     The launcher, `.ci/inspect_kernels.py` and the benchmark read it."""
     num_segments = triton.cdiv(V, _SEGMENT)
+    segments_p2 = triton.next_power_of_2(num_segments)
+    settle_launch = T >= _SETTLE_LAUNCH_MIN_T
+    settle = [(_settle_kernel, (T,), dict(SEG_CAP=_SEG_CAP, SEGMENTS_P2=segments_p2, num_warps=1))]
     return [
         (_sample_bound_kernel, (T,), dict(SAMPLE=_SAMPLE, SEG_CAP=_SEG_CAP, num_warps=_WARPS["sample"])),
-        (_scan_segments_kernel, (T, num_segments), dict(SEGMENT=_SEGMENT, SEG_CAP=_SEG_CAP, num_warps=1)),
+        # 64 registers: 32 one-warp programs an SM
+        (_scan_segments_kernel, (T, num_segments), dict(SEGMENT=_SEGMENT, SEG_CAP=_SEG_CAP, num_warps=1, maxnreg=64)),
+        *(settle if settle_launch else []),
         (_fill_chunks_kernel, (T, triton.cdiv(V, _CHUNK)),
-         dict(CHUNK=_CHUNK, SEGMENTS=_CHUNK // _SEGMENT, SEG_CAP=_SEG_CAP,
-              SEGMENTS_P2=triton.next_power_of_2(num_segments), num_warps=_WARPS["fill"])),
+         dict(CHUNK=_CHUNK, SEGMENTS=_CHUNK // _SEGMENT, SEG_CAP=_SEG_CAP, SEGMENTS_P2=segments_p2,
+              SETTLED=settle_launch, num_warps=_WARPS["fill"])),
         # 128 registers: two programs an SM (measured: 24 instead of 34 µs at T = 256, k=50 p=0.9)
         (_select_kernel, (T,),
          dict(SEG_CAP=_SEG_CAP, TILE=_TILE, SMALL=_SMALL, P=_PIVOTS, CAP=_CAP, BLOCK=_BLOCK, MAX_REFINE=_MAX_REFINE,
