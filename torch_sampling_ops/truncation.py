@@ -357,8 +357,7 @@ def _settle_row(ws_row, num_segments, k, p, k_on, SEG_CAP: tl.constexpr, SEGMENT
     """Combines the segment statistics in segment order: whether the candidates settle the row (flag
     1: no segment overflowed, and they hold the k tokens or the top_p mass; 2: top-p alone, and the
     candidates >= the second bound hold the mass, so only they are listed), each segment's listed
-    candidates and of those the ones at the front of its region, the row max and the normaliser
-    (top-p alone). A row whose max is more than 60 above the scan's reference is not settled (a
+    candidates, the row max and the normaliser (top-p alone). A row whose max is more than 60 above the scan's reference is not settled (a
     segment's float32 sums could have overflowed)."""
     max_ptr, sum_ptr, mass_ptr, count_ptr, mass_high_ptr, count_high_ptr = _workspace(ws_row, num_segments, SEG_CAP)[:6]
     g = tl.arange(0, SEGMENTS_P2)
@@ -377,8 +376,7 @@ def _settle_row(ws_row, num_segments, k, p, k_on, SEG_CAP: tl.constexpr, SEGMENT
     narrow = (k_on == 0) & (mass_high >= p * total)
     flag = tl.where(settled, tl.where(narrow, 2, 1), 0)
     listed = tl.where(narrow, counts_high, counts)
-    front = tl.where(k_on, counts, counts_high)
-    return flag, listed, front, row_max, total
+    return flag, listed, row_max, total
 
 
 @triton.jit
@@ -401,7 +399,7 @@ def _settle_kernel(
     k, p, k_on, p_on, active = _row_settings(idx_mapping_ptr, top_k_ptr, top_p_ptr, t, num_slots, vocab_size)
     if active:
         ws_row = ws_ptr + t.to(tl.int64) * ws_stride
-        flag, listed, front, row_max, total = _settle_row(ws_row, num_segments, k, p, k_on, SEG_CAP, SEGMENTS_P2)
+        flag, listed, row_max, total = _settle_row(ws_row, num_segments, k, p, k_on, SEG_CAP, SEGMENTS_P2)
         _store_settlement(ws_row, flag, row_max, total, listed)
         g = tl.arange(0, SEGMENTS_P2)
         first_ptr = _workspace(ws_row, num_segments, SEG_CAP)[6]
@@ -425,22 +423,20 @@ def _fill_chunks_kernel(
         ws_row = ws_ptr + t.to(tl.int64) * ws_stride
         count_ptr, _, count_high_ptr, first_ptr = _workspace(ws_row, num_segments, SEG_CAP)[3:7]
         mine = c * SEGMENTS + tl.arange(0, SEGMENTS)
+        counts = tl.load(count_ptr + mine, mask=mine < num_segments, other=0)
+        counts_high = tl.load(count_high_ptr + mine, mask=mine < num_segments, other=0)
         if SETTLED:
             flag = tl.load(_header_int(ws_row, 1))
-            counts = tl.load(count_ptr + mine, mask=mine < num_segments, other=0)
-            counts_high = tl.load(count_high_ptr + mine, mask=mine < num_segments, other=0)
-            n = tl.where(flag == 2, counts_high, counts)
-            n_front = tl.where(k_on, counts, counts_high)
             first = tl.load(first_ptr + mine, mask=mine < num_segments, other=0)
         else:
-            flag, listed, front, row_max, total = _settle_row(ws_row, num_segments, k, p, k_on, SEG_CAP, SEGMENTS_P2)
+            flag, listed, row_max, total = _settle_row(ws_row, num_segments, k, p, k_on, SEG_CAP, SEGMENTS_P2)
             if c == 0:
                 _store_settlement(ws_row, flag, row_max, total, listed)
-            g = tl.arange(0, SEGMENTS_P2)[None, :]
-            this = g == mine[:, None]
-            n = tl.sum(tl.where(this, listed[None, :], 0), axis=1)
-            n_front = tl.sum(tl.where(this, front[None, :], 0), axis=1)
-            first = tl.sum(tl.where(g < mine[:, None], listed[None, :], 0), axis=1)
+            chunk_first = tl.sum(tl.where(tl.arange(0, SEGMENTS_P2) < c * SEGMENTS, listed, 0))
+        n = tl.where(flag == 2, counts_high, counts)  # as _settle_row lists them
+        n_front = tl.where(k_on, counts, counts_high)  # see _scan_step
+        if not SETTLED:
+            first = chunk_first + tl.cumsum(n, axis=0) - n
         if flag != 0:
             offs = c * CHUNK + tl.arange(0, CHUNK)
             row_ptr = logits_ptr + t.to(tl.int64) * logits_stride
