@@ -2,7 +2,8 @@
 
 Both filters keep the tokens >= a threshold: the largest value v whose count (top-k) or probability
 mass (top-p, after top-k: renormalised over the kept set) of tokens >= v reaches the target. Four
-launches; rows are split into fixed 1024-token segments, so a small batch still spreads over the GPU:
+launches (five from _SETTLE_LAUNCH_MIN_T rows); rows are split into fixed 1024-token segments, so a
+small batch still spreads over the GPU:
 
 1. `_sample_bound_kernel` (per row): a 2048-token sample gives a lower bound `lo` the threshold
    should clear: past the sample rank expected of the k-th token by a safe margin (top-k), or where
@@ -13,7 +14,8 @@ launches; rows are split into fixed 1024-token segments, so a small batch still 
    three only for top-p alone), and the candidates, with their positions, into its own region of
    the workspace.
 3. `_fill_chunks_kernel` (row x 8192-token chunk): each program combines the segment statistics
-   in segment order (all of a row's programs reach the same bits): whether the candidates settle
+   in segment order (all of a row's programs reach the same bits; from _SETTLE_LAUNCH_MIN_T rows
+   `_settle_kernel` does it once a row, before the fill): whether the candidates settle
    the row (no segment overflowed, and they hold the k tokens or the top_p mass; for top-p alone,
    only those >= the second bound when they hold it) and each segment's offset in the row's list.
    In a settled row: -inf over the chunk, so the row is never read again, and its segments'
