@@ -46,7 +46,8 @@ def inspect(kernel, constants, options, arch, tools, workdir):
     sass = subprocess.run([tools["cuobjdump"], "-sass", cubin], capture_output=True, text=True).stdout
     instructions = re.findall(r"/\*[0-9a-f]{4,6}\*/\s+(.*?);", sass)
     barriers = sum("BAR.SYNC" in i for i in instructions)
-    print(f"{name:24s} warps {options['num_warps']}  registers {usage.group(1) if usage else '?':>3s}  "
+    flags = " ".join(f"{key}={value}" for key, value in constants.items() if isinstance(value, bool))
+    print(f"{name + (' ' + flags if flags else ''):38s} warps {options['num_warps']}  registers {usage.group(1) if usage else '?':>3s}  "
           f"spill bytes {spills.group(1) if spills else '?':>4s}  barriers {barriers:3d}  SASS {len(instructions)}")
 
 
