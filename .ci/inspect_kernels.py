@@ -46,8 +46,8 @@ def inspect(kernel, constants, options, arch, tools, workdir):
     sass = subprocess.run([tools["cuobjdump"], "-sass", cubin], capture_output=True, text=True).stdout
     instructions = re.findall(r"/\*[0-9a-f]{4,6}\*/\s+(.*?);", sass)
     barriers = sum("BAR.SYNC" in i for i in instructions)
-    flags = " ".join(f"{key}={value}" for key, value in constants.items() if isinstance(value, bool))
-    print(f"{name + (' ' + flags if flags else ''):38s} warps {options['num_warps']}  registers {usage.group(1) if usage else '?':>3s}  "
+    label = " ".join([name] + [f"{key}={value}" for key, value in constants.items() if isinstance(value, bool)])
+    print(f"{label:38s} warps {options['num_warps']}  registers {usage.group(1) if usage else '?':>3s}  "
           f"spill bytes {spills.group(1) if spills else '?':>4s}  barriers {barriers:3d}  SASS {len(instructions)}")
 
 
@@ -59,20 +59,10 @@ def main():
     tools = {tool: os.path.join(bin_dir, tool) for tool in ("ptxas", "cuobjdump")}
     print(f"triton {triton.__version__}, sm_{arch}")
     with tempfile.TemporaryDirectory() as workdir:
-        for kernel, constants, options in plan_variants(151936):
-            inspect(kernel, constants, options, arch, tools, workdir)
-
-
-def plan_variants(V):
-    """Each distinct compiled kernel of the op at vocabulary V: a batch of one, then a large batch."""
-    seen = []
-    for T in (1, 256):
-        for kernel, _, meta in tr._launch_plan(T, V):
+        for kernel, meta in tr._compiled_kernels(151936):  # as the op launches them at V = 151936
             options = {key: value for key, value in meta.items() if key in OPTIONS}
             constants = {key: value for key, value in meta.items() if key not in OPTIONS}
-            if (kernel, constants, options) not in seen:
-                seen.append((kernel, constants, options))
-    return seen
+            inspect(kernel, constants, options, arch, tools, workdir)
 
 
 if __name__ == "__main__":

@@ -41,7 +41,7 @@ def launch_breakdown(V=151936, Ts=(1, 256)) -> str:
                        ["T", "setting"] + [k.strip("_").removesuffix("_kernel") for k in KERNELS] + ["sum"], rows)
 
 
-KERNELS = list(dict.fromkeys(kernel.fn.__name__ for T in (1, 256) for kernel, _, _ in truncation._launch_plan(T, 151936)))
+KERNELS = list(dict.fromkeys(kernel.fn.__name__ for kernel, _ in truncation._compiled_kernels(151936)))
 
 if __name__ == "__main__":
     main(CASES, __doc__, extra_gpu=launch_breakdown)

@@ -223,28 +223,30 @@ def _sample_bound_kernel(
         run_max = tl.max(tl.reshape(x, [32, SAMPLE // 32]), axis=1)
         runs_above = tl.sum((run_max[None, :] >= run_max[:, None]).to(tl.int32), axis=1)
         low = _float_key(tl.max(tl.where(runs_above >= rank, run_max, float("-inf"))))
-        high = _float_key(tl.max(x))
-        above = 0
-        while high - low >= 65536:
-            shift = _part_shift(low, high)
-            count, _ = _interval_stats(x, offs < vocab_size, low, high, shift, 0.0, False)
-            low, high, above, _ = _interval_round(low, high, shift, above, count, count, rank)
+        low = _rank_bound(x, offs < vocab_size, low, rank)
         ws_row = ws_ptr + t.to(tl.int64) * ws_stride
         tl.store(ws_row, _key_value(low))
         # Top-p alone: a second bound where a quarter of the capacity is expected above it. The scan
         # counts the mass above it too; when that holds top_p, only the candidates above it are kept.
         high_bound = float("inf")
         if k_on == 0:
-            high = _float_key(tl.max(x))
-            above = 0
-            while high - low >= 65536:
-                shift = _part_shift(low, high)
-                count, _ = _interval_stats(x, offs < vocab_size, low, high, shift, 0.0, False)
-                low, high, above, _ = _interval_round(low, high, shift, above, count, count, (rank + 1) // 2)
-            high_bound = _key_value(low)
+            high_bound = _key_value(_rank_bound(x, offs < vocab_size, low, (rank + 1) // 2))
         tl.store(ws_row + 7, high_bound)
         # The scan's exp reference; a row whose max is far above it is left to the general path.
         tl.store(ws_row + 2, tl.max(x))
+
+
+@triton.jit
+def _rank_bound(x, present, low, rank):
+    """The low end of a key interval at most 2^16 wide holding the rank-th largest of the present
+    values x, found by interval rounds from [low, key(max x)]: at least `rank` of them are >= it."""
+    high = _float_key(tl.max(x))
+    above = 0
+    while high - low >= 65536:
+        shift = _part_shift(low, high)
+        count, _ = _interval_stats(x, present, low, high, shift, 0.0, False)
+        low, high, above, _ = _interval_round(low, high, shift, above, count, count, rank)
+    return low
 
 
 @triton.jit
@@ -280,8 +282,10 @@ def _scan_step(x, offs, lo, high_bound, ref2, lane_max, total, mass, mass_high, 
         high_lane = tl.sum(high_taken, axis=1)
         low_lane = per_lane - high_lane
         # rank = candidates of the kind before this one: earlier steps, earlier lanes, earlier tokens of the lane
-        high_rank = (count_high + tl.cumsum(high_lane, axis=0) - high_lane)[:, None] + tl.cumsum(high_taken, axis=1) - 1
-        low_rank = (count - count_high + tl.cumsum(low_lane, axis=0) - low_lane)[:, None] + tl.cumsum(low_taken, axis=1) - 1
+        high_base = count_high + tl.cumsum(high_lane, axis=0) - high_lane
+        low_base = count - count_high + tl.cumsum(low_lane, axis=0) - low_lane
+        high_rank = high_base[:, None] + tl.cumsum(high_taken, axis=1) - 1
+        low_rank = low_base[:, None] + tl.cumsum(low_taken, axis=1) - 1
         slot = tl.where(high, high_rank, SEG_CAP - 1 - low_rank)
         count_high += tl.sum(high_lane, axis=0)
     else:
@@ -359,9 +363,10 @@ def _settle_row(ws_row, num_segments, k, p, k_on, SEG_CAP: tl.constexpr, SEGMENT
     """Combines the segment statistics in segment order: whether the candidates settle the row (flag
     1: no segment overflowed, and they hold the k tokens or the top_p mass; 2: top-p alone, and the
     candidates >= the second bound hold the mass, so only they are listed), each segment's listed
-    candidates, the row max and the normaliser (top-p alone). A row whose max is more than 60 above the scan's reference is not settled (a
-    segment's float32 sums could have overflowed)."""
-    max_ptr, sum_ptr, mass_ptr, count_ptr, mass_high_ptr, count_high_ptr = _workspace(ws_row, num_segments, SEG_CAP)[:6]
+    candidates, the row max and the normaliser (top-p alone). A row whose max is more than 60 above
+    the scan's reference is not settled (a segment's float32 sums could have overflowed)."""
+    (max_ptr, sum_ptr, mass_ptr, count_ptr, mass_high_ptr,
+     count_high_ptr) = _workspace(ws_row, num_segments, SEG_CAP)[:6]
     g = tl.arange(0, SEGMENTS_P2)
     in_row = g < num_segments
     with_mass = g < tl.where(k_on, 0, num_segments)  # top-p alone
@@ -600,13 +605,11 @@ def _select_row(row_ptr, ws_row, flag, pairs_ptr, values_ptr, positions_ptr, scr
             kept_mass, in_set = _candidate_mass(values_ptr, count, row_max, threshold, TILE)
             target = tl.maximum(p * kept_mass, 1e-30)  # top_p <= 0 keeps the most probable token(s)
             low = _float_key(threshold)
-            above = tl.full([], 0.0, tl.float32)
         else:
             target = tl.maximum(p * total, 1e-30)
-            above = tl.full([], 0.0, tl.float32)
             in_set = count
-        threshold = _select_threshold(values_ptr, buffers_ptr, list_size, scratch_ptr, count, lo, low, high, above,
-                                      in_set, row_max, target, True, TILE, SMALL)
+        threshold = _select_threshold(values_ptr, buffers_ptr, list_size, scratch_ptr, count, lo, low, high,
+                                      tl.full([], 0.0, tl.float32), in_set, row_max, target, True, TILE, SMALL)
     # The kept candidates, written back over the fill; the next tile loads meanwhile.
     values, present = _candidate_values(values_ptr, count, 0, TILE)
     positions = tl.load(positions_ptr + tl.arange(0, TILE), mask=present)
@@ -815,6 +818,17 @@ def _launch_plan(T: int, V: int) -> list:
          dict(SEG_CAP=_SEG_CAP, TILE=_TILE, SMALL=_SMALL, P=_PIVOTS, CAP=_CAP, BLOCK=_BLOCK, MAX_REFINE=_MAX_REFINE,
               MASK_BLOCK=_MASK_BLOCK, num_warps=_WARPS["select"], maxnreg=128)),
     ]
+
+
+def _compiled_kernels(V: int) -> list:
+    """Each distinct (kernel, constants and compile options) the op launches at vocabulary V, in a
+    batch below _SETTLE_LAUNCH_MIN_T rows and in one at it (for .ci/inspect_kernels.py and the benchmark)."""
+    kernels = []
+    for T in (1, _SETTLE_LAUNCH_MIN_T):
+        for kernel, _, meta in _launch_plan(T, V):
+            if (kernel, meta) not in kernels:
+                kernels.append((kernel, meta))
+    return kernels
 
 
 def _top_k_top_p_triton(logits, idx_mapping, top_k, top_p) -> None:
