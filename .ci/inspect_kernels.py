@@ -25,7 +25,7 @@ ARGS = {"logits_ptr": "*fp32", "logits_stride": "i32", "idx_mapping_ptr": "*i32"
         "num_segments": "i32"}
 ALIGNED = ["logits_ptr", "logits_stride", "idx_mapping_ptr", "top_k_ptr", "top_p_ptr", "ws_ptr", "ws_stride",
            "vocab_size"]  # as at V = 151936: Triton specialises arguments divisible by 16
-OPTIONS = ("num_warps", "maxnreg")  # compile options among a launch's keywords; the rest are constants
+OPTIONS = ("num_warps", "maxnreg", "launch_pdl")  # compile options among a launch's keywords; the rest are constants
 
 
 def inspect(kernel, constants, options, arch, tools, workdir):

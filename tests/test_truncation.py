@@ -232,6 +232,28 @@ def test_benchmark_rows_are_settled_by_their_candidates(gen, monkeypatch):
 
 @pytest.mark.cuda
 @pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
+@pytest.mark.parametrize("T", [5, 40])  # below and at _SETTLE_LAUNCH_MIN_T: four and five launches
+def test_dependent_launches_change_no_bit(T, gen, monkeypatch):
+    """On Hopper and later, each launch after the first starts while the previous one drains
+    (programmatic dependent launch): the results are those of plain launches, bit for bit."""
+    from torch_sampling_ops import truncation
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("programmatic dependent launch needs compute capability 9.0")
+    top_k, top_p = settings(SETTINGS)
+    logits = make_logits(T, 20000, torch.float32, "cuda", generator=gen)
+    idx_mapping = (torch.arange(T, dtype=INT) % len(SETTINGS)).cuda()
+    outs = []
+    for pdl in (False, True):
+        monkeypatch.setattr(truncation, "_uses_pdl", lambda device: pdl)
+        out = logits.clone()
+        torch.ops.sampling.top_k_top_p(out, idx_mapping, top_k.cuda(), top_p.cuda())
+        outs.append(out)
+    assert torch.equal(outs[0], outs[1])
+    assert_matches(outs[1], logits.cpu(), idx_mapping.cpu(), top_k, top_p)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
 def test_cuda_graph_replays_with_changed_parameters(gen):
     T, V = 4, 6000
     src = make_logits(T, V, torch.float32, "cuda", generator=gen)
