@@ -42,6 +42,7 @@ is within float32 rounding of top_p.
 """
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -857,7 +858,12 @@ def _compiled_kernels(V: int, pdl: bool = True) -> list:
 
 def _uses_pdl(device: torch.device) -> bool:
     """Programmatic dependent launch: on Hopper and later GPUs (not under the Triton interpreter)."""
-    return not _INTERPRET and device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
+    return not _INTERPRET and device.type == "cuda" and _compute_capability(device.index)[0] >= 9
+
+
+@functools.lru_cache(maxsize=None)
+def _compute_capability(index: int) -> tuple:
+    return torch.cuda.get_device_capability(index)
 
 
 def _top_k_top_p_triton(logits, idx_mapping, top_k, top_p) -> None:
