@@ -143,7 +143,7 @@ def test_rows_do_not_depend_on_the_batch_or_the_run(backend, gen):
         assert torch.equal(alone[0], batch[t])
 
 
-def row_flags(monkeypatch, call):
+def row_flags(call):
     """Runs call() and returns each row's settled flag as the selection finds it (word 1 of its workspace)."""
     from torch_sampling_ops import truncation
     flags = []
@@ -154,21 +154,21 @@ def row_flags(monkeypatch, call):
         launch(kernel, grid, *args, **meta)
 
     launch = truncation.launch
-    monkeypatch.setattr(truncation, "launch", spy)
-    call()
-    monkeypatch.undo()
+    with pytest.MonkeyPatch.context() as patch:  # undoes this patch only
+        patch.setattr(truncation, "launch", spy)
+        call()
     return flags[0].cpu()
 
 
 @pytest.mark.parametrize("backend", [p for p in BACKENDS if p.values[0] != "cpu"])
-def test_every_way_to_settle_a_row_matches_the_reference(backend, gen, monkeypatch):
+def test_every_way_to_settle_a_row_matches_the_reference(backend, gen):
     """Top-p alone settles a row on its candidates (flag 1), on those >= the second bound (flag 2),
     or leaves it to the general path (flag 0): each way gives the reference's answer."""
     top_p = [0.3, 0.5, 0.8, 0.82, 0.84, 0.86, 0.88, 0.9, 0.92, 0.95, 0.99]
     T, V = len(top_p), 5000
     top_k, top_p = settings([(0, p) for p in top_p])
     logits = make_logits(T, V, torch.float32, device_of(backend), generator=gen)
-    flags = row_flags(monkeypatch, lambda: run_and_check(backend, logits, torch.arange(T, dtype=INT), top_k, top_p))
+    flags = row_flags(lambda: run_and_check(backend, logits, torch.arange(T, dtype=INT), top_k, top_p))
     assert {0, 1, 2} <= set(flags.tolist()), flags.tolist()
 
 
@@ -220,13 +220,13 @@ def test_bad_arguments(backend, gen):
 
 @pytest.mark.cuda
 @pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
-def test_benchmark_rows_are_settled_by_their_candidates(gen, monkeypatch):
+def test_benchmark_rows_are_settled_by_their_candidates(gen):
     """The general path is exact but several times slower: rows like the benchmark's (V = 151936,
     randn * 3) must be settled by their candidates under every setting it times, and a few more."""
     T, V = 16, 151936
     top_k, top_p = settings([(50, 0.9), (0, 0.9), (50, 1.0), (1000, 0.5), (0, 0.5), (0, 0.8), (20, 1.0), (1, 0.3)])
     logits = make_logits(T, V, torch.float32, "cuda", generator=gen)
-    flags = row_flags(monkeypatch, lambda: run_and_check("cuda", logits, torch.arange(T, dtype=INT) % 8, top_k, top_p))
+    flags = row_flags(lambda: run_and_check("cuda", logits, torch.arange(T, dtype=INT) % 8, top_k, top_p))
     assert bool((flags != 0).all()), f"rows left to the general path: {flags.tolist()}"
 
 
