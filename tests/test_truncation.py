@@ -173,8 +173,8 @@ def test_every_way_to_settle_a_row_matches_the_reference(backend, gen):
 
 
 @pytest.mark.parametrize("backend", [p for p in BACKENDS if p.values[0] != "cpu"])
-def test_rows_are_settled_alike_by_the_fill_or_their_own_launch(backend, gen, monkeypatch):
-    """Small batches settle a row in each of its fill programs, large ones in a launch of their own:
+def test_rows_are_settled_alike_by_the_gather_or_their_own_launch(backend, gen, monkeypatch):
+    """Small batches settle a row in each of its gather programs, large ones in a launch of their own:
     the same combination in the same order, so the same bits."""
     from torch_sampling_ops import truncation
     T, V = 6, 5000
@@ -182,7 +182,7 @@ def test_rows_are_settled_alike_by_the_fill_or_their_own_launch(backend, gen, mo
     logits = make_logits(T, V, torch.float32, device_of(backend), generator=gen)
     args = (torch.arange(T, dtype=INT).to(logits.device), top_k.to(logits.device), top_p.to(logits.device))
     outs = []
-    for min_t in (T + 1, 1):  # in the fill, then in its own launch
+    for min_t in (T + 1, 1):  # in the gather, then in its own launch
         monkeypatch.setattr(truncation, "_SETTLE_LAUNCH_MIN_T", min_t)
         out = logits.clone()
         run_op(backend, "top_k_top_p", out, *args)

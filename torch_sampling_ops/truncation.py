@@ -1,8 +1,8 @@
 """Truncation of the distribution, in place, without sorting the row: `top_k_top_p`.
 
 Both filters keep the tokens >= a threshold: the largest value v whose count (top-k) or probability
-mass (top-p, after top-k: renormalised over the kept set) of tokens >= v reaches the target. Four
-launches (five from _SETTLE_LAUNCH_MIN_T rows); rows are split into fixed 1024-token segments, so a
+mass (top-p, after top-k: renormalised over the kept set) of tokens >= v reaches the target. Five
+launches (six from _SETTLE_LAUNCH_MIN_T rows); rows are split into fixed 1024-token segments, so a
 small batch still spreads over the GPU:
 
 1. `_sample_bound_kernel` (per row): a 2048-token sample gives a lower bound `lo` the threshold
@@ -13,23 +13,25 @@ small batch still spreads over the GPU:
    normaliser and the mass of its tokens >= lo (the candidates) and >= the second bound (all
    three only for top-p alone), and the candidates, with their positions, into its own region of
    the workspace.
-3. `_fill_chunks_kernel` (row x 8192-token chunk): each program combines the segment statistics
+3. `_gather_chunks_kernel` (row x 8192-token chunk): each program combines the segment statistics
    in segment order (all of a row's programs reach the same bits; from _SETTLE_LAUNCH_MIN_T rows
-   `_settle_kernel` does it once a row, before the fill): whether the candidates settle
+   `_settle_kernel` does it once a row, before the gather): whether the candidates settle
    the row (no segment overflowed, and they hold the k tokens or the top_p mass; for top-p alone,
    only those >= the second bound when they hold it) and each segment's offset in the row's list.
-   In a settled row: -inf over the chunk, so the row is never read again, and its segments'
-   candidates gathered into the row's candidate list.
-4. `_select_kernel` (per row): the exact thresholds by interval rounds on the float keys of the
+   In a settled row: its segments' listed candidate values gathered into the row's list.
+4. `_select_kernel` (per row): the exact threshold by interval rounds on the float keys of the
    candidates (each keeps the one of 16 equal key ranges holding the answer, by counts for top-k
-   and masses for top-p; the list is compacted as the range narrows), then the candidates >= the
-   threshold are written back (the kernel runs with 128 registers, two programs an SM). The fill
-   is the previous launch, so no -inf can land after a restore.
+   and masses for top-p; the list is compacted as the range narrows), stored in the header (the
+   kernel runs with 128 registers, two programs an SM).
    A row the candidates did not settle takes the general path in the same program, on its
    untouched logits: the row max, count and normaliser and, for 16 pivots placed geometrically
    below the first block's max, the count and mass of the tokens >= each; further counting passes
    narrow the pivot interval holding the threshold until at most CAP tokens remain, which are
    compacted, sorted in registers and read off; then one masking pass.
+5. `_fill_chunks_kernel` (row x chunk, settled rows): -inf over the chunk, a block barrier, then
+   the chunk's own listed candidates >= the threshold restored, into lines the program has just
+   written (restoring them from the selection, after the fill, wrote each into its own sector of a
+   row long gone from the L2: 25 µs of the selection at T = 256 for top-p alone).
 
 On Hopper and later GPUs every launch after the first is a programmatic dependent launch: its
 programs are placed while the previous launch drains and read their row settings, then wait for it
@@ -59,13 +61,13 @@ _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 # exercise the multi-segment, overflow, narrowing and fallback logic there.
 _SEGMENT = 256 if _INTERPRET else 1024  # tokens of a segment: one warp of the scan, its own candidate region
 _SEG_CAP = 32 if _INTERPRET else 256  # candidates a segment can hold
-_CHUNK = 1024 if _INTERPRET else 8192  # tokens per program of the fill launch (whole segments)
+_CHUNK = 1024 if _INTERPRET else 8192  # tokens per program of the gather and fill launches (whole segments)
 _SAMPLE = 256 if _INTERPRET else 2048  # sampled tokens (32 runs spread over the row)
 _TILE = 256 if _INTERPRET else 1024  # candidates per step of the selection, and held in registers
 _SMALL = 32 if _INTERPRET else 128  # the selection's last rounds run on this many candidates
 _WARPS = {"sample": 8, "fill": 4, "select": 8}
 # From this batch size a launch of its own settles each row once (measured at T = 256: 3 µs, against
-# about 9 µs more fill when each fill program settles its row); below it the fill programs do.
+# about 9 µs more fill when each fill program settles its row); below it the gather programs do.
 _SETTLE_LAUNCH_MIN_T = 32
 # General path: tokens per step of a counting pass ([BLOCK, PIVOTS] comparisons) and of the mask
 # pass, bracket tokens sorted in registers (in the selection's scratch), counting passes that narrow
@@ -147,14 +149,15 @@ def _interval_round(low, high, shift, above, count, stat, target):
 # ----------------------------------------------------------------------------------------------
 # The row workspace, in 4-byte words, S = number of segments, C = SEG_CAP:
 #   header (8): lo, settled flag (0: no, 1: yes, 2: yes, on the candidates >= the second bound), exp
-#     reference (the sample max), one unused word, row max, normaliser relative to the row max,
-#     listed candidates, the second bound (the flag and the three after it written once the row is settled)
+#     reference (the sample max), the threshold (written by the selection), row max, normaliser
+#     relative to the row max, listed candidates, the second bound (the flag and the three after it
+#     written once the row is settled)
 #   per segment [S each]: max; normaliser and candidate mass relative to the reference; candidate
 #     count; mass and count of the candidates >= the second bound (top-p alone); listed candidates
 #     before it (written by the settle launch); one unused word (the pairs stay 8-byte aligned)
 #   per segment [S, C] int64: its candidates, value bits << 32 | position; for top-p alone those
 #     >= the second bound from the front, the others from the back, each in row order
-#   the row's candidate list, once the fill gathered it: values [S * C], positions [S * C]
+#   the row's candidate list, once gathered: values [S * C]; the selection's buffer [S * C]
 #   scratch [max(TILE, CAP)]
 # _workspace_words gives the size, _workspace the pointers: keep the two together.
 _HEADER = 8
@@ -168,16 +171,16 @@ def _workspace_words(num_segments: int) -> int:
 @triton.jit
 def _workspace(ws_row, num_segments, SEG_CAP: tl.constexpr):
     """(segment max, normaliser, mass, count, mass and count above the second bound, listed
-    candidates before it, candidate pairs, gathered values, gathered positions, scratch) pointers of
-    a row's workspace. The pairs start 8-byte aligned: 8 + 8 S words in."""
+    candidates before it, candidate pairs, gathered values, the selection's buffer, scratch)
+    pointers of a row's workspace. The pairs start 8-byte aligned: 8 + 8 S words in."""
     max_ptr = ws_row + 8
     count_ptr = (max_ptr + 3 * num_segments).to(tl.pointer_type(tl.int32))
     pairs_ptr = (max_ptr + 8 * num_segments).to(tl.pointer_type(tl.int64))
     values_ptr = max_ptr + 8 * num_segments + 2 * num_segments * SEG_CAP
-    positions_ptr = (values_ptr + num_segments * SEG_CAP).to(tl.pointer_type(tl.int32))
+    buffer_ptr = values_ptr + num_segments * SEG_CAP
     scratch_ptr = values_ptr + 2 * num_segments * SEG_CAP
     return (max_ptr, max_ptr + num_segments, max_ptr + 2 * num_segments, count_ptr, max_ptr + 4 * num_segments,
-            count_ptr + 2 * num_segments, count_ptr + 3 * num_segments, pairs_ptr, values_ptr, positions_ptr,
+            count_ptr + 2 * num_segments, count_ptr + 3 * num_segments, pairs_ptr, values_ptr, buffer_ptr,
             scratch_ptr)
 
 
@@ -436,48 +439,80 @@ def _settle_kernel(
 
 
 @triton.jit
-def _fill_chunks_kernel(
+def _listed_pairs(ws_row, num_segments, mine, flag, k_on, SEG_CAP: tl.constexpr):
+    """The listed candidate pairs of segments `mine` [SEGMENTS], as [SEGMENTS, SEG_CAP], and which are present."""
+    count_ptr, _, count_high_ptr = _workspace(ws_row, num_segments, SEG_CAP)[3:6]
+    pairs_ptr = _workspace(ws_row, num_segments, SEG_CAP)[7]
+    counts = tl.load(count_ptr + mine, mask=mine < num_segments, other=0)
+    counts_high = tl.load(count_high_ptr + mine, mask=mine < num_segments, other=0)
+    n = tl.where(flag == 2, counts_high, counts)  # as _settle_row lists them
+    n_front = tl.where(k_on, counts, counts_high)  # see _scan_step
+    i = tl.arange(0, SEG_CAP)[None, :]
+    present = i < n[:, None]
+    source = tl.where(i < n_front[:, None], i, SEG_CAP - 1 - (i - n_front[:, None]))
+    return tl.load(pairs_ptr + mine[:, None] * SEG_CAP + source, mask=present, other=0), present, n
+
+
+@triton.jit
+def _gather_chunks_kernel(
     logits_ptr, logits_stride, idx_mapping_ptr, top_k_ptr, top_p_ptr, ws_ptr, ws_stride, num_slots, vocab_size,
     num_segments, CHUNK: tl.constexpr, SEGMENTS: tl.constexpr, SEG_CAP: tl.constexpr, SEGMENTS_P2: tl.constexpr,
     SETTLED: tl.constexpr, PDL: tl.constexpr,
 ):
-    """A row's chunk. Unless the settle launch ran (SETTLED), each program settles the row from the
-    segment statistics (all of a row's programs reach the same bits; the first writes the header).
-    In a settled row: -inf over the chunk, and its SEGMENTS segments' listed candidates gathered
-    into the row's candidate list, at their offsets in segment order."""
+    """A row's chunk of SEGMENTS segments. Unless the settle launch ran (SETTLED), each program
+    settles the row from the segment statistics (all of a row's programs reach the same bits; the
+    first writes the header). In a settled row: the segments' listed candidate values gathered into
+    the row's candidate list, at their offsets in segment order."""
     t = tl.program_id(0)
     c = tl.program_id(1)
     k, p, k_on, p_on, active = _row_settings(idx_mapping_ptr, top_k_ptr, top_p_ptr, t, num_slots, vocab_size, PDL)
     if active:
         ws_row = ws_ptr + t.to(tl.int64) * ws_stride
-        count_ptr, _, count_high_ptr, first_ptr = _workspace(ws_row, num_segments, SEG_CAP)[3:7]
         mine = c * SEGMENTS + tl.arange(0, SEGMENTS)
-        counts = tl.load(count_ptr + mine, mask=mine < num_segments, other=0)
-        counts_high = tl.load(count_high_ptr + mine, mask=mine < num_segments, other=0)
         if SETTLED:
             flag = tl.load(_header_int(ws_row, 1))
-            first = tl.load(first_ptr + mine, mask=mine < num_segments, other=0)
         else:
             flag, listed, row_max, total = _settle_row(ws_row, num_segments, k, p, k_on, SEG_CAP, SEGMENTS_P2)
             if c == 0:
                 _store_settlement(ws_row, flag, row_max, total, listed)
-            chunk_first = tl.sum(tl.where(tl.arange(0, SEGMENTS_P2) < c * SEGMENTS, listed, 0))
-        n = tl.where(flag == 2, counts_high, counts)  # as _settle_row lists them
-        n_front = tl.where(k_on, counts, counts_high)  # see _scan_step
-        if not SETTLED:
-            first = chunk_first + tl.cumsum(n, axis=0) - n
         if flag != 0:
+            pair, present, n = _listed_pairs(ws_row, num_segments, mine, flag, k_on, SEG_CAP)
+            if SETTLED:
+                first_ptr = _workspace(ws_row, num_segments, SEG_CAP)[6]
+                first = tl.load(first_ptr + mine, mask=mine < num_segments, other=0)
+            else:
+                first = tl.sum(tl.where(tl.arange(0, SEGMENTS_P2) < c * SEGMENTS, listed, 0)) + tl.cumsum(n, axis=0) - n
+            values_ptr = _workspace(ws_row, num_segments, SEG_CAP)[8]
+            dest = first[:, None] + tl.arange(0, SEG_CAP)[None, :]
+            tl.store(values_ptr + dest, (pair >> 32).to(tl.int32).to(tl.float32, bitcast=True), mask=present)
+
+
+@triton.jit
+def _fill_chunks_kernel(
+    logits_ptr, logits_stride, idx_mapping_ptr, top_k_ptr, top_p_ptr, ws_ptr, ws_stride, num_slots, vocab_size,
+    num_segments, CHUNK: tl.constexpr, SEGMENTS: tl.constexpr, SEG_CAP: tl.constexpr, PDL: tl.constexpr,
+):
+    """A settled row's chunk of SEGMENTS segments, once the selection found the threshold: -inf over
+    the chunk, then, after a block barrier, its segments' listed candidates >= the threshold
+    restored (their positions lie in the chunk: the barrier orders every -inf store of the chunk
+    before any restore)."""
+    t = tl.program_id(0)
+    c = tl.program_id(1)
+    k, p, k_on, p_on, active = _row_settings(idx_mapping_ptr, top_k_ptr, top_p_ptr, t, num_slots, vocab_size, PDL)
+    if active:
+        ws_row = ws_ptr + t.to(tl.int64) * ws_stride
+        flag = tl.load(_header_int(ws_row, 1))
+        if flag != 0:
+            threshold = tl.load(ws_row + 3)
+            mine = c * SEGMENTS + tl.arange(0, SEGMENTS)
+            pair, present, _ = _listed_pairs(ws_row, num_segments, mine, flag, k_on, SEG_CAP)
             offs = c * CHUNK + tl.arange(0, CHUNK)
             row_ptr = logits_ptr + t.to(tl.int64) * logits_stride
             tl.store(row_ptr + offs, tl.full([CHUNK], float("-inf"), row_ptr.dtype.element_ty), mask=offs < vocab_size)
-            pairs_ptr, values_ptr, positions_ptr = _workspace(ws_row, num_segments, SEG_CAP)[7:10]
-            i = tl.arange(0, SEG_CAP)[None, :]
-            present = i < n[:, None]
-            source = tl.where(i < n_front[:, None], i, SEG_CAP - 1 - (i - n_front[:, None]))
-            pair = tl.load(pairs_ptr + mine[:, None] * SEG_CAP + source, mask=present, other=0)
-            dest = first[:, None] + i
-            tl.store(values_ptr + dest, (pair >> 32).to(tl.int32).to(tl.float32, bitcast=True), mask=present)
-            tl.store(positions_ptr + dest, pair.to(tl.int32), mask=present)
+            tl.debug_barrier()
+            values = (pair >> 32).to(tl.int32).to(tl.float32, bitcast=True)
+            positions = pair.to(tl.int32)
+            tl.store(row_ptr + positions, values.to(row_ptr.dtype.element_ty), mask=present & (values >= threshold))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -534,7 +569,7 @@ def _register_rounds(values, present, low, high, above, in_bracket, row_max, tar
 
 
 @triton.jit
-def _select_threshold(values_ptr, buffers_ptr, list_size, scratch_ptr, count, lo, low, high, above, in_bracket,
+def _select_threshold(values_ptr, buffer_ptr, list_size, scratch_ptr, count, lo, low, high, above, in_bracket,
                       row_max, target, USE_MASS: tl.constexpr, TILE: tl.constexpr, SMALL: tl.constexpr):
     """The largest candidate value v >= floor whose count (or mass relative to row_max) of candidates
     >= max(v, floor) reaches target; lo when none does. `count` candidates in all. Each round cuts
@@ -542,18 +577,16 @@ def _select_threshold(values_ptr, buffers_ptr, list_size, scratch_ptr, count, lo
     most 16 parts of a power-of-two size and keeps one, so about 8 rounds fix a key. The rounds
     start from [low, high], with `above` (count or mass above it) and `in_bracket` tokens in it.
     While the interval holds more than TILE candidates a round sweeps the list, and a list at least
-    twice the interval's size is first compacted to it (two buffers of list_size at buffers_ptr take
-    turns); then the rounds run on TILE, then on SMALL candidates in registers."""
+    twice the interval's size is first compacted to it (into the buffer of list_size words at
+    buffer_ptr, then within it: a compaction never writes past what it has read); then the rounds
+    run on TILE, then on SMALL candidates in registers. The list itself is left as it was."""
     src_ptr = values_ptr
     n = count
-    turn = 0
     while (in_bracket > TILE) & (high > low):
         if in_bracket * 2 <= n:
-            dst_ptr = buffers_ptr + turn * list_size
-            _compact(src_ptr, n, low, high, dst_ptr, list_size, TILE)
-            src_ptr = dst_ptr
+            _compact(src_ptr, n, low, high, buffer_ptr, list_size, TILE)
+            src_ptr = buffer_ptr
             n = in_bracket
-            turn = 1 - turn
         shift = _part_shift(low, high)
         counts = tl.zeros([16], tl.int32)
         if USE_MASS:
@@ -604,11 +637,9 @@ def _candidate_mass(values_ptr, count, row_max, floor, TILE: tl.constexpr):
 
 
 @triton.jit
-def _select_row(row_ptr, ws_row, flag, pairs_ptr, values_ptr, positions_ptr, scratch_ptr, num_segments, k, p, k_on,
-                p_on, SEG_CAP: tl.constexpr, TILE: tl.constexpr, SMALL: tl.constexpr):
-    """A settled row: its thresholds from the candidate list, then the kept candidates written back."""
-    # The segments' candidate pairs were gathered by the fill: their words serve as two buffers.
-    buffers_ptr = pairs_ptr.to(tl.pointer_type(tl.float32))
+def _select_row(ws_row, flag, values_ptr, buffer_ptr, scratch_ptr, num_segments, k, p, k_on, p_on,
+                SEG_CAP: tl.constexpr, TILE: tl.constexpr, SMALL: tl.constexpr):
+    """A settled row's threshold, from its candidate list: the fill keeps the listed candidates >= it."""
     list_size = num_segments * SEG_CAP
     lo = tl.load(ws_row)
     if flag == 2:  # only the candidates >= the second bound are listed
@@ -620,7 +651,7 @@ def _select_row(row_ptr, ws_row, flag, pairs_ptr, values_ptr, positions_ptr, scr
     high = _float_key(row_max)
     threshold = lo
     if k_on:
-        threshold = _select_threshold(values_ptr, buffers_ptr, list_size, scratch_ptr, count, lo, low, high,
+        threshold = _select_threshold(values_ptr, buffer_ptr, list_size, scratch_ptr, count, lo, low, high,
                                       tl.full([], 0, tl.int32), count, row_max, k, False, TILE, SMALL)
     if p_on:
         if k_on:  # renormalised over the top-k set
@@ -630,16 +661,9 @@ def _select_row(row_ptr, ws_row, flag, pairs_ptr, values_ptr, positions_ptr, scr
         else:
             target = tl.maximum(p * total, 1e-30)
             in_set = count
-        threshold = _select_threshold(values_ptr, buffers_ptr, list_size, scratch_ptr, count, lo, low, high,
+        threshold = _select_threshold(values_ptr, buffer_ptr, list_size, scratch_ptr, count, lo, low, high,
                                       tl.full([], 0.0, tl.float32), in_set, row_max, target, True, TILE, SMALL)
-    # The kept candidates, written back over the fill; the next tile loads meanwhile.
-    values, present = _candidate_values(values_ptr, count, 0, TILE)
-    positions = tl.load(positions_ptr + tl.arange(0, TILE), mask=present)
-    for start in range(TILE, count + TILE, TILE):
-        next_values, next_present = _candidate_values(values_ptr, count, start, TILE)
-        next_positions = tl.load(positions_ptr + start + tl.arange(0, TILE), mask=next_present)
-        tl.store(row_ptr + positions, values.to(row_ptr.dtype.element_ty), mask=present & (values >= threshold))
-        values, present, positions = next_values, next_present, next_positions
+    tl.store(ws_row + 3, threshold)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -790,17 +814,18 @@ def _select_kernel(
     num_segments, SEG_CAP: tl.constexpr, TILE: tl.constexpr, SMALL: tl.constexpr, P: tl.constexpr,
     CAP: tl.constexpr, BLOCK: tl.constexpr, MAX_REFINE: tl.constexpr, MASK_BLOCK: tl.constexpr, PDL: tl.constexpr,
 ):
-    """A row's thresholds: from its candidates when they settle it, else by the general path."""
+    """A row's threshold: from its candidates when they settle it (the fill applies it), else by the
+    general path, which also masks the row."""
     t = tl.program_id(0)
     k, p, k_on, p_on, active = _row_settings(idx_mapping_ptr, top_k_ptr, top_p_ptr, t, num_slots, vocab_size, PDL)
     if active:
         ws_row = ws_ptr + t.to(tl.int64) * ws_stride
         row_ptr = logits_ptr + t.to(tl.int64) * logits_stride
-        pairs_ptr, values_ptr, positions_ptr, scratch_ptr = _workspace(ws_row, num_segments, SEG_CAP)[7:]
+        values_ptr, buffer_ptr, scratch_ptr = _workspace(ws_row, num_segments, SEG_CAP)[8:]
         flag = tl.load(_header_int(ws_row, 1))
         if flag != 0:
-            _select_row(row_ptr, ws_row, flag, pairs_ptr, values_ptr, positions_ptr, scratch_ptr, num_segments, k, p,
-                        k_on, p_on, SEG_CAP, TILE, SMALL)
+            _select_row(ws_row, flag, values_ptr, buffer_ptr, scratch_ptr, num_segments, k, p, k_on, p_on, SEG_CAP,
+                        TILE, SMALL)
         else:
             _general_row(row_ptr, scratch_ptr, vocab_size, k, p, k_on, p_on, P, CAP, BLOCK, MAX_REFINE, MASK_BLOCK)
 
@@ -828,6 +853,7 @@ def _launch_plan(T: int, V: int, pdl: bool) -> list:
     segments_p2 = triton.next_power_of_2(num_segments)
     settle_launch = T >= _SETTLE_LAUNCH_MIN_T
     follow = dict(PDL=pdl, launch_pdl=pdl)
+    chunks = (T, triton.cdiv(V, _CHUNK))
     settle = [(_settle_kernel, (T,), dict(SEG_CAP=_SEG_CAP, SEGMENTS_P2=segments_p2, num_warps=1, **follow))]
     return [
         (_sample_bound_kernel, (T,), dict(SAMPLE=_SAMPLE, SEG_CAP=_SEG_CAP, num_warps=_WARPS["sample"], PDL=pdl)),
@@ -835,13 +861,15 @@ def _launch_plan(T: int, V: int, pdl: bool) -> list:
         (_scan_segments_kernel, (T, num_segments),
          dict(SEGMENT=_SEGMENT, SEG_CAP=_SEG_CAP, num_warps=1, maxnreg=64, **follow)),
         *(settle if settle_launch else []),
-        (_fill_chunks_kernel, (T, triton.cdiv(V, _CHUNK)),
+        (_gather_chunks_kernel, chunks,
          dict(CHUNK=_CHUNK, SEGMENTS=_CHUNK // _SEGMENT, SEG_CAP=_SEG_CAP, SEGMENTS_P2=segments_p2,
               SETTLED=settle_launch, num_warps=_WARPS["fill"], **follow)),
         # 128 registers: two programs an SM (measured: 24 instead of 34 µs at T = 256, k=50 p=0.9)
         (_select_kernel, (T,),
          dict(SEG_CAP=_SEG_CAP, TILE=_TILE, SMALL=_SMALL, P=_PIVOTS, CAP=_CAP, BLOCK=_BLOCK, MAX_REFINE=_MAX_REFINE,
               MASK_BLOCK=_MASK_BLOCK, num_warps=_WARPS["select"], maxnreg=128, **follow)),
+        (_fill_chunks_kernel, chunks,
+         dict(CHUNK=_CHUNK, SEGMENTS=_CHUNK // _SEGMENT, SEG_CAP=_SEG_CAP, num_warps=_WARPS["fill"], **follow)),
     ]
 
 
