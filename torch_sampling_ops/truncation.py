@@ -18,10 +18,12 @@ small batch still spreads over the GPU:
    `_settle_kernel` does it once a row, before the gather): whether the candidates settle
    the row (no segment overflowed, and they hold the k tokens or the top_p mass; for top-p alone,
    only those >= the second bound when they hold it) and each segment's offset in the row's list.
-   In a settled row: its segments' listed candidate values gathered into the row's list.
+   In a settled row: its segments' listed candidate values gathered into the row's list; for
+   top-p alone, also the selection's first round on them (counts and masses of 16 key parts).
 4. `_select_kernel` (per row): the exact threshold by interval rounds on the float keys of the
    candidates (each keeps the one of 16 equal key ranges holding the answer, by counts for top-k
-   and masses for top-p; the list is compacted as the range narrows), stored in the header (the
+   and masses for top-p, the first from the gather for top-p alone; the list is compacted as the
+   range narrows), stored in the header (the
    kernel runs with 128 registers, two programs an SM).
    A row the candidates did not settle takes the general path in the same program, on its
    untouched logits: the row max, count and normaliser and, for 16 pivots placed geometrically
@@ -65,6 +67,7 @@ _CHUNK = 1024 if _INTERPRET else 8192  # tokens per program of the gather and fi
 _SAMPLE = 256 if _INTERPRET else 2048  # sampled tokens (32 runs spread over the row)
 _TILE = 256 if _INTERPRET else 1024  # candidates per step of the selection, and held in registers
 _SMALL = 32 if _INTERPRET else 128  # the selection's last rounds run on this many candidates
+_GATHER_TILE = 64 if _INTERPRET else 256  # candidates per step of a gather program's first-round statistics
 _WARPS = {"sample": 8, "fill": 4, "select": 8}
 # From this batch size a launch of its own settles each row once (measured at T = 256: 3 µs, against
 # about 9 µs more fill when each fill program settles its row); below it the gather programs do.
@@ -187,6 +190,24 @@ def _workspace(ws_row, num_segments, SEG_CAP: tl.constexpr):
 @triton.jit
 def _header_int(ws_row, word):
     return (ws_row + word).to(tl.pointer_type(tl.int32))
+
+
+@triton.jit
+def _search_floor(ws_row, flag):
+    """The floor of a settled row's threshold search: lo, or for flag 2 the second bound (only the
+    candidates >= it are listed)."""
+    lo = tl.load(ws_row)
+    if flag == 2:
+        lo = tl.maximum(tl.load(ws_row + 7), -3.4028234663852886e38)
+    return lo
+
+
+@triton.jit
+def _first_round_ptrs(buffer_ptr, CHUNKS_P2: tl.constexpr):
+    """Where each gather program leaves its share of a top-p-alone row's first-round statistics:
+    counts [CHUNKS_P2, 16] then masses [CHUNKS_P2, 16], at the start of the selection's buffer
+    (read before the selection first compacts into it)."""
+    return buffer_ptr.to(tl.pointer_type(tl.int32)), buffer_ptr + CHUNKS_P2 * 16
 
 
 @triton.jit
@@ -457,12 +478,14 @@ def _listed_pairs(ws_row, num_segments, mine, flag, k_on, SEG_CAP: tl.constexpr)
 def _gather_chunks_kernel(
     logits_ptr, logits_stride, idx_mapping_ptr, top_k_ptr, top_p_ptr, ws_ptr, ws_stride, num_slots, vocab_size,
     num_segments, CHUNK: tl.constexpr, SEGMENTS: tl.constexpr, SEG_CAP: tl.constexpr, SEGMENTS_P2: tl.constexpr,
-    SETTLED: tl.constexpr, PDL: tl.constexpr,
+    SETTLED: tl.constexpr, CHUNKS_P2: tl.constexpr, GATHER_TILE: tl.constexpr, PDL: tl.constexpr,
 ):
     """A row's chunk of SEGMENTS segments. Unless the settle launch ran (SETTLED), each program
     settles the row from the segment statistics (all of a row's programs reach the same bits; the
     first writes the header). In a settled row: the segments' listed candidate values gathered into
-    the row's candidate list, at their offsets in segment order."""
+    the row's candidate list, at their offsets in segment order; for top-p alone, also the
+    selection's first round on them (the counts and masses of its 16 parts of [floor, row max]),
+    which the selection sums over the chunks in order instead of sweeping the whole list."""
     t = tl.program_id(0)
     c = tl.program_id(1)
     k, p, k_on, p_on, active = _row_settings(idx_mapping_ptr, top_k_ptr, top_p_ptr, t, num_slots, vocab_size, PDL)
@@ -480,11 +503,29 @@ def _gather_chunks_kernel(
             if SETTLED:
                 first_ptr = _workspace(ws_row, num_segments, SEG_CAP)[6]
                 first = tl.load(first_ptr + mine, mask=mine < num_segments, other=0)
+                row_max = tl.load(ws_row + 4)
             else:
                 first = tl.sum(tl.where(tl.arange(0, SEGMENTS_P2) < c * SEGMENTS, listed, 0)) + tl.cumsum(n, axis=0) - n
-            values_ptr = _workspace(ws_row, num_segments, SEG_CAP)[8]
+            values_ptr, buffer_ptr = _workspace(ws_row, num_segments, SEG_CAP)[8:10]
             dest = first[:, None] + tl.arange(0, SEG_CAP)[None, :]
             tl.store(values_ptr + dest, (pair >> 32).to(tl.int32).to(tl.float32, bitcast=True), mask=present)
+            if k_on == 0:
+                tl.debug_barrier()  # the chunk's values are stored before its threads read them back
+                low = _float_key(_search_floor(ws_row, flag))
+                high = _float_key(row_max)
+                shift = _part_shift(low, high)
+                chunk_ptr = values_ptr + tl.sum(tl.where(tl.arange(0, SEGMENTS) == 0, first, 0))
+                in_chunk = tl.sum(n)
+                counts = tl.zeros([16], tl.int32)
+                masses = tl.zeros([16], tl.float32)
+                for start in range(0, in_chunk, GATHER_TILE):
+                    values, listed_here = _candidate_values(chunk_ptr, in_chunk, start, GATHER_TILE)
+                    tile_counts, tile_masses = _interval_stats(values, listed_here, low, high, shift, row_max, True)
+                    counts += tile_counts
+                    masses += tile_masses
+                counts_ptr, masses_ptr = _first_round_ptrs(buffer_ptr, CHUNKS_P2)
+                tl.store(counts_ptr + c * 16 + tl.arange(0, 16), counts)
+                tl.store(masses_ptr + c * 16 + tl.arange(0, 16), masses)
 
 
 @triton.jit
@@ -638,12 +679,11 @@ def _candidate_mass(values_ptr, count, row_max, floor, TILE: tl.constexpr):
 
 @triton.jit
 def _select_row(ws_row, flag, values_ptr, buffer_ptr, scratch_ptr, num_segments, k, p, k_on, p_on,
-                SEG_CAP: tl.constexpr, TILE: tl.constexpr, SMALL: tl.constexpr):
+                SEG_CAP: tl.constexpr, TILE: tl.constexpr, SMALL: tl.constexpr, CHUNK_SEGMENTS: tl.constexpr,
+                CHUNKS_P2: tl.constexpr):
     """A settled row's threshold, from its candidate list: the fill keeps the listed candidates >= it."""
     list_size = num_segments * SEG_CAP
-    lo = tl.load(ws_row)
-    if flag == 2:  # only the candidates >= the second bound are listed
-        lo = tl.maximum(tl.load(ws_row + 7), -3.4028234663852886e38)
+    lo = _search_floor(ws_row, flag)
     row_max = tl.load(ws_row + 4)
     total = tl.load(ws_row + 5)
     count = tl.load(_header_int(ws_row, 6))
@@ -658,11 +698,19 @@ def _select_row(ws_row, flag, values_ptr, buffer_ptr, scratch_ptr, num_segments,
             kept_mass, in_set = _candidate_mass(values_ptr, count, row_max, threshold, TILE)
             target = tl.maximum(p * kept_mass, 1e-30)  # top_p <= 0 keeps the most probable token(s)
             low = _float_key(threshold)
+            above = tl.full([], 0.0, tl.float32)
         else:
             target = tl.maximum(p * total, 1e-30)
-            in_set = count
+            # The first round, from the gather programs' statistics, summed in chunk order.
+            counts_ptr, masses_ptr = _first_round_ptrs(buffer_ptr, CHUNKS_P2)
+            g = tl.arange(0, CHUNKS_P2)[:, None] * 16 + tl.arange(0, 16)[None, :]
+            ours = tl.arange(0, CHUNKS_P2)[:, None] < tl.cdiv(num_segments, CHUNK_SEGMENTS)
+            counts = tl.sum(tl.load(counts_ptr + g, mask=ours, other=0), axis=0)
+            masses = tl.sum(tl.load(masses_ptr + g, mask=ours, other=0.0), axis=0)
+            low, high, above, in_set = _interval_round(low, high, _part_shift(low, high), tl.full([], 0.0, tl.float32),
+                                                       counts, masses, target)
         threshold = _select_threshold(values_ptr, buffer_ptr, list_size, scratch_ptr, count, lo, low, high,
-                                      tl.full([], 0.0, tl.float32), in_set, row_max, target, True, TILE, SMALL)
+                                      above, in_set, row_max, target, True, TILE, SMALL)
     tl.store(ws_row + 3, threshold)
 
 
@@ -812,7 +860,8 @@ def _general_row(row_ptr, scratch_ptr, vocab_size, k, p, k_on, p_on, P: tl.const
 def _select_kernel(
     logits_ptr, logits_stride, idx_mapping_ptr, top_k_ptr, top_p_ptr, ws_ptr, ws_stride, num_slots, vocab_size,
     num_segments, SEG_CAP: tl.constexpr, TILE: tl.constexpr, SMALL: tl.constexpr, P: tl.constexpr,
-    CAP: tl.constexpr, BLOCK: tl.constexpr, MAX_REFINE: tl.constexpr, MASK_BLOCK: tl.constexpr, PDL: tl.constexpr,
+    CAP: tl.constexpr, BLOCK: tl.constexpr, MAX_REFINE: tl.constexpr, MASK_BLOCK: tl.constexpr,
+    CHUNK_SEGMENTS: tl.constexpr, CHUNKS_P2: tl.constexpr, PDL: tl.constexpr,
 ):
     """A row's threshold: from its candidates when they settle it (the fill applies it), else by the
     general path, which also masks the row."""
@@ -825,7 +874,7 @@ def _select_kernel(
         flag = tl.load(_header_int(ws_row, 1))
         if flag != 0:
             _select_row(ws_row, flag, values_ptr, buffer_ptr, scratch_ptr, num_segments, k, p, k_on, p_on, SEG_CAP,
-                        TILE, SMALL)
+                        TILE, SMALL, CHUNK_SEGMENTS, CHUNKS_P2)
         else:
             _general_row(row_ptr, scratch_ptr, vocab_size, k, p, k_on, p_on, P, CAP, BLOCK, MAX_REFINE, MASK_BLOCK)
 
@@ -854,6 +903,7 @@ def _launch_plan(T: int, V: int, pdl: bool) -> list:
     settle_launch = T >= _SETTLE_LAUNCH_MIN_T
     follow = dict(PDL=pdl, launch_pdl=pdl)
     chunks = (T, triton.cdiv(V, _CHUNK))
+    chunks_p2 = triton.next_power_of_2(chunks[1])
     settle = [(_settle_kernel, (T,), dict(SEG_CAP=_SEG_CAP, SEGMENTS_P2=segments_p2, num_warps=1, **follow))]
     return [
         (_sample_bound_kernel, (T,), dict(SAMPLE=_SAMPLE, SEG_CAP=_SEG_CAP, num_warps=_WARPS["sample"], PDL=pdl)),
@@ -863,11 +913,13 @@ def _launch_plan(T: int, V: int, pdl: bool) -> list:
         *(settle if settle_launch else []),
         (_gather_chunks_kernel, chunks,
          dict(CHUNK=_CHUNK, SEGMENTS=_CHUNK // _SEGMENT, SEG_CAP=_SEG_CAP, SEGMENTS_P2=segments_p2,
-              SETTLED=settle_launch, num_warps=_WARPS["fill"], **follow)),
+              SETTLED=settle_launch, CHUNKS_P2=chunks_p2, GATHER_TILE=_GATHER_TILE, num_warps=_WARPS["fill"],
+              **follow)),
         # 128 registers: two programs an SM (measured: 24 instead of 34 µs at T = 256, k=50 p=0.9)
         (_select_kernel, (T,),
          dict(SEG_CAP=_SEG_CAP, TILE=_TILE, SMALL=_SMALL, P=_PIVOTS, CAP=_CAP, BLOCK=_BLOCK, MAX_REFINE=_MAX_REFINE,
-              MASK_BLOCK=_MASK_BLOCK, num_warps=_WARPS["select"], maxnreg=128, **follow)),
+              MASK_BLOCK=_MASK_BLOCK, CHUNK_SEGMENTS=_CHUNK // _SEGMENT, CHUNKS_P2=chunks_p2,
+              num_warps=_WARPS["select"], maxnreg=128, **follow)),
         (_fill_chunks_kernel, chunks,
          dict(CHUNK=_CHUNK, SEGMENTS=_CHUNK // _SEGMENT, SEG_CAP=_SEG_CAP, num_warps=_WARPS["fill"], **follow)),
     ]
