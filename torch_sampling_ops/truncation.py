@@ -23,8 +23,7 @@ small batch still spreads over the GPU:
 4. `_select_kernel` (per row): the exact threshold by interval rounds on the float keys of the
    candidates (each keeps the one of 16 equal key ranges holding the answer, by counts for top-k
    and masses for top-p, the first from the gather for top-p alone; the list is compacted as the
-   range narrows), stored in the header (the
-   kernel runs with 128 registers, two programs an SM).
+   range narrows), stored in the header (the kernel runs with 128 registers, two programs an SM).
    A row the candidates did not settle takes the general path in the same program, on its
    untouched logits: the row max, count and normaliser and, for 16 pivots placed geometrically
    below the first block's max, the count and mass of the tokens >= each; further counting passes
