@@ -158,6 +158,17 @@ def _interval_round(low, high, shift, above, count, stat, target):
 #   scratch [max(TILE, CAP)]
 # _workspace_words gives the size, _workspace the pointers: keep the two together.
 _HEADER = 8
+# Header words (float32 unless said): lo, settled flag (int32), exp reference, row max, normaliser,
+# listed candidates (int32), second bound.
+_LO = tl.constexpr(0)
+_FLAG = tl.constexpr(1)
+_REF = tl.constexpr(2)
+_ROW_MAX = tl.constexpr(4)
+_TOTAL = tl.constexpr(5)
+_LISTED = tl.constexpr(6)
+_SECOND_BOUND = tl.constexpr(7)
+_FLT_MAX = tl.constexpr(3.4028234663852886e38)  # lo is clamped to -_FLT_MAX: -inf is never a candidate
+_LOG2E = tl.constexpr(1.4426950408889634)
 
 
 def _workspace_words(num_segments: int) -> int:
@@ -244,15 +255,15 @@ def _sample_bound_kernel(
         if (rank > 32) | (vocab_size <= SAMPLE):
             low = _rank_bound(x, offs < vocab_size, low, rank)
         ws_row = ws_ptr + t.to(tl.int64) * ws_stride
-        tl.store(ws_row, _key_value(low))
+        tl.store(ws_row + _LO, _key_value(low))
         # Top-p alone: a second bound where a quarter of the capacity is expected above it. The scan
         # counts the mass above it too; when that holds top_p, only the candidates above it are kept.
         high_bound = float("inf")
         if k_on == 0:
             high_bound = _key_value(_rank_bound(x, offs < vocab_size, low, (rank + 1) // 2))
-        tl.store(ws_row + 7, high_bound)
+        tl.store(ws_row + _SECOND_BOUND, high_bound)
         # The scan's exp reference; a row whose max is far above it is left to the general path.
-        tl.store(ws_row + 2, tl.max(x))
+        tl.store(ws_row + _REF, tl.max(x))
 
 
 @triton.jit
@@ -291,7 +302,7 @@ def _scan_step(x, offs, lo, high_bound, ref2, lane_max, total, mass, mass_high, 
     per_lane = tl.sum(taken, axis=1)
     if WITH_MASS:
         # Clamping the exponent sends NaN and -inf to 2^-200, which is 0 in float32.
-        e = tl.math.exp2(tl.maximum(x * 1.4426950408889634 - ref2, -200.0))
+        e = tl.math.exp2(tl.maximum(x * _LOG2E - ref2, -200.0))
         total += e
         mass += tl.where(candidate, e, 0.0)
         high = x >= high_bound  # high_bound >= lo: candidates
@@ -338,9 +349,9 @@ def _scan_segments_kernel(
     k, p, k_on, p_on, active = _row_settings(idx_mapping_ptr, top_k_ptr, top_p_ptr, t, num_slots, vocab_size, PDL)
     if active:
         ws_row = ws_ptr + t.to(tl.int64) * ws_stride
-        lo = tl.maximum(tl.load(ws_row), -3.4028234663852886e38)  # -inf is never a candidate
-        ref2 = tl.load(ws_row + 2) * 1.4426950408889634
-        high_bound = tl.maximum(tl.load(ws_row + 7), lo)
+        lo = tl.maximum(tl.load(ws_row + _LO), -_FLT_MAX)  # -inf is never a candidate
+        ref2 = tl.load(ws_row + _REF) * _LOG2E
+        high_bound = tl.maximum(tl.load(ws_row + _SECOND_BOUND), lo)
         row_ptr = logits_ptr + t.to(tl.int64) * logits_stride
         (max_ptr, sum_ptr, mass_ptr, count_ptr, mass_high_ptr, count_high_ptr, _,
          pairs_ptr) = _workspace(ws_row, num_segments, SEG_CAP)[:8]
@@ -393,7 +404,7 @@ def _settle_row(ws_row, num_segments, k, p, k_on, SEG_CAP: tl.constexpr, SEGMENT
     in_row = g < num_segments
     with_mass = g < tl.where(k_on, 0, num_segments)  # top-p alone
     row_max = tl.max(tl.load(max_ptr + g, mask=in_row, other=float("-inf")))
-    ref = tl.load(ws_row + 2)
+    ref = tl.load(ws_row + _REF)
     scale = tl.where(row_max <= ref + 60.0, tl.exp(ref - row_max), float("nan"))
     total = tl.sum(tl.load(sum_ptr + g, mask=with_mass, other=0.0)) * scale
     mass = tl.sum(tl.load(mass_ptr + g, mask=with_mass, other=0.0)) * scale
@@ -411,10 +422,10 @@ def _settle_row(ws_row, num_segments, k, p, k_on, SEG_CAP: tl.constexpr, SEGMENT
 @triton.jit
 def _store_settlement(ws_row, flag, row_max, total, listed):
     """The header words the selection reads: the settled flag, row max, normaliser and list size."""
-    tl.store(_header_int(ws_row, 1), flag)
-    tl.store(ws_row + 4, row_max)
-    tl.store(ws_row + 5, total)
-    tl.store(_header_int(ws_row, 6), tl.sum(listed))
+    tl.store(_header_int(ws_row, _FLAG), flag)
+    tl.store(ws_row + _ROW_MAX, row_max)
+    tl.store(ws_row + _TOTAL, total)
+    tl.store(_header_int(ws_row, _LISTED), tl.sum(listed))
 
 
 @triton.jit
@@ -455,7 +466,7 @@ def _fill_chunks_kernel(
         counts = tl.load(count_ptr + mine, mask=mine < num_segments, other=0)
         counts_high = tl.load(count_high_ptr + mine, mask=mine < num_segments, other=0)
         if SETTLED:
-            flag = tl.load(_header_int(ws_row, 1))
+            flag = tl.load(_header_int(ws_row, _FLAG))
             first = tl.load(first_ptr + mine, mask=mine < num_segments, other=0)
         else:
             flag, listed, row_max, total = _settle_row(ws_row, num_segments, k, p, k_on, SEG_CAP, SEGMENTS_P2)
@@ -536,11 +547,11 @@ def _register_rounds(values, present, low, high, above, in_bracket, row_max, tar
 @triton.jit
 def _select_threshold(values_ptr, buffers_ptr, list_size, scratch_ptr, count, lo, low, high, above, in_bracket,
                       row_max, target, USE_MASS: tl.constexpr, TILE: tl.constexpr, SMALL: tl.constexpr):
-    """The largest candidate value v >= floor whose count (or mass relative to row_max) of candidates
-    >= max(v, floor) reaches target; lo when none does. `count` candidates in all. Each round cuts
-    the key interval still holding the answer (first [key(max(lo, floor)), key(row_max)]) into at
-    most 16 parts of a power-of-two size and keeps one, so about 8 rounds fix a key. The rounds
-    start from [low, high], with `above` (count or mass above it) and `in_bracket` tokens in it.
+    """The largest candidate value v in the key interval [low, high] whose count (or mass relative to
+    row_max) of candidates >= v, with `above` (the count or mass of those above the interval),
+    reaches target; lo when none does. `count` candidates in all, `in_bracket` of them in the
+    interval. Each round cuts the interval still holding the answer into at most 16 parts of a
+    power-of-two size and keeps one, so about 8 rounds fix a key.
     While the interval holds more than TILE candidates a round sweeps the list, and a list at least
     twice the interval's size is first compacted to it (two buffers of list_size at buffers_ptr take
     turns); then the rounds run on TILE, then on SMALL candidates in registers."""
@@ -610,12 +621,12 @@ def _select_row(row_ptr, ws_row, flag, pairs_ptr, values_ptr, positions_ptr, scr
     # The segments' candidate pairs were gathered by the fill: their words serve as two buffers.
     buffers_ptr = pairs_ptr.to(tl.pointer_type(tl.float32))
     list_size = num_segments * SEG_CAP
-    lo = tl.load(ws_row)
+    lo = tl.load(ws_row + _LO)
     if flag == 2:  # only the candidates >= the second bound are listed
-        lo = tl.maximum(tl.load(ws_row + 7), -3.4028234663852886e38)
-    row_max = tl.load(ws_row + 4)
-    total = tl.load(ws_row + 5)
-    count = tl.load(_header_int(ws_row, 6))
+        lo = tl.maximum(tl.load(ws_row + _SECOND_BOUND), -_FLT_MAX)
+    row_max = tl.load(ws_row + _ROW_MAX)
+    total = tl.load(ws_row + _TOTAL)
+    count = tl.load(_header_int(ws_row, _LISTED))
     low = _float_key(lo)
     high = _float_key(row_max)
     threshold = lo
@@ -797,7 +808,7 @@ def _select_kernel(
         ws_row = ws_ptr + t.to(tl.int64) * ws_stride
         row_ptr = logits_ptr + t.to(tl.int64) * logits_stride
         pairs_ptr, values_ptr, positions_ptr, scratch_ptr = _workspace(ws_row, num_segments, SEG_CAP)[7:]
-        flag = tl.load(_header_int(ws_row, 1))
+        flag = tl.load(_header_int(ws_row, _FLAG))
         if flag != 0:
             _select_row(row_ptr, ws_row, flag, pairs_ptr, values_ptr, positions_ptr, scratch_ptr, num_segments, k, p,
                         k_on, p_on, SEG_CAP, TILE, SMALL)
