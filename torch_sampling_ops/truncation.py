@@ -163,6 +163,18 @@ def _interval_round(low, high, shift, above, count, stat, target):
 #   scratch [max(TILE, CAP)]
 # _workspace_words gives the size, _workspace the pointers: keep the two together.
 _HEADER = 8
+# Header words (float32 unless said): lo, settled flag (int32), exp reference, threshold, row max,
+# normaliser, listed candidates (int32), second bound.
+_LO = tl.constexpr(0)
+_FLAG = tl.constexpr(1)
+_REF = tl.constexpr(2)
+_THRESHOLD = tl.constexpr(3)
+_ROW_MAX = tl.constexpr(4)
+_TOTAL = tl.constexpr(5)
+_LISTED = tl.constexpr(6)
+_SECOND_BOUND = tl.constexpr(7)
+_FLT_MAX = tl.constexpr(3.4028234663852886e38)  # the sample stores lo >= -_FLT_MAX: -inf is never a candidate
+_LOG2E = tl.constexpr(1.4426950408889634)
 
 
 def _workspace_words(num_segments: int) -> int:
@@ -195,10 +207,7 @@ def _header_int(ws_row, word):
 def _search_floor(ws_row, flag):
     """The floor of a settled row's threshold search: lo, or for flag 2 the second bound (only the
     candidates >= it are listed)."""
-    lo = tl.load(ws_row)
-    if flag == 2:
-        lo = tl.maximum(tl.load(ws_row + 7), -3.4028234663852886e38)
-    return lo
+    return tl.load(ws_row + tl.where(flag == 2, _SECOND_BOUND, _LO))
 
 
 @triton.jit
@@ -267,15 +276,16 @@ def _sample_bound_kernel(
         if (rank > 32) | (vocab_size <= SAMPLE):
             low = _rank_bound(x, offs < vocab_size, low, rank)
         ws_row = ws_ptr + t.to(tl.int64) * ws_stride
-        tl.store(ws_row, _key_value(low))
+        lo = tl.maximum(_key_value(low), -_FLT_MAX)  # -inf is never a candidate
+        tl.store(ws_row + _LO, lo)
         # Top-p alone: a second bound where a quarter of the capacity is expected above it. The scan
         # counts the mass above it too; when that holds top_p, only the candidates above it are kept.
         high_bound = float("inf")
         if k_on == 0:
-            high_bound = _key_value(_rank_bound(x, offs < vocab_size, low, (rank + 1) // 2))
-        tl.store(ws_row + 7, high_bound)
+            high_bound = tl.maximum(_key_value(_rank_bound(x, offs < vocab_size, low, (rank + 1) // 2)), lo)
+        tl.store(ws_row + _SECOND_BOUND, high_bound)
         # The scan's exp reference; a row whose max is far above it is left to the general path.
-        tl.store(ws_row + 2, tl.max(x))
+        tl.store(ws_row + _REF, tl.max(x))
 
 
 @triton.jit
@@ -314,7 +324,7 @@ def _scan_step(x, offs, lo, high_bound, ref2, lane_max, total, mass, mass_high, 
     per_lane = tl.sum(taken, axis=1)
     if WITH_MASS:
         # Clamping the exponent sends NaN and -inf to 2^-200, which is 0 in float32.
-        e = tl.math.exp2(tl.maximum(x * 1.4426950408889634 - ref2, -200.0))
+        e = tl.math.exp2(tl.maximum(x * _LOG2E - ref2, -200.0))
         total += e
         mass += tl.where(candidate, e, 0.0)
         high = x >= high_bound  # high_bound >= lo: candidates
@@ -361,9 +371,9 @@ def _scan_segments_kernel(
     k, p, k_on, p_on, active = _row_settings(idx_mapping_ptr, top_k_ptr, top_p_ptr, t, num_slots, vocab_size, PDL)
     if active:
         ws_row = ws_ptr + t.to(tl.int64) * ws_stride
-        lo = tl.maximum(tl.load(ws_row), -3.4028234663852886e38)  # -inf is never a candidate
-        ref2 = tl.load(ws_row + 2) * 1.4426950408889634
-        high_bound = tl.maximum(tl.load(ws_row + 7), lo)
+        lo = tl.load(ws_row + _LO)
+        ref2 = tl.load(ws_row + _REF) * _LOG2E
+        high_bound = tl.load(ws_row + _SECOND_BOUND)
         row_ptr = logits_ptr + t.to(tl.int64) * logits_stride
         (max_ptr, sum_ptr, mass_ptr, count_ptr, mass_high_ptr, count_high_ptr, _,
          pairs_ptr) = _workspace(ws_row, num_segments, SEG_CAP)[:8]
@@ -416,7 +426,7 @@ def _settle_row(ws_row, num_segments, k, p, k_on, SEG_CAP: tl.constexpr, SEGMENT
     in_row = g < num_segments
     with_mass = g < tl.where(k_on, 0, num_segments)  # top-p alone
     row_max = tl.max(tl.load(max_ptr + g, mask=in_row, other=float("-inf")))
-    ref = tl.load(ws_row + 2)
+    ref = tl.load(ws_row + _REF)
     scale = tl.where(row_max <= ref + 60.0, tl.exp(ref - row_max), float("nan"))
     total = tl.sum(tl.load(sum_ptr + g, mask=with_mass, other=0.0)) * scale
     mass = tl.sum(tl.load(mass_ptr + g, mask=with_mass, other=0.0)) * scale
@@ -434,10 +444,10 @@ def _settle_row(ws_row, num_segments, k, p, k_on, SEG_CAP: tl.constexpr, SEGMENT
 @triton.jit
 def _store_settlement(ws_row, flag, row_max, total, listed):
     """The header words the selection reads: the settled flag, row max, normaliser and list size."""
-    tl.store(_header_int(ws_row, 1), flag)
-    tl.store(ws_row + 4, row_max)
-    tl.store(ws_row + 5, total)
-    tl.store(_header_int(ws_row, 6), tl.sum(listed))
+    tl.store(_header_int(ws_row, _FLAG), flag)
+    tl.store(ws_row + _ROW_MAX, row_max)
+    tl.store(ws_row + _TOTAL, total)
+    tl.store(_header_int(ws_row, _LISTED), tl.sum(listed))
 
 
 @triton.jit
@@ -492,7 +502,7 @@ def _gather_chunks_kernel(
         ws_row = ws_ptr + t.to(tl.int64) * ws_stride
         mine = c * SEGMENTS + tl.arange(0, SEGMENTS)
         if SETTLED:
-            flag = tl.load(_header_int(ws_row, 1))
+            flag = tl.load(_header_int(ws_row, _FLAG))
         else:
             flag, listed, row_max, total = _settle_row(ws_row, num_segments, k, p, k_on, SEG_CAP, SEGMENTS_P2)
             if c == 0:
@@ -502,7 +512,7 @@ def _gather_chunks_kernel(
             if SETTLED:
                 first_ptr = _workspace(ws_row, num_segments, SEG_CAP)[6]
                 first = tl.load(first_ptr + mine, mask=mine < num_segments, other=0)
-                row_max = tl.load(ws_row + 4)
+                row_max = tl.load(ws_row + _ROW_MAX)
             else:
                 first = tl.sum(tl.where(tl.arange(0, SEGMENTS_P2) < c * SEGMENTS, listed, 0)) + tl.cumsum(n, axis=0) - n
             values_ptr, buffer_ptr = _workspace(ws_row, num_segments, SEG_CAP)[8:10]
@@ -541,9 +551,9 @@ def _fill_chunks_kernel(
     k, p, k_on, p_on, active = _row_settings(idx_mapping_ptr, top_k_ptr, top_p_ptr, t, num_slots, vocab_size, PDL)
     if active:
         ws_row = ws_ptr + t.to(tl.int64) * ws_stride
-        flag = tl.load(_header_int(ws_row, 1))
+        flag = tl.load(_header_int(ws_row, _FLAG))
         if flag != 0:
-            threshold = tl.load(ws_row + 3)
+            threshold = tl.load(ws_row + _THRESHOLD)
             mine = c * SEGMENTS + tl.arange(0, SEGMENTS)
             pair, present, _ = _listed_pairs(ws_row, num_segments, mine, flag, k_on, SEG_CAP)
             offs = c * CHUNK + tl.arange(0, CHUNK)
@@ -611,11 +621,11 @@ def _register_rounds(values, present, low, high, above, in_bracket, row_max, tar
 @triton.jit
 def _select_threshold(values_ptr, buffer_ptr, list_size, scratch_ptr, count, lo, low, high, above, in_bracket,
                       row_max, target, USE_MASS: tl.constexpr, TILE: tl.constexpr, SMALL: tl.constexpr):
-    """The largest candidate value v >= floor whose count (or mass relative to row_max) of candidates
-    >= max(v, floor) reaches target; lo when none does. `count` candidates in all. Each round cuts
-    the key interval still holding the answer (first [key(max(lo, floor)), key(row_max)]) into at
-    most 16 parts of a power-of-two size and keeps one, so about 8 rounds fix a key. The rounds
-    start from [low, high], with `above` (count or mass above it) and `in_bracket` tokens in it.
+    """The largest candidate value v in the key interval [low, high] whose count (or mass relative to
+    row_max) of candidates >= v, with `above` (the count or mass of those above the interval),
+    reaches target; lo when none does. `count` candidates in all, `in_bracket` of them in the
+    interval. Each round cuts the interval still holding the answer into at most 16 parts of a
+    power-of-two size and keeps one, so about 8 rounds fix a key.
     While the interval holds more than TILE candidates a round sweeps the list, and a list at least
     twice the interval's size is first compacted to it (into the buffer of list_size words at
     buffer_ptr, then within it: a compaction never writes past what it has read); then the rounds
@@ -683,9 +693,9 @@ def _select_row(ws_row, flag, values_ptr, buffer_ptr, scratch_ptr, num_segments,
     """A settled row's threshold, from its candidate list: the fill keeps the listed candidates >= it."""
     list_size = num_segments * SEG_CAP
     lo = _search_floor(ws_row, flag)
-    row_max = tl.load(ws_row + 4)
-    total = tl.load(ws_row + 5)
-    count = tl.load(_header_int(ws_row, 6))
+    row_max = tl.load(ws_row + _ROW_MAX)
+    total = tl.load(ws_row + _TOTAL)
+    count = tl.load(_header_int(ws_row, _LISTED))
     low = _float_key(lo)
     high = _float_key(row_max)
     threshold = lo
@@ -710,7 +720,7 @@ def _select_row(ws_row, flag, values_ptr, buffer_ptr, scratch_ptr, num_segments,
                                                        counts, masses, target)
         threshold = _select_threshold(values_ptr, buffer_ptr, list_size, scratch_ptr, count, lo, low, high,
                                       above, in_set, row_max, target, True, TILE, SMALL)
-    tl.store(ws_row + 3, threshold)
+    tl.store(ws_row + _THRESHOLD, threshold)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -870,7 +880,7 @@ def _select_kernel(
         ws_row = ws_ptr + t.to(tl.int64) * ws_stride
         row_ptr = logits_ptr + t.to(tl.int64) * logits_stride
         values_ptr, buffer_ptr, scratch_ptr = _workspace(ws_row, num_segments, SEG_CAP)[8:]
-        flag = tl.load(_header_int(ws_row, 1))
+        flag = tl.load(_header_int(ws_row, _FLAG))
         if flag != 0:
             _select_row(ws_row, flag, values_ptr, buffer_ptr, scratch_ptr, num_segments, k, p, k_on, p_on, SEG_CAP,
                         TILE, SMALL, CHUNK_SEGMENTS, CHUNKS_P2)
