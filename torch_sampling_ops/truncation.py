@@ -489,7 +489,8 @@ def _gather_chunks_kernel(
     """A row's chunk of SEGMENTS segments. Unless the settle launch ran (SETTLED), each program
     settles the row from the segment statistics (all of a row's programs reach the same bits; the
     first writes the header). In a settled row: the segments' listed candidate values gathered into
-    the row's candidate list, at their offsets in segment order."""
+    the row's candidate list, at their offsets in segment order; with top-k on, also their positions
+    (into the selection's buffer), and -inf over the chunk."""
     t = tl.program_id(0)
     c = tl.program_id(1)
     k, p, k_on, p_on, active = _row_settings(idx_mapping_ptr, top_k_ptr, top_p_ptr, t, num_slots, vocab_size, PDL)
@@ -864,8 +865,8 @@ def _select_kernel(
     num_segments, SEG_CAP: tl.constexpr, TILE: tl.constexpr, SMALL: tl.constexpr, P: tl.constexpr,
     CAP: tl.constexpr, BLOCK: tl.constexpr, MAX_REFINE: tl.constexpr, MASK_BLOCK: tl.constexpr, PDL: tl.constexpr,
 ):
-    """A row's threshold: from its candidates when they settle it (the fill applies it), else by the
-    general path, which also masks the row."""
+    """A row's threshold: from its candidates when they settle it (applied here with top-k on, by the
+    fill for top-p alone), else by the general path, which also masks the row."""
     t = tl.program_id(0)
     k, p, k_on, p_on, active = _row_settings(idx_mapping_ptr, top_k_ptr, top_p_ptr, t, num_slots, vocab_size, PDL)
     if active:
