@@ -466,8 +466,19 @@ def _settle_kernel(
 
 
 @triton.jit
-def _listed_pairs(ws_row, num_segments, mine, flag, k_on, SEG_CAP: tl.constexpr):
-    """The listed candidate pairs of segments `mine` [SEGMENTS], as [SEGMENTS, SEG_CAP], and which are present."""
+def _filled_in_gather(k_on):
+    """A settled row's route. With top-k on, the gather writes -inf over the row and the selection
+    writes the few kept candidates back. For top-p alone, which keeps thousands, the selection only
+    stores the threshold and the fill writes -inf over each chunk and restores the chunk's kept
+    candidates after a block barrier, into lines it has just written (written back by the
+    selection, each landed in its own sector of a row gone from the L2)."""
+    return k_on
+
+
+@triton.jit
+def _listed_candidates(ws_row, num_segments, mine, flag, k_on, SEG_CAP: tl.constexpr):
+    """The listed candidates of segments `mine` [SEGMENTS], as [SEGMENTS, SEG_CAP]: values,
+    positions, which are present, and how many each segment lists."""
     count_ptr, _, count_high_ptr = _workspace(ws_row, num_segments, SEG_CAP)[3:6]
     pairs_ptr = _workspace(ws_row, num_segments, SEG_CAP)[7]
     counts = tl.load(count_ptr + mine, mask=mine < num_segments, other=0)
@@ -477,7 +488,8 @@ def _listed_pairs(ws_row, num_segments, mine, flag, k_on, SEG_CAP: tl.constexpr)
     i = tl.arange(0, SEG_CAP)[None, :]
     present = i < n[:, None]
     source = tl.where(i < n_front[:, None], i, SEG_CAP - 1 - (i - n_front[:, None]))
-    return tl.load(pairs_ptr + mine[:, None] * SEG_CAP + source, mask=present, other=0), present, n
+    pair = tl.load(pairs_ptr + mine[:, None] * SEG_CAP + source, mask=present, other=0)
+    return (pair >> 32).to(tl.int32).to(tl.float32, bitcast=True), pair.to(tl.int32), present, n
 
 
 @triton.jit
@@ -504,7 +516,7 @@ def _gather_chunks_kernel(
             if c == 0:
                 _store_settlement(ws_row, flag, row_max, total, listed)
         if flag != 0:
-            pair, present, n = _listed_pairs(ws_row, num_segments, mine, flag, k_on, SEG_CAP)
+            values, positions, present, n = _listed_candidates(ws_row, num_segments, mine, flag, k_on, SEG_CAP)
             if SETTLED:
                 first_ptr = _workspace(ws_row, num_segments, SEG_CAP)[6]
                 first = tl.load(first_ptr + mine, mask=mine < num_segments, other=0)
@@ -512,9 +524,9 @@ def _gather_chunks_kernel(
                 first = tl.sum(tl.where(tl.arange(0, SEGMENTS_P2) < c * SEGMENTS, listed, 0)) + tl.cumsum(n, axis=0) - n
             values_ptr, buffer_ptr = _workspace(ws_row, num_segments, SEG_CAP)[8:10]
             dest = first[:, None] + tl.arange(0, SEG_CAP)[None, :]
-            tl.store(values_ptr + dest, (pair >> 32).to(tl.int32).to(tl.float32, bitcast=True), mask=present)
-            if k_on:  # -inf now; the selection writes the few kept candidates back from their positions
-                tl.store(buffer_ptr.to(tl.pointer_type(tl.int32)) + dest, pair.to(tl.int32), mask=present)
+            tl.store(values_ptr + dest, values, mask=present)
+            if _filled_in_gather(k_on):  # the selection writes the kept candidates back from their positions
+                tl.store(buffer_ptr.to(tl.pointer_type(tl.int32)) + dest, positions, mask=present)
                 offs = c * CHUNK + tl.arange(0, CHUNK)
                 row_ptr = logits_ptr + t.to(tl.int64) * logits_stride
                 tl.store(row_ptr + offs, tl.full([CHUNK], float("-inf"), row_ptr.dtype.element_ty),
@@ -536,19 +548,17 @@ def _fill_chunks_kernel(
     if active:
         ws_row = ws_ptr + t.to(tl.int64) * ws_stride
         flag = tl.load(_header_int(ws_row, _FLAG))
-        if (flag != 0) & (k_on == 0):  # top-k rows were filled by the gather
+        if (flag != 0) & (_filled_in_gather(k_on) == 0):
             threshold = tl.load(ws_row + _THRESHOLD)
             row_ptr = logits_ptr + t.to(tl.int64) * logits_stride
             first_chunk = tl.program_id(1) * GROUP
             for c in range(first_chunk, tl.minimum(first_chunk + GROUP, tl.cdiv(vocab_size, CHUNK))):
                 mine = c * SEGMENTS + tl.arange(0, SEGMENTS)
-                pair, present, _ = _listed_pairs(ws_row, num_segments, mine, flag, k_on, SEG_CAP)
+                values, positions, present, _ = _listed_candidates(ws_row, num_segments, mine, flag, k_on, SEG_CAP)
                 offs = c * CHUNK + tl.arange(0, CHUNK)
                 tl.store(row_ptr + offs, tl.full([CHUNK], float("-inf"), row_ptr.dtype.element_ty),
                          mask=offs < vocab_size)
                 tl.debug_barrier()
-                values = (pair >> 32).to(tl.int32).to(tl.float32, bitcast=True)
-                positions = pair.to(tl.int32)
                 tl.store(row_ptr + positions, values.to(row_ptr.dtype.element_ty),
                          mask=present & (values >= threshold))
 
@@ -677,13 +687,12 @@ def _candidate_mass(values_ptr, count, row_max, floor, TILE: tl.constexpr):
 @triton.jit
 def _select_row(row_ptr, ws_row, flag, pairs_ptr, values_ptr, buffer_ptr, scratch_ptr, num_segments, k, p, k_on,
                 p_on, SEG_CAP: tl.constexpr, TILE: tl.constexpr, SMALL: tl.constexpr):
-    """A settled row's threshold, from its candidate list. For top-p alone it is stored, and the fill
-    keeps the listed candidates >= it. With top-k on, the gather already filled the row with -inf
-    and listed the candidates' positions in the buffer: the few kept candidates are written back
-    here, and the pair regions, which the fill will not read, take the compactions."""
+    """A settled row's threshold, from its candidate list, applied by the route of _filled_in_gather:
+    written back here from the positions the gather listed in the buffer (the pair regions, which
+    the fill then does not read, take the compactions), or stored for the fill."""
     list_size = num_segments * SEG_CAP
     positions_ptr = buffer_ptr.to(tl.pointer_type(tl.int32))
-    if k_on:
+    if _filled_in_gather(k_on):
         buffer_ptr = pairs_ptr.to(tl.pointer_type(tl.float32))
     lo = _search_floor(ws_row, flag)
     row_max = tl.load(ws_row + _ROW_MAX)
@@ -705,7 +714,7 @@ def _select_row(row_ptr, ws_row, flag, pairs_ptr, values_ptr, buffer_ptr, scratc
             in_set = count
         threshold = _select_threshold(values_ptr, buffer_ptr, list_size, scratch_ptr, count, lo, low, high,
                                       tl.full([], 0.0, tl.float32), in_set, row_max, target, True, TILE, SMALL)
-    if k_on:  # the next tile loads while one is written back
+    if _filled_in_gather(k_on):  # the next tile loads while one is written back
         values, present = _candidate_values(values_ptr, count, 0, TILE)
         positions = tl.load(positions_ptr + tl.arange(0, TILE), mask=present)
         for start in range(TILE, count + TILE, TILE):
