@@ -83,6 +83,9 @@ _MASK_BLOCK = 4096
 _PIVOTS = 16
 _CAP = 256 if _INTERPRET else 2048
 _MAX_REFINE = 8
+# The selection's sweeps keep per-thread statistics over groups of this many consecutive candidates:
+# the values each thread of the 8 warps holds of a 1024-candidate tile.
+_SWEEP_GROUP = tl.constexpr(4)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -134,6 +137,25 @@ def _interval_stats(values, present, low, high, shift, row_max, USE_MASS: tl.con
     count = tl.sum(at_least.to(tl.int32), axis=1)
     if USE_MASS:
         stat = tl.sum(tl.where(at_least, tl.reshape(tl.exp(values - row_max), [1, n]), 0.0), axis=1)
+    else:
+        stat = count
+    return count, stat
+
+
+@triton.jit
+def _interval_partials(values, present, low, high, shift, row_max, USE_MASS: tl.constexpr, GROUP: tl.constexpr):
+    """_interval_stats' counts and stats before the sum over the values: [16, N / GROUP], each
+    summed over GROUP consecutive values only. With GROUP the values a thread holds, that sum stays
+    in the thread's registers, so a sweep adds tiles up without any reduction across threads."""
+    key = _float_key(values)
+    inside = _in_interval(values, present, low, high)
+    part = ((key - low) >> shift).to(tl.int32)
+    n: tl.constexpr = values.shape[0]
+    shape: tl.constexpr = [1, n // GROUP, GROUP]
+    at_least = tl.reshape(inside, shape) & (tl.reshape(part, shape) >= tl.arange(0, 16)[:, None, None])
+    count = tl.sum(at_least.to(tl.int32), axis=2)
+    if USE_MASS:
+        stat = tl.sum(tl.where(at_least, tl.reshape(tl.exp(values - row_max), shape), 0.0), axis=2)
     else:
         stat = count
     return count, stat
@@ -636,20 +658,26 @@ def _select_threshold(values_ptr, buffer_ptr, list_size, scratch_ptr, count, lo,
             src_ptr = buffer_ptr
             n = in_bracket
         shift = _part_shift(low, high)
-        counts = tl.zeros([16], tl.int32)
+        # Each thread sums its own values' statistics over the sweep; one reduction a round.
+        counts = tl.zeros([16, TILE // _SWEEP_GROUP], tl.int32)
         if USE_MASS:
-            stats = tl.zeros([16], tl.float32)
+            stats = tl.zeros([16, TILE // _SWEEP_GROUP], tl.float32)
         else:
-            stats = tl.zeros([16], tl.int32)
+            stats = tl.zeros([16, TILE // _SWEEP_GROUP], tl.int32)
         values, present = _candidate_values(src_ptr, n, 0, TILE)
         for start in range(TILE, n + TILE, TILE):
             # The next tile loads while this one is counted.
             next_values, next_present = _candidate_values(src_ptr, n, start, TILE)
-            tile_counts, tile_stats = _interval_stats(values, present, low, high, shift, row_max, USE_MASS)
+            tile_counts, tile_stats = _interval_partials(values, present, low, high, shift, row_max, USE_MASS,
+                                                         _SWEEP_GROUP)
             counts += tile_counts
-            stats += tile_stats
+            if USE_MASS:
+                stats += tile_stats
             values, present = next_values, next_present
-        low, high, above, in_bracket = _interval_round(low, high, shift, above, counts, stats, target)
+        if not USE_MASS:
+            stats = counts
+        low, high, above, in_bracket = _interval_round(low, high, shift, above, tl.sum(counts, axis=1),
+                                                       tl.sum(stats, axis=1), target)
     if n > TILE:
         _compact(src_ptr, n, low, high, scratch_ptr, TILE, TILE)
         src_ptr = scratch_ptr
