@@ -68,9 +68,9 @@ _CHUNK = 1024 if _INTERPRET else 8192  # tokens per program of the gather and fi
 _SAMPLE = 256 if _INTERPRET else 2048  # sampled tokens (32 runs spread over the row)
 _TILE = 256 if _INTERPRET else 1024  # candidates per step of the selection, and held in registers
 _SMALL = 32 if _INTERPRET else 128  # the selection's last rounds run on this many candidates
-_WARPS = {"sample": 8, "fill": 4, "select": 8}
+_WARPS = {"sample": 8, "chunks": 4, "select": 8}  # "chunks": the gather and the fill, a row's chunk a program
 # From this batch size a launch of its own settles each row once (measured at T = 256: 3 µs, against
-# about 9 µs more fill when each fill program settles its row); below it the gather programs do.
+# about 9 µs more in the chunk programs when each settles its row); below it the gather programs do.
 _SETTLE_LAUNCH_MIN_T = 32
 # From that batch size too, a fill program takes this many chunks: in a batch of top-k rows, which
 # the fill leaves alone, each program still costs a launch slot and the loads of its row settings.
@@ -123,12 +123,16 @@ def _part_shift(low, high):
 
 
 @triton.jit
+def _interval_parts(values, present, low, high, shift):
+    """Which values are present with keys in [low, high], and each one's part of 2^shift keys from low."""
+    return _in_interval(values, present, low, high), ((_float_key(values) - low) >> shift).to(tl.int32)
+
+
+@triton.jit
 def _interval_stats(values, present, low, high, shift, row_max, USE_MASS: tl.constexpr):
     """For the values whose keys lie in [low, high], in parts of 2^shift keys from low: per part
     j < 16, the count and the count or mass (relative to row_max) of those in parts >= j."""
-    key = _float_key(values)
-    inside = _in_interval(values, present, low, high)
-    part = ((key - low) >> shift).to(tl.int32)
+    inside, part = _interval_parts(values, present, low, high, shift)
     # [16, N], not [N, 16]: Triton then spreads the values over the lanes as they were loaded and
     # keeps the 16 parts in each lane's registers (the other way round, it copies every value to 16
     # lanes through shared memory).
@@ -147,9 +151,7 @@ def _interval_partials(values, present, low, high, shift, row_max, USE_MASS: tl.
     """_interval_stats' counts and stats before the sum over the values: [16, N / GROUP], each
     summed over GROUP consecutive values only. With GROUP the values a thread holds, that sum stays
     in the thread's registers, so a sweep adds tiles up without any reduction across threads."""
-    key = _float_key(values)
-    inside = _in_interval(values, present, low, high)
-    part = ((key - low) >> shift).to(tl.int32)
+    inside, part = _interval_parts(values, present, low, high, shift)
     n: tl.constexpr = values.shape[0]
     shape: tl.constexpr = [1, n // GROUP, GROUP]
     at_least = tl.reshape(inside, shape) & (tl.reshape(part, shape) >= tl.arange(0, 16)[:, None, None])
@@ -952,13 +954,13 @@ def _launch_plan(T: int, V: int, pdl: bool) -> list:
         *(settle if settle_launch else []),
         (_gather_chunks_kernel, chunks,
          dict(CHUNK=_CHUNK, SEGMENTS=_CHUNK // _SEGMENT, SEG_CAP=_SEG_CAP, SEGMENTS_P2=segments_p2,
-              SETTLED=settle_launch, num_warps=_WARPS["fill"], **follow)),
+              SETTLED=settle_launch, num_warps=_WARPS["chunks"], **follow)),
         # 128 registers: two programs an SM (measured: 24 instead of 34 µs at T = 256, k=50 p=0.9)
         (_select_kernel, (T,),
          dict(SEG_CAP=_SEG_CAP, TILE=_TILE, SMALL=_SMALL, P=_PIVOTS, CAP=_CAP, BLOCK=_BLOCK, MAX_REFINE=_MAX_REFINE,
               MASK_BLOCK=_MASK_BLOCK, num_warps=_WARPS["select"], maxnreg=128, **follow)),
         (_fill_chunks_kernel, (T, triton.cdiv(chunks[1], fill_group)),
-         dict(CHUNK=_CHUNK, SEGMENTS=_CHUNK // _SEGMENT, SEG_CAP=_SEG_CAP, GROUP=fill_group, num_warps=_WARPS["fill"],
+         dict(CHUNK=_CHUNK, SEGMENTS=_CHUNK // _SEGMENT, SEG_CAP=_SEG_CAP, GROUP=fill_group, num_warps=_WARPS["chunks"],
               **follow)),
     ]
 
