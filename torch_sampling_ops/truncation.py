@@ -294,32 +294,58 @@ def _sample_bound_kernel(
         run_max = tl.max(tl.reshape(x, [32, SAMPLE // 32]), axis=1)
         runs_above = tl.sum((run_max[None, :] >= run_max[:, None]).to(tl.int32), axis=1)
         low = _float_key(tl.max(tl.where(runs_above >= rank, run_max, float("-inf"))))
-        if (rank > 32) | (vocab_size <= SAMPLE):
-            low = _rank_bound(x, offs < vocab_size, low, rank)
+        # Top-p alone: also a second bound, where a quarter of the capacity is expected above it. The
+        # scan counts the mass above it too; when that holds top_p, only the candidates above it are kept.
+        high_low = low
+        if (k_on == 0) | (rank > 32) | (vocab_size <= SAMPLE):
+            low, high_low = _rank_bounds(x, offs < vocab_size, low, rank, tl.where(k_on, rank, (rank + 1) // 2))
         ws_row = ws_ptr + t.to(tl.int64) * ws_stride
         lo = tl.maximum(_key_value(low), -_FLT_MAX)  # -inf is never a candidate
         tl.store(ws_row + _LO, lo)
-        # Top-p alone: a second bound where a quarter of the capacity is expected above it. The scan
-        # counts the mass above it too; when that holds top_p, only the candidates above it are kept.
-        high_bound = float("inf")
-        if k_on == 0:
-            high_bound = tl.maximum(_key_value(_rank_bound(x, offs < vocab_size, low, (rank + 1) // 2)), lo)
+        high_bound = tl.where(k_on, float("inf"), tl.maximum(_key_value(high_low), lo))
         tl.store(ws_row + _SECOND_BOUND, high_bound)
         # The scan's exp reference; a row whose max is far above it is left to the general path.
         tl.store(ws_row + _REF, tl.max(x))
 
 
 @triton.jit
-def _rank_bound(x, present, low, rank):
-    """The low end of a key interval at most 2^16 wide holding the rank-th largest of the present
-    values x, found by interval rounds from [low, key(max x)]: at least `rank` of them are >= it."""
-    high = _float_key(tl.max(x))
-    above = 0
-    while high - low >= 65536:
-        shift = _part_shift(low, high)
-        count, _ = _interval_stats(x, present, low, high, shift, 0.0, False)
-        low, high, above, _ = _interval_round(low, high, shift, above, count, count, rank)
-    return low
+def _add_and_max(a_count, a_max, b_count, b_max):
+    return a_count + b_count, tl.maximum(a_max, b_max)
+
+
+@triton.jit
+def _highest_bin_reaching(h, above, rank):
+    """The highest bin b of the histogram h with `above` + the values in bins >= b reaching rank (0
+    when none does), and `above` + the values in the bins above it. One scan and one reduction: the
+    bins reaching rank are a prefix."""
+    at_or_above = above + tl.cumsum(h, axis=0, reverse=True)
+    reaching = at_or_above >= rank
+    n, above_top = tl.reduce((reaching.to(tl.int32), tl.where(reaching, above, at_or_above)), 0, _add_and_max)
+    return tl.maximum(n - 1, 0), above_top
+
+
+@triton.jit
+def _rank_bounds(x, present, low, rank, rank_high):
+    """For rank and rank_high <= rank: the low ends of key intervals 2^16 wide (or less, none below
+    low) holding the rank-th and the rank_high-th largest of the present values x with keys >= low:
+    at least `rank` (`rank_high`) of them are >= each. Two histograms instead of interval rounds:
+    the keys' top bytes, then the second bytes within the one or two top bytes found, each in its
+    half of a 512-bin histogram. With fewer than rank such values, low."""
+    key = _float_key(x)
+    inside = present & (key >= low)
+    top = (key >> 24).to(tl.int32)
+    tops = tl.histogram(top, 256, mask=inside)
+    b1, above = _highest_bin_reaching(tops, 0, rank)
+    b1_high, above_high = _highest_bin_reaching(tops, 0, rank_high)
+    in_high = (top == b1_high) & (b1_high != b1)  # otherwise both read the first half
+    second = ((key >> 16) & 0xFF).to(tl.int32) * 2 + in_high.to(tl.int32)
+    seconds = tl.histogram(second, 512, mask=inside & ((top == b1) | (top == b1_high)))
+    first_half, second_half = tl.split(tl.reshape(seconds, [256, 2]))
+    b2, _ = _highest_bin_reaching(first_half, above, rank)
+    b2_high, _ = _highest_bin_reaching(tl.where(b1_high != b1, second_half, first_half), above_high, rank_high)
+    bound = ((b1 << 24) | (b2 << 16)).to(tl.uint32)
+    bound_high = ((b1_high << 24) | (b2_high << 16)).to(tl.uint32)
+    return tl.maximum(bound, low), tl.maximum(bound_high, low)
 
 
 @triton.jit
