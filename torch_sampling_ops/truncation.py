@@ -404,15 +404,74 @@ def _scan_step(x, offs, lo, high_bound, ref2, lane_max, total, mass, mass_high, 
 
 
 @triton.jit
+def _segment_tile(row_ptr, offs, start, vocab_size, SEGMENT: tl.constexpr):
+    """The segment's tile of 128 tokens at offs, `start` tokens into the segment (-inf past the
+    segment or the row)."""
+    return tl.load(row_ptr + offs, mask=(start < SEGMENT) & (offs < vocab_size), other=float("-inf")).to(tl.float32)
+
+
+@triton.jit
+def _scan_segment(row_ptr, offs, vocab_size, lo, high_bound, ref2, pairs_ptr, WITH_MASS: tl.constexpr,
+                  SEGMENT: tl.constexpr, SEG_CAP: tl.constexpr):
+    """_scan_step over the segment's tiles from offs [32, 4]: its per-lane max, normaliser and
+    masses, and its counts. Three tiles' loads stay in flight while one is counted."""
+    STEP: tl.constexpr = 128
+    lane_max = tl.full([32, 4], float("-inf"), tl.float32)
+    total = tl.zeros([32, 4], tl.float32)
+    mass = tl.zeros([32, 4], tl.float32)
+    mass_high = tl.zeros([32], tl.float32)
+    count = 0
+    count_high = 0
+    x0 = _segment_tile(row_ptr, offs, 0, vocab_size, SEGMENT)
+    x1 = _segment_tile(row_ptr, offs + STEP, STEP, vocab_size, SEGMENT)
+    x2 = _segment_tile(row_ptr, offs + 2 * STEP, 2 * STEP, vocab_size, SEGMENT)
+    if WITH_MASS:
+        # One tile a loop iteration, the tiles rotating through the variables. Unrolled like the
+        # other loop, the top-p step ran short of predicate registers: 192 instead of 184
+        # instructions a tile, and spills.
+        for v0 in range(0, SEGMENT, STEP):
+            x3 = _segment_tile(row_ptr, offs + 3 * STEP, v0 + 3 * STEP, vocab_size, SEGMENT)
+            lane_max, total, mass, mass_high, count, count_high = _scan_step(
+                x0, offs, lo, high_bound, ref2, lane_max, total, mass, mass_high, count, count_high, pairs_ptr,
+                True, SEG_CAP)
+            x0, x1, x2 = x1, x2, x3
+            offs += STEP
+    else:
+        # Four tiles a loop iteration, each variable reloaded four tiles on as soon as its tile is
+        # counted: the loop carries its tiles in place (the rotation costs 12 register moves a
+        # tile; 84 instead of 106 instructions a tile).
+        x3 = _segment_tile(row_ptr, offs + 3 * STEP, 3 * STEP, vocab_size, SEGMENT)
+        for v0 in range(0, SEGMENT, 4 * STEP):
+            lane_max, total, mass, mass_high, count, count_high = _scan_step(
+                x0, offs, lo, high_bound, ref2, lane_max, total, mass, mass_high, count, count_high, pairs_ptr,
+                False, SEG_CAP)
+            x0 = _segment_tile(row_ptr, offs + 4 * STEP, v0 + 4 * STEP, vocab_size, SEGMENT)
+            lane_max, total, mass, mass_high, count, count_high = _scan_step(
+                x1, offs + STEP, lo, high_bound, ref2, lane_max, total, mass, mass_high, count, count_high,
+                pairs_ptr, False, SEG_CAP)
+            x1 = _segment_tile(row_ptr, offs + 5 * STEP, v0 + 5 * STEP, vocab_size, SEGMENT)
+            lane_max, total, mass, mass_high, count, count_high = _scan_step(
+                x2, offs + 2 * STEP, lo, high_bound, ref2, lane_max, total, mass, mass_high, count, count_high,
+                pairs_ptr, False, SEG_CAP)
+            x2 = _segment_tile(row_ptr, offs + 6 * STEP, v0 + 6 * STEP, vocab_size, SEGMENT)
+            lane_max, total, mass, mass_high, count, count_high = _scan_step(
+                x3, offs + 3 * STEP, lo, high_bound, ref2, lane_max, total, mass, mass_high, count, count_high,
+                pairs_ptr, False, SEG_CAP)
+            x3 = _segment_tile(row_ptr, offs + 7 * STEP, v0 + 7 * STEP, vocab_size, SEGMENT)
+            offs += 4 * STEP
+    return lane_max, total, mass, mass_high, count, count_high
+
+
+@triton.jit
 def _scan_segments_kernel(
     logits_ptr, logits_stride, idx_mapping_ptr, top_k_ptr, top_p_ptr, ws_ptr, ws_stride, num_slots, vocab_size,
     num_segments, SEGMENT: tl.constexpr, SEG_CAP: tl.constexpr, PDL: tl.constexpr,
 ):
     """Statistics and candidates of one segment, in one warp: its max, normaliser and candidate mass
     (only for top-p alone: with top-k on, the selection weighs its own candidates), and its
-    candidates. A step is 4 consecutive tokens a lane; with one warp a program, the step's prefix
-    sums never wait on a block-wide barrier (with several warps, Triton 3.6 spread a step's lanes
-    over warps)."""
+    candidates (_scan_segment). A tile is 4 consecutive tokens a lane; with one warp a program, a
+    tile's prefix sums never wait on a block-wide barrier (with several warps, Triton 3.6 spread a
+    tile's lanes over warps)."""
     t = tl.program_id(0)
     segment = tl.program_id(1)
     k, p, k_on, p_on, active = _row_settings(idx_mapping_ptr, top_k_ptr, top_p_ptr, t, num_slots, vocab_size, PDL)
@@ -425,33 +484,13 @@ def _scan_segments_kernel(
         (max_ptr, sum_ptr, mass_ptr, count_ptr, mass_high_ptr, count_high_ptr, _,
          pairs_ptr) = _workspace(ws_row, num_segments, SEG_CAP)[:8]
         pairs_ptr += segment * SEG_CAP
-        STEP: tl.constexpr = 128
         offs = segment * SEGMENT + tl.arange(0, 32)[:, None] * 4 + tl.arange(0, 4)[None, :]
-        lane_max = tl.full([32, 4], float("-inf"), tl.float32)
-        total = tl.zeros([32, 4], tl.float32)
-        mass = tl.zeros([32, 4], tl.float32)
-        mass_high = tl.zeros([32], tl.float32)
-        count = 0
-        count_high = 0
-        # Three steps' loads stay in flight ahead of the arithmetic.
-        x = tl.load(row_ptr + offs, mask=offs < vocab_size, other=float("-inf")).to(tl.float32)
-        x1 = tl.load(row_ptr + offs + STEP, mask=(STEP < SEGMENT) & (offs + STEP < vocab_size),
-                     other=float("-inf")).to(tl.float32)
-        x2 = tl.load(row_ptr + offs + 2 * STEP, mask=(2 * STEP < SEGMENT) & (offs + 2 * STEP < vocab_size),
-                     other=float("-inf")).to(tl.float32)
-        for v0 in range(0, SEGMENT, STEP):
-            x3 = tl.load(row_ptr + offs + 3 * STEP, mask=(v0 + 3 * STEP < SEGMENT) & (offs + 3 * STEP < vocab_size),
-                         other=float("-inf")).to(tl.float32)
-            if k_on:
-                lane_max, total, mass, mass_high, count, count_high = _scan_step(
-                    x, offs, lo, high_bound, ref2, lane_max, total, mass, mass_high, count, count_high, pairs_ptr,
-                    False, SEG_CAP)
-            else:
-                lane_max, total, mass, mass_high, count, count_high = _scan_step(
-                    x, offs, lo, high_bound, ref2, lane_max, total, mass, mass_high, count, count_high, pairs_ptr,
-                    True, SEG_CAP)
-            x, x1, x2 = x1, x2, x3
-            offs += STEP
+        if k_on:
+            lane_max, total, mass, mass_high, count, count_high = _scan_segment(
+                row_ptr, offs, vocab_size, lo, high_bound, ref2, pairs_ptr, False, SEGMENT, SEG_CAP)
+        else:
+            lane_max, total, mass, mass_high, count, count_high = _scan_segment(
+                row_ptr, offs, vocab_size, lo, high_bound, ref2, pairs_ptr, True, SEGMENT, SEG_CAP)
         tl.store(max_ptr + segment, tl.max(tl.max(lane_max, axis=1), axis=0))
         tl.store(sum_ptr + segment, tl.sum(tl.sum(total, axis=1), axis=0))
         tl.store(mass_ptr + segment, tl.sum(tl.sum(mass, axis=1), axis=0))
