@@ -289,8 +289,9 @@ def _sample_bound_kernel(
         rank = tl.minimum(tl.maximum(rank, 1), n_sample)
         # lo: at least `rank` sampled values are >= lo. In a long row with rank <= 32, the rank-th
         # largest of the 32 runs' maxima (each of those runs holds a value >= it): on logits without
-        # runs of large values, within a sample rank or two of the rank-th largest value. Else the
-        # low end of a key interval at most 2^16 wide holding that value, by interval rounds.
+        # runs of large values, within a sample rank or two of the rank-th largest value. Else (and
+        # always for top-p alone) the low end of a key interval at most 2^16 wide holding that value,
+        # from two histograms of the keys (_rank_bounds).
         run_max = tl.max(tl.reshape(x, [32, SAMPLE // 32]), axis=1)
         runs_above = tl.sum((run_max[None, :] >= run_max[:, None]).to(tl.int32), axis=1)
         low = _float_key(tl.max(tl.where(runs_above >= rank, run_max, float("-inf"))))
