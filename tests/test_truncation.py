@@ -176,21 +176,23 @@ def test_every_way_to_settle_a_row_matches_the_reference(backend, gen):
 def test_rows_are_settled_and_filled_alike_in_small_and_large_batches(backend, gen, monkeypatch):
     """Small batches settle a row in each of its gather programs and fill one chunk a program; large
     ones settle it in a launch of their own and fill _FILL_GROUP chunks a program (5 chunks here,
-    so the last program has fewer): the same combinations in the same order, so the same bits."""
+    so the last program has fewer), or, from _FILL_IN_SELECT_MIN_T rows, fill it in the selection:
+    the same combinations in the same order, so the same bits."""
     from torch_sampling_ops import truncation
     T, V = 6, 5 * truncation._CHUNK - 100
     top_k, top_p = settings(SETTINGS[:4] + [(0, 0.5), (0, 0.92)])
     logits = make_logits(T, V, torch.float32, device_of(backend), generator=gen)
     args = (torch.arange(T, dtype=INT).to(logits.device), top_k.to(logits.device), top_p.to(logits.device))
     outs = []
-    for min_t, group in ((T + 1, 4), (1, 4), (1, 3)):
+    for min_t, group, fill_min_t in ((T + 1, 4, T + 1), (1, 4, T + 1), (1, 3, T + 1), (1, 4, 1), (T + 1, 1, 1)):
         monkeypatch.setattr(truncation, "_SETTLE_LAUNCH_MIN_T", min_t)
         monkeypatch.setattr(truncation, "_FILL_GROUP", group)
+        monkeypatch.setattr(truncation, "_FILL_IN_SELECT_MIN_T", fill_min_t)
         out = logits.clone()
         run_op(backend, "top_k_top_p", out, *args)
         outs.append(out)
-    assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
-    assert_matches(outs[2], logits.cpu(), *[a.cpu() for a in args])
+    assert all(torch.equal(outs[0], out) for out in outs[1:])
+    assert_matches(outs[-1], logits.cpu(), *[a.cpu() for a in args])
 
 
 # ----------------------------------------------------------------------------------------------
@@ -234,7 +236,8 @@ def test_benchmark_rows_are_settled_by_their_candidates(gen):
 
 @pytest.mark.cuda
 @pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
-@pytest.mark.parametrize("T", [5, 40])  # below and at _SETTLE_LAUNCH_MIN_T: five and six launches
+# below _SETTLE_LAUNCH_MIN_T, from it, and from _FILL_IN_SELECT_MIN_T: five, six and five launches
+@pytest.mark.parametrize("T", [5, 40, 130])
 def test_dependent_launches_change_no_bit(T, gen, monkeypatch):
     """On Hopper and later, each launch after the first starts while the previous one drains
     (programmatic dependent launch): the results are those of plain launches, bit for bit."""

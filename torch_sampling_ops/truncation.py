@@ -24,14 +24,16 @@ small batch still spreads over the GPU:
    candidates (each keeps the one of 16 equal key ranges holding the answer, by counts for top-k
    and masses for top-p; the list is compacted as the range narrows; the kernel runs with 128
    registers, two programs an SM). With top-k on, the few kept candidates are then written back
-   over the gather's -inf; for top-p alone the threshold is stored in the header.
+   over the gather's -inf. For top-p alone, from _FILL_IN_SELECT_MIN_T rows the program fills its
+   row itself as launch 5 does, chunk by chunk, and launch 5 is left out (rows whose search ends
+   early fill while others still search); in smaller batches the threshold is stored in the header.
    A row the candidates did not settle takes the general path in the same program, on its
    untouched logits: the row max, count and normaliser and, for 16 pivots placed geometrically
    below the first block's max, the count and mass of the tokens >= each; further counting passes
    narrow the pivot interval holding the threshold until at most CAP tokens remain, which are
    compacted, sorted in registers and read off; then one masking pass.
-5. `_fill_chunks_kernel` (settled rows of top-p alone; a chunk a program, _FILL_GROUP from
-   _SETTLE_LAUNCH_MIN_T rows): -inf over a chunk, a block barrier, then the chunk's own listed
+5. `_fill_chunks_kernel` (settled rows of top-p alone, below _FILL_IN_SELECT_MIN_T rows; a chunk a
+   program, _FILL_GROUP from _SETTLE_LAUNCH_MIN_T rows): -inf over a chunk, a block barrier, then the chunk's own listed
    candidates >= the threshold restored, into lines the program has just written. Top-p alone
    keeps thousands of tokens: written back by the selection, after a fill in the gather, each
    landed in its own sector of a row long gone from the L2 (25 µs of the selection at T = 256).
@@ -75,6 +77,11 @@ _SETTLE_LAUNCH_MIN_T = 32
 # From that batch size too, a fill program takes this many chunks: in a batch of top-k rows, which
 # the fill leaves alone, each program still costs a launch slot and the loads of its row settings.
 _FILL_GROUP = 4
+# From this batch size the selection fills each settled top-p-alone row itself once its threshold
+# is known, and the fill launch is left out: rows whose search ends early fill while others still
+# search. Below it the fill launch spreads a row over its chunks' programs (one program filling a
+# whole row takes a chunk's candidate-load latency 19 times over). 128 is a guess, not yet timed.
+_FILL_IN_SELECT_MIN_T = 128
 # General path: tokens per step of a counting pass ([BLOCK, PIVOTS] comparisons) and of the mask
 # pass, bracket tokens sorted in registers (in the selection's scratch), counting passes that narrow
 # a bracket (16 pivots each cut it ~16x).
@@ -645,12 +652,18 @@ def _fill_chunks_kernel(
             for c in range(first_chunk, tl.minimum(first_chunk + GROUP, tl.cdiv(vocab_size, CHUNK))):
                 mine = c * SEGMENTS + tl.arange(0, SEGMENTS)
                 values, positions, present, _ = _listed_candidates(ws_row, num_segments, mine, flag, k_on, SEG_CAP)
-                offs = c * CHUNK + tl.arange(0, CHUNK)
-                tl.store(row_ptr + offs, tl.full([CHUNK], float("-inf"), row_ptr.dtype.element_ty),
-                         mask=offs < vocab_size)
-                tl.debug_barrier()
-                tl.store(row_ptr + positions, values.to(row_ptr.dtype.element_ty),
-                         mask=present & (values >= threshold))
+                _fill_chunk(row_ptr, c, vocab_size, threshold, values, positions, present, CHUNK)
+
+
+@triton.jit
+def _fill_chunk(row_ptr, c, vocab_size, threshold, values, positions, present, CHUNK: tl.constexpr):
+    """-inf over chunk c of a row, then, after a block barrier, the chunk's listed candidates
+    (values, positions, present) >= the threshold restored. Their positions lie in the chunk, and
+    only this program writes it: the barrier orders every -inf store of the chunk before any restore."""
+    offs = c * CHUNK + tl.arange(0, CHUNK)
+    tl.store(row_ptr + offs, tl.full([CHUNK], float("-inf"), row_ptr.dtype.element_ty), mask=offs < vocab_size)
+    tl.debug_barrier()
+    tl.store(row_ptr + positions, values.to(row_ptr.dtype.element_ty), mask=present & (values >= threshold))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -781,11 +794,14 @@ def _candidate_mass(values_ptr, count, row_max, floor, TILE: tl.constexpr):
 
 
 @triton.jit
-def _select_row(row_ptr, ws_row, flag, pairs_ptr, values_ptr, buffer_ptr, scratch_ptr, num_segments, k, p, k_on,
-                p_on, SEG_CAP: tl.constexpr, TILE: tl.constexpr, SMALL: tl.constexpr):
+def _select_row(row_ptr, ws_row, flag, pairs_ptr, values_ptr, buffer_ptr, scratch_ptr, num_segments, vocab_size, k,
+                p, k_on, p_on, SEG_CAP: tl.constexpr, TILE: tl.constexpr, SMALL: tl.constexpr, FILL: tl.constexpr,
+                CHUNK: tl.constexpr, SEGMENTS: tl.constexpr):
     """A settled row's threshold, from its candidate list, applied by the route of _filled_in_gather:
     written back here from the positions the gather listed in the buffer (the pair regions, which
-    the fill then does not read, take the compactions), or stored for the fill."""
+    the fill then does not read, take the compactions); else, with FILL, the row filled here chunk
+    by chunk as the fill launch does (the next chunk's candidates load while one is written), or
+    the threshold stored for the fill launch."""
     list_size = num_segments * SEG_CAP
     positions_ptr = buffer_ptr.to(tl.pointer_type(tl.int32))
     if _filled_in_gather(k_on):
@@ -818,6 +834,15 @@ def _select_row(row_ptr, ws_row, flag, pairs_ptr, values_ptr, buffer_ptr, scratc
             next_positions = tl.load(positions_ptr + start + tl.arange(0, TILE), mask=next_present)
             tl.store(row_ptr + positions, values.to(row_ptr.dtype.element_ty), mask=present & (values >= threshold))
             values, present, positions = next_values, next_present, next_positions
+    elif FILL:
+        mine = tl.arange(0, SEGMENTS)
+        listed, listed_at, is_listed, _ = _listed_candidates(ws_row, num_segments, mine, flag, k_on, SEG_CAP)
+        for c in range(0, tl.cdiv(vocab_size, CHUNK)):
+            mine += SEGMENTS  # past the last segment: nothing listed, nothing loaded
+            next_listed, next_at, next_is_listed, _ = _listed_candidates(ws_row, num_segments, mine, flag, k_on,
+                                                                         SEG_CAP)
+            _fill_chunk(row_ptr, c, vocab_size, threshold, listed, listed_at, is_listed, CHUNK)
+            listed, listed_at, is_listed = next_listed, next_at, next_is_listed
     else:
         tl.store(ws_row + _THRESHOLD, threshold)
 
@@ -968,10 +993,12 @@ def _general_row(row_ptr, scratch_ptr, vocab_size, k, p, k_on, p_on, P: tl.const
 def _select_kernel(
     logits_ptr, logits_stride, idx_mapping_ptr, top_k_ptr, top_p_ptr, ws_ptr, ws_stride, num_slots, vocab_size,
     num_segments, SEG_CAP: tl.constexpr, TILE: tl.constexpr, SMALL: tl.constexpr, P: tl.constexpr,
-    CAP: tl.constexpr, BLOCK: tl.constexpr, MAX_REFINE: tl.constexpr, MASK_BLOCK: tl.constexpr, PDL: tl.constexpr,
+    CAP: tl.constexpr, BLOCK: tl.constexpr, MAX_REFINE: tl.constexpr, MASK_BLOCK: tl.constexpr, FILL: tl.constexpr,
+    CHUNK: tl.constexpr, SEGMENTS: tl.constexpr, PDL: tl.constexpr,
 ):
-    """A row's threshold: from its candidates when they settle it (applied here with top-k on, by the
-    fill for top-p alone), else by the general path, which also masks the row."""
+    """A row's threshold: from its candidates when they settle it (applied here with top-k on, and
+    for top-p alone here with FILL, else by the fill launch), else by the general path, which also
+    masks the row."""
     t = tl.program_id(0)
     k, p, k_on, p_on, active = _row_settings(idx_mapping_ptr, top_k_ptr, top_p_ptr, t, num_slots, vocab_size, PDL)
     if active:
@@ -980,8 +1007,8 @@ def _select_kernel(
         pairs_ptr, values_ptr, buffer_ptr, scratch_ptr = _workspace(ws_row, num_segments, SEG_CAP)[7:]
         flag = tl.load(_header_int(ws_row, _FLAG))
         if flag != 0:
-            _select_row(row_ptr, ws_row, flag, pairs_ptr, values_ptr, buffer_ptr, scratch_ptr, num_segments, k, p,
-                        k_on, p_on, SEG_CAP, TILE, SMALL)
+            _select_row(row_ptr, ws_row, flag, pairs_ptr, values_ptr, buffer_ptr, scratch_ptr, num_segments, vocab_size,
+                        k, p, k_on, p_on, SEG_CAP, TILE, SMALL, FILL, CHUNK, SEGMENTS)
         else:
             _general_row(row_ptr, scratch_ptr, vocab_size, k, p, k_on, p_on, P, CAP, BLOCK, MAX_REFINE, MASK_BLOCK)
 
@@ -1011,6 +1038,10 @@ def _launch_plan(T: int, V: int, pdl: bool) -> list:
     follow = dict(PDL=pdl, launch_pdl=pdl)
     chunks = (T, triton.cdiv(V, _CHUNK))
     fill_group = _FILL_GROUP if settle_launch else 1
+    fill_in_select = T >= _FILL_IN_SELECT_MIN_T
+    fill = [(_fill_chunks_kernel, (T, triton.cdiv(chunks[1], fill_group)),
+             dict(CHUNK=_CHUNK, SEGMENTS=_CHUNK // _SEGMENT, SEG_CAP=_SEG_CAP, GROUP=fill_group,
+                  num_warps=_WARPS["chunks"], **follow))]
     settle = [(_settle_kernel, (T,), dict(SEG_CAP=_SEG_CAP, SEGMENTS_P2=segments_p2, num_warps=1, **follow))]
     return [
         (_sample_bound_kernel, (T,), dict(SAMPLE=_SAMPLE, SEG_CAP=_SEG_CAP, num_warps=_WARPS["sample"], PDL=pdl)),
@@ -1024,18 +1055,18 @@ def _launch_plan(T: int, V: int, pdl: bool) -> list:
         # 128 registers: two programs an SM (measured: 24 instead of 34 µs at T = 256, k=50 p=0.9)
         (_select_kernel, (T,),
          dict(SEG_CAP=_SEG_CAP, TILE=_TILE, SMALL=_SMALL, P=_PIVOTS, CAP=_CAP, BLOCK=_BLOCK, MAX_REFINE=_MAX_REFINE,
-              MASK_BLOCK=_MASK_BLOCK, num_warps=_WARPS["select"], maxnreg=128, **follow)),
-        (_fill_chunks_kernel, (T, triton.cdiv(chunks[1], fill_group)),
-         dict(CHUNK=_CHUNK, SEGMENTS=_CHUNK // _SEGMENT, SEG_CAP=_SEG_CAP, GROUP=fill_group, num_warps=_WARPS["chunks"],
-              **follow)),
+              MASK_BLOCK=_MASK_BLOCK, FILL=fill_in_select, CHUNK=_CHUNK, SEGMENTS=_CHUNK // _SEGMENT,
+              num_warps=_WARPS["select"], maxnreg=128, **follow)),
+        *([] if fill_in_select else fill),
     ]
 
 
 def _compiled_kernels(V: int, pdl: bool = True) -> list:
     """Each distinct (kernel, constants and compile options) the op launches at vocabulary V, in a
-    batch below _SETTLE_LAUNCH_MIN_T rows and in one at it (for .ci/inspect_kernels.py and the benchmark)."""
+    batch below _SETTLE_LAUNCH_MIN_T rows, in one at it and in one at _FILL_IN_SELECT_MIN_T (for
+    .ci/inspect_kernels.py and the benchmark)."""
     kernels = []
-    for T in (1, _SETTLE_LAUNCH_MIN_T):
+    for T in (1, _SETTLE_LAUNCH_MIN_T, _FILL_IN_SELECT_MIN_T):
         for kernel, _, meta in _launch_plan(T, V, pdl):
             if (kernel, meta) not in kernels:
                 kernels.append((kernel, meta))
