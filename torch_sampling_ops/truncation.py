@@ -91,8 +91,8 @@ _PIVOTS = 16
 _CAP = 256 if _INTERPRET else 2048
 _MAX_REFINE = 8
 # The selection's sweeps keep per-thread statistics over groups of this many consecutive candidates:
-# the values each thread of the 8 warps holds of a 1024-candidate tile.
-_SWEEP_GROUP = tl.constexpr(4)
+# the values each of the selection's threads holds of a tile (4 on the GPU).
+_SWEEP_GROUP = tl.constexpr(max(_TILE // (32 * _WARPS["select"]), 1))
 
 
 # ----------------------------------------------------------------------------------------------
