@@ -2,7 +2,7 @@
 
 Both filters keep the tokens >= a threshold: the largest value v whose count (top-k) or probability
 mass (top-p, after top-k: renormalised over the kept set) of tokens >= v reaches the target. Five
-launches (six from _SETTLE_LAUNCH_MIN_T rows); rows are split into fixed 1024-token segments, so a
+launches (six from _SETTLE_LAUNCH_MIN_T rows); rows are split into fixed 2048-token segments, so a
 small batch still spreads over the GPU:
 
 1. `_sample_bound_kernel` (per row): a 2048-token sample gives a lower bound `lo` the threshold
@@ -64,8 +64,11 @@ from ._triton_helpers import load_slot
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 # Under TRITON_INTERPRET=1 the tests run small rows: smaller segments, capacities, sample and tiles
 # exercise the multi-segment, overflow, narrowing and fallback logic there.
-_SEGMENT = 256 if _INTERPRET else 1024  # tokens of a segment: one warp of the scan, its own candidate region
-_SEG_CAP = 32 if _INTERPRET else 256  # candidates a segment can hold
+# Segments of 2048 tokens rather than 1024 (H200, V = 151936): 214 / 120 / 111 instead of 224 / 126 /
+# 116 µs at T = 256 (top-p / both / top-k), 22.4 / 53.3 / 16.4 instead of 21.1 / 52.6 / 15.0 at T = 1.
+# The same at every batch size: the segments fix the order of a row's sums.
+_SEGMENT = 256 if _INTERPRET else 2048  # tokens of a segment: one warp of the scan, its own candidate region
+_SEG_CAP = 32 if _INTERPRET else 512  # candidates a segment can hold
 _CHUNK = 1024 if _INTERPRET else 8192  # tokens per program of the gather and fill launches (whole segments)
 _SAMPLE = 256 if _INTERPRET else 2048  # sampled tokens (32 runs spread over the row)
 _TILE = 256 if _INTERPRET else 1024  # candidates per step of the selection, and held in registers
@@ -79,8 +82,9 @@ _SETTLE_LAUNCH_MIN_T = 32
 _FILL_GROUP = 4
 # From this batch size the selection fills each settled top-p-alone row itself once its threshold
 # is known, and the fill launch is left out: rows whose search ends early fill while others still
-# search. Below it the fill launch spreads a row over its chunks' programs (one program filling a
-# whole row takes a chunk's candidate-load latency 19 times over). 128 is a guess, not yet timed.
+# search (top-p alone, T = 256: 224 instead of 237 µs; T = 128: 153 either way). Below it the fill
+# launch spreads a row over its chunks' programs (one program filling a whole row takes a chunk's
+# candidate-load latency 19 times over).
 _FILL_IN_SELECT_MIN_T = 128
 # General path: tokens per step of a counting pass ([BLOCK, PIVOTS] comparisons) and of the mask
 # pass, bracket tokens sorted in registers (in the selection's scratch), counting passes that narrow
@@ -366,40 +370,22 @@ def _lane_elements(x):
 
 
 @triton.jit
-def _scan_step(x, offs, lo, high_bound, ref2, lane_max, total, mass, mass_high, count, count_high, pairs_ptr,
-               WITH_MASS: tl.constexpr, SEG_CAP: tl.constexpr):
-    """One step of _scan_segments_kernel over x [32, 4] at offs (each lane 4 consecutive tokens):
-    the running per-lane max (and normaliser, candidate mass relative to the reference,
-    ref2 = ref * log2(e), and the mass and count of the tokens >= high_bound), and the step's
-    candidates (x >= lo) stored in the segment's region (with mass: those >= high_bound from the
-    front, the others from the back)."""
+def _scan_step(x, offs, lo, lane_max, count, pairs_ptr, SEG_CAP: tl.constexpr):
+    """One step of _scan_segment over x [32, 4] at offs (each lane 4 consecutive tokens): the
+    running per-element max and candidate count, and the step's candidates (x >= lo) stored in the
+    segment's region in token order."""
     lane_max = tl.maximum(lane_max, x)  # max.f32 passes over NaN
     candidate = x >= lo  # never NaN, never past the row (loaded as -inf; lo > -inf)
     taken = candidate.to(tl.int32)
     per_lane = tl.sum(taken, axis=1)
-    if WITH_MASS:
-        # Clamping the exponent sends NaN and -inf to 2^-200, which is 0 in float32.
-        e = tl.math.exp2(tl.maximum(x * _LOG2E - ref2, -200.0))
-        total += e
-        mass += tl.where(candidate, e, 0.0)
-        high = x >= high_bound  # high_bound >= lo: candidates
-        mass_high += tl.sum(tl.where(high, e, 0.0), axis=1)  # a lane's 4 tokens: in its registers
-        high_taken = high.to(tl.int32)
-        low_taken = taken - high_taken
-        # rank = candidates of the kind before this one: earlier steps, earlier lanes, earlier tokens
-        # of the lane. One warp scan and one sum count both kinds: a lane's high candidates in the
-        # upper 16 bits (a step has at most 128 of either kind).
-        packed_lane = tl.sum(high_taken * 65536 + low_taken, axis=1)
-        before = tl.cumsum(packed_lane, axis=0) - packed_lane
-        high_rank = (count_high + (before >> 16))[:, None] + tl.cumsum(high_taken, axis=1) - 1
-        low_rank = (count - count_high + (before & 0xFFFF))[:, None] + tl.cumsum(low_taken, axis=1) - 1
-        slot = tl.where(high, high_rank, SEG_CAP - 1 - low_rank)
-        packed_step = tl.sum(packed_lane, axis=0)
-        count_high += packed_step >> 16
-        added = (packed_step >> 16) + (packed_step & 0xFFFF)
-    else:
-        slot = (count + tl.cumsum(per_lane, axis=0) - per_lane)[:, None] + tl.cumsum(taken, axis=1) - 1
-        added = tl.sum(per_lane, axis=0)
+    slot = (count + tl.cumsum(per_lane, axis=0) - per_lane)[:, None] + tl.cumsum(taken, axis=1) - 1
+    _store_candidates(pairs_ptr, slot, x, offs, candidate, SEG_CAP)
+    return lane_max, count + tl.sum(per_lane, axis=0)
+
+
+@triton.jit
+def _store_candidates(pairs_ptr, slot, x, offs, candidate, SEG_CAP: tl.constexpr):
+    """The candidates of a tile x [32, 4] at offs as (value bits, position) pairs at their slots."""
     pair = (x.to(tl.int32, bitcast=True).to(tl.uint32).to(tl.uint64) << 32) | offs.to(tl.uint64)
     stored = candidate & (slot >= 0) & (slot < SEG_CAP)  # a segment over capacity is never read
     # One store per token of the lane, so the scatter keeps the load's layout (no conversion).
@@ -408,7 +394,42 @@ def _scan_step(x, offs, lo, high_bound, ref2, lane_max, total, mass, mass_high, 
     masks = _lane_elements(stored)
     for r in tl.static_range(4):
         tl.store(pairs_ptr + slots[r], pairs[r], mask=masks[r])
-    return lane_max, total, mass, mass_high, count + added, count_high
+
+
+@triton.jit
+def _scan_pair_with_mass(xa, xb, offs, lo, high_bound, ref2, lane_max, total, mass, mass_high, count, count_high,
+                         pairs_ptr, SEG_CAP: tl.constexpr):
+    """_scan_step's top-p-alone counterpart over two tiles [32, 4] at once, xa at offs and xb 128
+    tokens on, with one warp scan for both and the sums per lane [32] (sm_90a: 284 instructions
+    for the two tiles, against 180 a tile one at a time). Also the mass and count of the tokens
+    >= high_bound; those are stored from the front of the region, the other candidates from the back."""
+    lane_max = tl.maximum(lane_max, tl.max(tl.maximum(xa, xb), axis=1))  # max.f32 passes over NaN
+    # Clamping the exponent sends NaN and -inf to 2^-200, which is 0 in float32.
+    ea = tl.math.exp2(tl.maximum(xa * _LOG2E - ref2, -200.0))
+    eb = tl.math.exp2(tl.maximum(xb * _LOG2E - ref2, -200.0))
+    candidate_a = xa >= lo  # never NaN, never past the row (loaded as -inf; lo > -inf)
+    candidate_b = xb >= lo
+    high_a = xa >= high_bound  # high_bound >= lo: candidates
+    high_b = xb >= high_bound
+    total += tl.sum(ea + eb, axis=1)
+    mass += tl.sum(tl.where(candidate_a, ea, 0.0) + tl.where(candidate_b, eb, 0.0), axis=1)
+    mass_high += tl.sum(tl.where(high_a, ea, 0.0) + tl.where(high_b, eb, 0.0), axis=1)
+    # A lane's high candidates in the upper 16 bits, its others in the lower (at most 256 each).
+    packed_a = tl.where(high_a, 65536, tl.where(candidate_a, 1, 0))
+    packed_b = tl.where(high_b, 65536, tl.where(candidate_b, 1, 0))
+    lane_a = tl.sum(packed_a, axis=1)
+    packed_lane = lane_a + tl.sum(packed_b, axis=1)
+    before = count_high * 65535 + count + tl.cumsum(packed_lane, axis=0) - packed_lane
+    rank_a = before[:, None] + tl.cumsum(packed_a, axis=1) - packed_a
+    rank_b = (before + lane_a)[:, None] + tl.cumsum(packed_b, axis=1) - packed_b
+    slot_a = tl.where(high_a, rank_a >> 16, SEG_CAP - 1 - (rank_a & 0xFFFF))
+    slot_b = tl.where(high_b, rank_b >> 16, SEG_CAP - 1 - (rank_b & 0xFFFF))
+    packed_step = tl.sum(packed_lane, axis=0)
+    count += (packed_step >> 16) + (packed_step & 0xFFFF)
+    count_high += packed_step >> 16
+    _store_candidates(pairs_ptr, slot_a, xa, offs, candidate_a, SEG_CAP)
+    _store_candidates(pairs_ptr, slot_b, xb, offs + 128, candidate_b, SEG_CAP)
+    return lane_max, total, mass, mass_high, count, count_high
 
 
 @triton.jit
@@ -419,55 +440,67 @@ def _segment_tile(row_ptr, offs, start, vocab_size, SEGMENT: tl.constexpr):
 
 
 @triton.jit
-def _scan_segment(row_ptr, offs, vocab_size, lo, high_bound, ref2, pairs_ptr, WITH_MASS: tl.constexpr,
-                  SEGMENT: tl.constexpr, SEG_CAP: tl.constexpr):
-    """_scan_step over the segment's tiles from offs [32, 4]: its per-lane max, normaliser and
-    masses, and its counts. Three tiles' loads stay in flight while one is counted."""
+def _scan_segment(row_ptr, offs, vocab_size, lo, pairs_ptr, SEGMENT: tl.constexpr, SEG_CAP: tl.constexpr):
+    """_scan_step without mass over the segment's tiles from offs [32, 4]: the segment's max and
+    candidate count. Three tiles' loads stay in flight while one is counted."""
     STEP: tl.constexpr = 128
     lane_max = tl.full([32, 4], float("-inf"), tl.float32)
-    total = tl.zeros([32, 4], tl.float32)
-    mass = tl.zeros([32, 4], tl.float32)
-    mass_high = tl.zeros([32], tl.float32)
     count = 0
-    count_high = 0
     x0 = _segment_tile(row_ptr, offs, 0, vocab_size, SEGMENT)
     x1 = _segment_tile(row_ptr, offs + STEP, STEP, vocab_size, SEGMENT)
     x2 = _segment_tile(row_ptr, offs + 2 * STEP, 2 * STEP, vocab_size, SEGMENT)
-    if WITH_MASS:
-        # One tile a loop iteration, the tiles rotating through the variables. Unrolled like the
-        # other loop, the top-p step ran short of predicate registers: 192 instead of 184
-        # instructions a tile, and spills.
-        for v0 in range(0, SEGMENT, STEP):
-            x3 = _segment_tile(row_ptr, offs + 3 * STEP, v0 + 3 * STEP, vocab_size, SEGMENT)
-            lane_max, total, mass, mass_high, count, count_high = _scan_step(
-                x0, offs, lo, high_bound, ref2, lane_max, total, mass, mass_high, count, count_high, pairs_ptr,
-                True, SEG_CAP)
-            x0, x1, x2 = x1, x2, x3
-            offs += STEP
+    x3 = _segment_tile(row_ptr, offs + 3 * STEP, 3 * STEP, vocab_size, SEGMENT)
+    # Four tiles a loop iteration, each variable reloaded four tiles on as soon as its tile is
+    # counted: the loop carries its tiles in place (rotating them cost 12 register moves a tile;
+    # sm_90a: 337 instructions for four tiles, against 106 a tile with the rotation).
+    for v0 in range(0, SEGMENT, 4 * STEP):
+        lane_max, count = _scan_step(x0, offs, lo, lane_max, count, pairs_ptr, SEG_CAP)
+        x0 = _segment_tile(row_ptr, offs + 4 * STEP, v0 + 4 * STEP, vocab_size, SEGMENT)
+        lane_max, count = _scan_step(x1, offs + STEP, lo, lane_max, count, pairs_ptr, SEG_CAP)
+        x1 = _segment_tile(row_ptr, offs + 5 * STEP, v0 + 5 * STEP, vocab_size, SEGMENT)
+        lane_max, count = _scan_step(x2, offs + 2 * STEP, lo, lane_max, count, pairs_ptr, SEG_CAP)
+        x2 = _segment_tile(row_ptr, offs + 6 * STEP, v0 + 6 * STEP, vocab_size, SEGMENT)
+        lane_max, count = _scan_step(x3, offs + 3 * STEP, lo, lane_max, count, pairs_ptr, SEG_CAP)
+        x3 = _segment_tile(row_ptr, offs + 7 * STEP, v0 + 7 * STEP, vocab_size, SEGMENT)
+        offs += 4 * STEP
+    return tl.max(tl.max(lane_max, axis=1), axis=0), count
+
+
+@triton.jit
+def _pair_tile(row_ptr, offs, start, vocab_size, FULL: tl.constexpr, SEGMENT: tl.constexpr):
+    """The tile of 128 tokens at offs, `start` tokens into the segment. In a FULL segment (all of
+    it in the row) a tile past the segment reads one of the segment again, unmasked; otherwise
+    -inf past the segment or the row."""
+    if FULL:
+        return tl.load(row_ptr + offs - tl.where(start < SEGMENT, 0, SEGMENT)).to(tl.float32)
     else:
-        # Four tiles a loop iteration, each variable reloaded four tiles on as soon as its tile is
-        # counted: the loop carries its tiles in place (rotating them cost 12 register moves a
-        # tile; sm_90a: 334 instructions for four tiles, against 106 a tile with the rotation).
-        x3 = _segment_tile(row_ptr, offs + 3 * STEP, 3 * STEP, vocab_size, SEGMENT)
-        for v0 in range(0, SEGMENT, 4 * STEP):
-            lane_max, total, mass, mass_high, count, count_high = _scan_step(
-                x0, offs, lo, high_bound, ref2, lane_max, total, mass, mass_high, count, count_high, pairs_ptr,
-                False, SEG_CAP)
-            x0 = _segment_tile(row_ptr, offs + 4 * STEP, v0 + 4 * STEP, vocab_size, SEGMENT)
-            lane_max, total, mass, mass_high, count, count_high = _scan_step(
-                x1, offs + STEP, lo, high_bound, ref2, lane_max, total, mass, mass_high, count, count_high,
-                pairs_ptr, False, SEG_CAP)
-            x1 = _segment_tile(row_ptr, offs + 5 * STEP, v0 + 5 * STEP, vocab_size, SEGMENT)
-            lane_max, total, mass, mass_high, count, count_high = _scan_step(
-                x2, offs + 2 * STEP, lo, high_bound, ref2, lane_max, total, mass, mass_high, count, count_high,
-                pairs_ptr, False, SEG_CAP)
-            x2 = _segment_tile(row_ptr, offs + 6 * STEP, v0 + 6 * STEP, vocab_size, SEGMENT)
-            lane_max, total, mass, mass_high, count, count_high = _scan_step(
-                x3, offs + 3 * STEP, lo, high_bound, ref2, lane_max, total, mass, mass_high, count, count_high,
-                pairs_ptr, False, SEG_CAP)
-            x3 = _segment_tile(row_ptr, offs + 7 * STEP, v0 + 7 * STEP, vocab_size, SEGMENT)
-            offs += 4 * STEP
-    return lane_max, total, mass, mass_high, count, count_high
+        return _segment_tile(row_ptr, offs, start, vocab_size, SEGMENT)
+
+
+@triton.jit
+def _scan_segment_with_mass(row_ptr, offs, vocab_size, lo, high_bound, ref2, pairs_ptr, FULL: tl.constexpr,
+                            SEGMENT: tl.constexpr, SEG_CAP: tl.constexpr):
+    """_scan_pair_with_mass over the segment's tiles from offs [32, 4], two tiles a step, the next
+    two loading while one pair is counted: the segment's max, normaliser, masses and counts."""
+    STEP: tl.constexpr = 128
+    lane_max = tl.full([32], float("-inf"), tl.float32)
+    total = tl.zeros([32], tl.float32)
+    mass = tl.zeros([32], tl.float32)
+    mass_high = tl.zeros([32], tl.float32)
+    count = 0
+    count_high = 0
+    x0 = _pair_tile(row_ptr, offs, 0, vocab_size, FULL, SEGMENT)
+    x1 = _pair_tile(row_ptr, offs + STEP, STEP, vocab_size, FULL, SEGMENT)
+    for v0 in range(0, SEGMENT, 2 * STEP):
+        x2 = _pair_tile(row_ptr, offs + 2 * STEP, v0 + 2 * STEP, vocab_size, FULL, SEGMENT)
+        x3 = _pair_tile(row_ptr, offs + 3 * STEP, v0 + 3 * STEP, vocab_size, FULL, SEGMENT)
+        lane_max, total, mass, mass_high, count, count_high = _scan_pair_with_mass(
+            x0, x1, offs, lo, high_bound, ref2, lane_max, total, mass, mass_high, count, count_high, pairs_ptr,
+            SEG_CAP)
+        x0, x1 = x2, x3
+        offs += 2 * STEP
+    return (tl.max(lane_max, axis=0), tl.sum(total, axis=0), tl.sum(mass, axis=0), tl.sum(mass_high, axis=0),
+            count, count_high)
 
 
 @triton.jit
@@ -494,17 +527,20 @@ def _scan_segments_kernel(
         pairs_ptr += segment * SEG_CAP
         offs = segment * SEGMENT + tl.arange(0, 32)[:, None] * 4 + tl.arange(0, 4)[None, :]
         if k_on:
-            lane_max, total, mass, mass_high, count, count_high = _scan_segment(
-                row_ptr, offs, vocab_size, lo, high_bound, ref2, pairs_ptr, False, SEGMENT, SEG_CAP)
+            seg_max, count = _scan_segment(row_ptr, offs, vocab_size, lo, pairs_ptr, SEGMENT, SEG_CAP)
         else:
-            lane_max, total, mass, mass_high, count, count_high = _scan_segment(
-                row_ptr, offs, vocab_size, lo, high_bound, ref2, pairs_ptr, True, SEGMENT, SEG_CAP)
-        tl.store(max_ptr + segment, tl.max(tl.max(lane_max, axis=1), axis=0))
-        tl.store(sum_ptr + segment, tl.sum(tl.sum(total, axis=1), axis=0))
-        tl.store(mass_ptr + segment, tl.sum(tl.sum(mass, axis=1), axis=0))
+            if (segment + 1) * SEGMENT <= vocab_size:
+                seg_max, total, mass, mass_high, count, count_high = _scan_segment_with_mass(
+                    row_ptr, offs, vocab_size, lo, high_bound, ref2, pairs_ptr, True, SEGMENT, SEG_CAP)
+            else:
+                seg_max, total, mass, mass_high, count, count_high = _scan_segment_with_mass(
+                    row_ptr, offs, vocab_size, lo, high_bound, ref2, pairs_ptr, False, SEGMENT, SEG_CAP)
+            tl.store(sum_ptr + segment, total)
+            tl.store(mass_ptr + segment, mass)
+            tl.store(mass_high_ptr + segment, mass_high)
+            tl.store(count_high_ptr + segment, count_high)
+        tl.store(max_ptr + segment, seg_max)
         tl.store(count_ptr + segment, count)
-        tl.store(mass_high_ptr + segment, tl.sum(mass_high, axis=0))
-        tl.store(count_high_ptr + segment, count_high)
 
 
 @triton.jit
@@ -581,7 +617,7 @@ def _listed_candidates(ws_row, num_segments, mine, flag, k_on, SEG_CAP: tl.const
     counts = tl.load(count_ptr + mine, mask=mine < num_segments, other=0)
     counts_high = tl.load(count_high_ptr + mine, mask=mine < num_segments, other=0)
     n = tl.where(flag == 2, counts_high, counts)  # as _settle_row lists them
-    n_front = tl.where(k_on, counts, counts_high)  # see _scan_step
+    n_front = tl.where(k_on, counts, counts_high)  # see _scan_step and _scan_pair_with_mass
     i = tl.arange(0, SEG_CAP)[None, :]
     present = i < n[:, None]
     source = tl.where(i < n_front[:, None], i, SEG_CAP - 1 - (i - n_front[:, None]))
