@@ -615,6 +615,7 @@ def _listed_candidates(ws_row, num_segments, mine, flag, k_on, SEG_CAP: tl.const
     count_ptr, _, count_high_ptr = _workspace(ws_row, num_segments, SEG_CAP)[3:6]
     pairs_ptr = _workspace(ws_row, num_segments, SEG_CAP)[7]
     counts = tl.load(count_ptr + mine, mask=mine < num_segments, other=0)
+    # The scan writes counts_high for top-p alone only; with top-k on neither n nor n_front uses it.
     counts_high = tl.load(count_high_ptr + mine, mask=mine < num_segments, other=0)
     n = tl.where(flag == 2, counts_high, counts)  # as _settle_row lists them
     n_front = tl.where(k_on, counts, counts_high)  # see _scan_step and _scan_pair_with_mass
