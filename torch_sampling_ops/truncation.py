@@ -33,10 +33,11 @@ small batch still spreads over the GPU:
    narrow the pivot interval holding the threshold until at most CAP tokens remain, which are
    compacted, sorted in registers and read off; then one masking pass.
 5. `_fill_chunks_kernel` (settled rows of top-p alone, below _FILL_IN_SELECT_MIN_T rows; a chunk a
-   program, _FILL_GROUP from _SETTLE_LAUNCH_MIN_T rows): -inf over a chunk, a block barrier, then the chunk's own listed
-   candidates >= the threshold restored, into lines the program has just written. Top-p alone
-   keeps thousands of tokens: written back by the selection, after a fill in the gather, each
-   landed in its own sector of a row long gone from the L2 (25 µs of the selection at T = 256).
+   program, _FILL_GROUP from _SETTLE_LAUNCH_MIN_T rows): -inf over a chunk, a block barrier, then
+   the chunk's own listed candidates >= the threshold restored, into lines the program has just
+   written. Top-p alone keeps thousands of tokens: written back by the selection, after a fill in
+   the gather, each landed in its own sector of a row long gone from the L2 (25 µs of the selection
+   at T = 256).
 
 On Hopper and later GPUs every launch after the first is a programmatic dependent launch: its
 programs are placed while the previous launch drains and read their row settings, then wait for it
@@ -441,8 +442,8 @@ def _segment_tile(row_ptr, offs, start, vocab_size, SEGMENT: tl.constexpr):
 
 @triton.jit
 def _scan_segment(row_ptr, offs, vocab_size, lo, pairs_ptr, SEGMENT: tl.constexpr, SEG_CAP: tl.constexpr):
-    """_scan_step without mass over the segment's tiles from offs [32, 4]: the segment's max and
-    candidate count. Three tiles' loads stay in flight while one is counted."""
+    """_scan_step over the segment's tiles from offs [32, 4] (rows with top-k on): the segment's
+    max and candidate count. Three tiles' loads stay in flight while one is counted."""
     STEP: tl.constexpr = 128
     lane_max = tl.full([32, 4], float("-inf"), tl.float32)
     count = 0
