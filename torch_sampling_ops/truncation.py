@@ -70,6 +70,10 @@ _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 # The same at every batch size: the segments fix the order of a row's sums.
 _SEGMENT = 256 if _INTERPRET else 2048  # tokens of a segment: one warp of the scan, its own candidate region
 _SEG_CAP = 32 if _INTERPRET else 512  # candidates a segment can hold
+# The top-p-alone scan's software pipeline depth (Triton's num_stages): 3 steps of 256 tokens load
+# while one is counted (H200, T = 256: 210 / 119 / 110 against 214 / 120 / 111 µs with the next
+# step loading into registers; 6 stages: 212 µs for top-p alone).
+_SCAN_STAGES = 4
 _CHUNK = 1024 if _INTERPRET else 8192  # tokens per program of the gather and fill launches (whole segments)
 _SAMPLE = 256 if _INTERPRET else 2048  # sampled tokens (32 runs spread over the row)
 _TILE = 256 if _INTERPRET else 1024  # candidates per step of the selection, and held in registers
@@ -434,55 +438,54 @@ def _scan_pair_with_mass(xa, xb, offs, lo, high_bound, ref2, lane_max, total, ma
 
 
 @triton.jit
-def _segment_tile(row_ptr, offs, start, vocab_size, SEGMENT: tl.constexpr):
-    """The segment's tile of 128 tokens at offs, `start` tokens into the segment (-inf past the
-    segment or the row)."""
-    return tl.load(row_ptr + offs, mask=(start < SEGMENT) & (offs < vocab_size), other=float("-inf")).to(tl.float32)
+def _segment_tile(row_ptr, offs, start, vocab_size, FULL: tl.constexpr, SEGMENT: tl.constexpr):
+    """The tile of 128 tokens at offs, `start` tokens into the segment. In a FULL segment (all of
+    it in the row) a tile past the segment reads one of the segment again, unmasked (a prefetch the
+    loop never counts); otherwise -inf past the segment or the row."""
+    if FULL:
+        return tl.load(row_ptr + offs - tl.where(start < SEGMENT, 0, SEGMENT)).to(tl.float32)
+    else:
+        return tl.load(row_ptr + offs, mask=(start < SEGMENT) & (offs < vocab_size),
+                       other=float("-inf")).to(tl.float32)
 
 
 @triton.jit
-def _scan_segment(row_ptr, offs, vocab_size, lo, pairs_ptr, SEGMENT: tl.constexpr, SEG_CAP: tl.constexpr):
+def _scan_segment(row_ptr, offs, vocab_size, lo, pairs_ptr, FULL: tl.constexpr, SEGMENT: tl.constexpr,
+                  SEG_CAP: tl.constexpr):
     """_scan_step over the segment's tiles from offs [32, 4] (rows with top-k on): the segment's
     max and candidate count. Three tiles' loads stay in flight while one is counted."""
     STEP: tl.constexpr = 128
+    # Every tile loaded is counted unless it lies past the last iteration: a segment shorter than
+    # one iteration (the interpreter's) is always masked.
+    FULL_TILES: tl.constexpr = FULL and SEGMENT % (4 * STEP) == 0
     lane_max = tl.full([32, 4], float("-inf"), tl.float32)
     count = 0
-    x0 = _segment_tile(row_ptr, offs, 0, vocab_size, SEGMENT)
-    x1 = _segment_tile(row_ptr, offs + STEP, STEP, vocab_size, SEGMENT)
-    x2 = _segment_tile(row_ptr, offs + 2 * STEP, 2 * STEP, vocab_size, SEGMENT)
-    x3 = _segment_tile(row_ptr, offs + 3 * STEP, 3 * STEP, vocab_size, SEGMENT)
+    x0 = _segment_tile(row_ptr, offs, 0, vocab_size, FULL_TILES, SEGMENT)
+    x1 = _segment_tile(row_ptr, offs + STEP, STEP, vocab_size, FULL_TILES, SEGMENT)
+    x2 = _segment_tile(row_ptr, offs + 2 * STEP, 2 * STEP, vocab_size, FULL_TILES, SEGMENT)
+    x3 = _segment_tile(row_ptr, offs + 3 * STEP, 3 * STEP, vocab_size, FULL_TILES, SEGMENT)
     # Four tiles a loop iteration, each variable reloaded four tiles on as soon as its tile is
     # counted: the loop carries its tiles in place (rotating them cost 12 register moves a tile;
     # sm_90a: 337 instructions for four tiles, against 106 a tile with the rotation).
     for v0 in range(0, SEGMENT, 4 * STEP):
         lane_max, count = _scan_step(x0, offs, lo, lane_max, count, pairs_ptr, SEG_CAP)
-        x0 = _segment_tile(row_ptr, offs + 4 * STEP, v0 + 4 * STEP, vocab_size, SEGMENT)
+        x0 = _segment_tile(row_ptr, offs + 4 * STEP, v0 + 4 * STEP, vocab_size, FULL_TILES, SEGMENT)
         lane_max, count = _scan_step(x1, offs + STEP, lo, lane_max, count, pairs_ptr, SEG_CAP)
-        x1 = _segment_tile(row_ptr, offs + 5 * STEP, v0 + 5 * STEP, vocab_size, SEGMENT)
+        x1 = _segment_tile(row_ptr, offs + 5 * STEP, v0 + 5 * STEP, vocab_size, FULL_TILES, SEGMENT)
         lane_max, count = _scan_step(x2, offs + 2 * STEP, lo, lane_max, count, pairs_ptr, SEG_CAP)
-        x2 = _segment_tile(row_ptr, offs + 6 * STEP, v0 + 6 * STEP, vocab_size, SEGMENT)
+        x2 = _segment_tile(row_ptr, offs + 6 * STEP, v0 + 6 * STEP, vocab_size, FULL_TILES, SEGMENT)
         lane_max, count = _scan_step(x3, offs + 3 * STEP, lo, lane_max, count, pairs_ptr, SEG_CAP)
-        x3 = _segment_tile(row_ptr, offs + 7 * STEP, v0 + 7 * STEP, vocab_size, SEGMENT)
+        x3 = _segment_tile(row_ptr, offs + 7 * STEP, v0 + 7 * STEP, vocab_size, FULL_TILES, SEGMENT)
         offs += 4 * STEP
     return tl.max(tl.max(lane_max, axis=1), axis=0), count
 
 
 @triton.jit
-def _pair_tile(row_ptr, offs, start, vocab_size, FULL: tl.constexpr, SEGMENT: tl.constexpr):
-    """The tile of 128 tokens at offs, `start` tokens into the segment. In a FULL segment (all of
-    it in the row) a tile past the segment reads one of the segment again, unmasked; otherwise
-    -inf past the segment or the row."""
-    if FULL:
-        return tl.load(row_ptr + offs - tl.where(start < SEGMENT, 0, SEGMENT)).to(tl.float32)
-    else:
-        return _segment_tile(row_ptr, offs, start, vocab_size, SEGMENT)
-
-
-@triton.jit
 def _scan_segment_with_mass(row_ptr, offs, vocab_size, lo, high_bound, ref2, pairs_ptr, FULL: tl.constexpr,
-                            SEGMENT: tl.constexpr, SEG_CAP: tl.constexpr):
-    """_scan_pair_with_mass over the segment's tiles from offs [32, 4], two tiles a step, the next
-    two loading while one pair is counted: the segment's max, normaliser, masses and counts."""
+                            SEGMENT: tl.constexpr, SEG_CAP: tl.constexpr, STAGES: tl.constexpr):
+    """_scan_pair_with_mass over the segment's tiles from offs [32, 4], two tiles a step: the
+    segment's max, normaliser, masses and counts. Triton's pipeliner keeps STAGES - 1 steps' loads
+    in flight (cp.async into shared memory, no registers held)."""
     STEP: tl.constexpr = 128
     lane_max = tl.full([32], float("-inf"), tl.float32)
     total = tl.zeros([32], tl.float32)
@@ -490,16 +493,12 @@ def _scan_segment_with_mass(row_ptr, offs, vocab_size, lo, high_bound, ref2, pai
     mass_high = tl.zeros([32], tl.float32)
     count = 0
     count_high = 0
-    x0 = _pair_tile(row_ptr, offs, 0, vocab_size, FULL, SEGMENT)
-    x1 = _pair_tile(row_ptr, offs + STEP, STEP, vocab_size, FULL, SEGMENT)
-    for v0 in range(0, SEGMENT, 2 * STEP):
-        x2 = _pair_tile(row_ptr, offs + 2 * STEP, v0 + 2 * STEP, vocab_size, FULL, SEGMENT)
-        x3 = _pair_tile(row_ptr, offs + 3 * STEP, v0 + 3 * STEP, vocab_size, FULL, SEGMENT)
+    for v0 in tl.range(0, SEGMENT, 2 * STEP, num_stages=STAGES):
+        x0 = _segment_tile(row_ptr, offs + v0, v0, vocab_size, FULL, SEGMENT)
+        x1 = _segment_tile(row_ptr, offs + v0 + STEP, v0 + STEP, vocab_size, FULL, SEGMENT)
         lane_max, total, mass, mass_high, count, count_high = _scan_pair_with_mass(
-            x0, x1, offs, lo, high_bound, ref2, lane_max, total, mass, mass_high, count, count_high, pairs_ptr,
+            x0, x1, offs + v0, lo, high_bound, ref2, lane_max, total, mass, mass_high, count, count_high, pairs_ptr,
             SEG_CAP)
-        x0, x1 = x2, x3
-        offs += 2 * STEP
     return (tl.max(lane_max, axis=0), tl.sum(total, axis=0), tl.sum(mass, axis=0), tl.sum(mass_high, axis=0),
             count, count_high)
 
@@ -507,7 +506,7 @@ def _scan_segment_with_mass(row_ptr, offs, vocab_size, lo, high_bound, ref2, pai
 @triton.jit
 def _scan_segments_kernel(
     logits_ptr, logits_stride, idx_mapping_ptr, top_k_ptr, top_p_ptr, ws_ptr, ws_stride, num_slots, vocab_size,
-    num_segments, SEGMENT: tl.constexpr, SEG_CAP: tl.constexpr, PDL: tl.constexpr,
+    num_segments, SEGMENT: tl.constexpr, SEG_CAP: tl.constexpr, STAGES: tl.constexpr, PDL: tl.constexpr,
 ):
     """Statistics and candidates of one segment, in one warp: its max, normaliser and candidate mass
     (only for top-p alone: with top-k on, the selection weighs its own candidates), and its
@@ -527,15 +526,19 @@ def _scan_segments_kernel(
          pairs_ptr) = _workspace(ws_row, num_segments, SEG_CAP)[:8]
         pairs_ptr += segment * SEG_CAP
         offs = segment * SEGMENT + tl.arange(0, 32)[:, None] * 4 + tl.arange(0, 4)[None, :]
+        full = (segment + 1) * SEGMENT <= vocab_size  # the segment lies in the row: unmasked loads
         if k_on:
-            seg_max, count = _scan_segment(row_ptr, offs, vocab_size, lo, pairs_ptr, SEGMENT, SEG_CAP)
+            if full:
+                seg_max, count = _scan_segment(row_ptr, offs, vocab_size, lo, pairs_ptr, True, SEGMENT, SEG_CAP)
+            else:
+                seg_max, count = _scan_segment(row_ptr, offs, vocab_size, lo, pairs_ptr, False, SEGMENT, SEG_CAP)
         else:
-            if (segment + 1) * SEGMENT <= vocab_size:
+            if full:
                 seg_max, total, mass, mass_high, count, count_high = _scan_segment_with_mass(
-                    row_ptr, offs, vocab_size, lo, high_bound, ref2, pairs_ptr, True, SEGMENT, SEG_CAP)
+                    row_ptr, offs, vocab_size, lo, high_bound, ref2, pairs_ptr, True, SEGMENT, SEG_CAP, STAGES)
             else:
                 seg_max, total, mass, mass_high, count, count_high = _scan_segment_with_mass(
-                    row_ptr, offs, vocab_size, lo, high_bound, ref2, pairs_ptr, False, SEGMENT, SEG_CAP)
+                    row_ptr, offs, vocab_size, lo, high_bound, ref2, pairs_ptr, False, SEGMENT, SEG_CAP, STAGES)
             tl.store(sum_ptr + segment, total)
             tl.store(mass_ptr + segment, mass)
             tl.store(mass_high_ptr + segment, mass_high)
@@ -616,8 +619,9 @@ def _listed_candidates(ws_row, num_segments, mine, flag, k_on, SEG_CAP: tl.const
     count_ptr, _, count_high_ptr = _workspace(ws_row, num_segments, SEG_CAP)[3:6]
     pairs_ptr = _workspace(ws_row, num_segments, SEG_CAP)[7]
     counts = tl.load(count_ptr + mine, mask=mine < num_segments, other=0)
-    # The scan writes counts_high for top-p alone only; with top-k on neither n nor n_front uses it.
-    counts_high = tl.load(count_high_ptr + mine, mask=mine < num_segments, other=0)
+    # The scan writes counts_high for top-p alone only. (A select, not `& ~k_on`: the interpreter
+    # turns a scalar & a tensor into an int32 mask, which tl.load refuses.)
+    counts_high = tl.load(count_high_ptr + mine, mask=tl.where(k_on, False, mine < num_segments), other=0)
     n = tl.where(flag == 2, counts_high, counts)  # as _settle_row lists them
     n_front = tl.where(k_on, counts, counts_high)  # see _scan_step and _scan_pair_with_mass
     i = tl.arange(0, SEG_CAP)[None, :]
@@ -1085,7 +1089,7 @@ def _launch_plan(T: int, V: int, pdl: bool) -> list:
         (_sample_bound_kernel, (T,), dict(SAMPLE=_SAMPLE, SEG_CAP=_SEG_CAP, num_warps=_WARPS["sample"], PDL=pdl)),
         # 64 registers: 32 one-warp programs an SM
         (_scan_segments_kernel, (T, num_segments),
-         dict(SEGMENT=_SEGMENT, SEG_CAP=_SEG_CAP, num_warps=1, maxnreg=64, **follow)),
+         dict(SEGMENT=_SEGMENT, SEG_CAP=_SEG_CAP, STAGES=_SCAN_STAGES, num_warps=1, maxnreg=64, **follow)),
         *(settle if settle_launch else []),
         (_gather_chunks_kernel, chunks,
          dict(CHUNK=_CHUNK, SEGMENTS=_CHUNK // _SEGMENT, SEG_CAP=_SEG_CAP, SEGMENTS_P2=segments_p2,
