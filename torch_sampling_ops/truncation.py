@@ -71,8 +71,8 @@ _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 _SEGMENT = 256 if _INTERPRET else 2048  # tokens of a segment: one warp of the scan, its own candidate region
 _SEG_CAP = 32 if _INTERPRET else 512  # candidates a segment can hold
 # The top-p-alone scan's software pipeline depth (Triton's num_stages): 3 steps of 256 tokens load
-# while one is counted (H200, T = 256: 210 / 119 / 110 against 214 / 120 / 111 µs with the next
-# step loading into registers; 6 stages: 212 µs for top-p alone).
+# while one is counted (H200, T = 256, top-p alone: 212 against 215 µs with the next step loading
+# into registers, same run; 6 stages: no better).
 _SCAN_STAGES = 4
 _CHUNK = 1024 if _INTERPRET else 8192  # tokens per program of the gather and fill launches (whole segments)
 _SAMPLE = 256 if _INTERPRET else 2048  # sampled tokens (32 runs spread over the row)
