@@ -406,7 +406,8 @@ def _scan_pair_with_mass(xa, xb, offs, lo, high_bound, ref2, lane_max, total, ma
                          pairs_ptr, SEG_CAP: tl.constexpr):
     """_scan_step's top-p-alone counterpart over two tiles [32, 4] at once, xa at offs and xb 128
     tokens on, with one warp scan for both and the sums per lane [32] (sm_90a: 284 instructions
-    for the two tiles, against 180 a tile one at a time). Also the mass and count of the tokens
+    for the two tiles in a register loop, 310 in the pipelined loop of a full segment with its
+    copies and waits, against 180 a tile one at a time). Also the mass and count of the tokens
     >= high_bound; those are stored from the front of the region, the other candidates from the back."""
     lane_max = tl.maximum(lane_max, tl.max(tl.maximum(xa, xb), axis=1))  # max.f32 passes over NaN
     # Clamping the exponent sends NaN and -inf to 2^-200, which is 0 in float32.
