@@ -147,49 +147,51 @@ def _interval_parts(values, present, low, high, shift):
 @triton.jit
 def _interval_stats(values, present, low, high, shift, row_max, USE_MASS: tl.constexpr):
     """For the values whose keys lie in [low, high], in parts of 2^shift keys from low: per part
-    j < 16, the count and the count or mass (relative to row_max) of those in parts >= j."""
+    j < 16, the count of those in parts >= j, or with USE_MASS their mass relative to row_max."""
     inside, part = _interval_parts(values, present, low, high, shift)
     # [16, N], not [N, 16]: Triton then spreads the values over the lanes as they were loaded and
     # keeps the 16 parts in each lane's registers (the other way round, it copies every value to 16
     # lanes through shared memory).
     n: tl.constexpr = values.shape[0]
     at_least = tl.reshape(inside, [1, n]) & (tl.reshape(part, [1, n]) >= tl.arange(0, 16)[:, None])
-    count = tl.sum(at_least.to(tl.int32), axis=1)
     if USE_MASS:
-        stat = tl.sum(tl.where(at_least, tl.reshape(tl.exp(values - row_max), [1, n]), 0.0), axis=1)
+        return tl.sum(tl.where(at_least, tl.reshape(tl.exp(values - row_max), [1, n]), 0.0), axis=1)
     else:
-        stat = count
-    return count, stat
+        return tl.sum(at_least.to(tl.int32), axis=1)
 
 
 @triton.jit
 def _interval_partials(values, present, low, high, shift, row_max, USE_MASS: tl.constexpr, GROUP: tl.constexpr):
-    """_interval_stats' counts and stats before the sum over the values: [16, N / GROUP], each
-    summed over GROUP consecutive values only. With GROUP the values a thread holds, that sum stays
-    in the thread's registers, so a sweep adds tiles up without any reduction across threads."""
+    """_interval_stats before the sum over the values: [16, N / GROUP], each summed over GROUP
+    consecutive values only. With GROUP the values a thread holds, that sum stays in the thread's
+    registers, so a sweep adds tiles up without any reduction across threads."""
     inside, part = _interval_parts(values, present, low, high, shift)
     n: tl.constexpr = values.shape[0]
     shape: tl.constexpr = [1, n // GROUP, GROUP]
     at_least = tl.reshape(inside, shape) & (tl.reshape(part, shape) >= tl.arange(0, 16)[:, None, None])
-    count = tl.sum(at_least.to(tl.int32), axis=2)
     if USE_MASS:
-        stat = tl.sum(tl.where(at_least, tl.reshape(tl.exp(values - row_max), shape), 0.0), axis=2)
+        return tl.sum(tl.where(at_least, tl.reshape(tl.exp(values - row_max), shape), 0.0), axis=2)
     else:
-        stat = count
-    return count, stat
+        return tl.sum(at_least.to(tl.int32), axis=2)
 
 
 @triton.jit
-def _interval_round(low, high, shift, above, count, stat, target):
-    """Narrows the key interval [low, high] to its highest part whose tokens (with those above the
-    interval) reach target. Returns the new interval, the stat above it and the tokens in it."""
+def _interval_round(low, high, shift, above, stat, target):
+    """Narrows the key interval [low, high] to its highest part d whose tokens (with those above the
+    interval) reach target. Returns the new interval, the stat above it and d."""
     j = tl.arange(0, 16)
     d = tl.max(tl.where(above + stat >= target, j, 0))
     above += tl.sum(tl.where(j == d + 1, stat, 0))
-    in_bracket = tl.sum(tl.where(j == d, count, 0)) - tl.sum(tl.where(j == d + 1, count, 0))
     new_low = low + (d.to(tl.uint32) << shift)
     new_high = tl.minimum(new_low + ((tl.full([], 1, tl.uint32) << shift) - 1), high)
-    return new_low, new_high, above, in_bracket
+    return new_low, new_high, above, d
+
+
+@triton.jit
+def _part_count(counts, d):
+    """Tokens in part d, from the counts of the tokens in parts >= j (_interval_stats)."""
+    j = tl.arange(0, 16)
+    return tl.sum(tl.where(j == d, counts, 0)) - tl.sum(tl.where(j == d + 1, counts, 0))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -724,7 +726,8 @@ def _candidate_values(src_ptr, count, start, TILE: tl.constexpr):
 
 @triton.jit
 def _compact(src_ptr, n, low, high, dst_ptr, cap, TILE: tl.constexpr):
-    """Copies, in order, the values of src[:n] whose keys lie in [low, high] to dst (at most cap)."""
+    """Copies, in order, the values of src[:n] whose keys lie in [low, high] to dst (at most cap).
+    Returns how many lie there."""
     tl.debug_barrier()  # an earlier step of this program may still read dst
     base = 0
     values, present = _candidate_values(src_ptr, n, 0, TILE)
@@ -736,6 +739,7 @@ def _compact(src_ptr, n, low, high, dst_ptr, cap, TILE: tl.constexpr):
         base += tl.sum(inside.to(tl.int32))
         values, present = next_values, next_present
     tl.debug_barrier()
+    return base
 
 
 @triton.jit
@@ -756,8 +760,12 @@ def _register_rounds(values, present, low, high, above, in_bracket, row_max, tar
     unsettled = _unsettled(low, high, above, in_bracket, target, USE_MASS)
     while unsettled & (in_bracket > STOP_AT):
         shift = _part_shift(low, high)
-        counts, stats = _interval_stats(values, present, low, high, shift, row_max, USE_MASS)
-        low, high, above, in_bracket = _interval_round(low, high, shift, above, counts, stats, target)
+        stats = _interval_stats(values, present, low, high, shift, row_max, USE_MASS)
+        low, high, above, d = _interval_round(low, high, shift, above, stats, target)
+        if USE_MASS:  # one count for the part kept, rather than 16 counts summed over the block
+            in_bracket = tl.sum(_in_interval(values, present, low, high).to(tl.int32))
+        else:
+            in_bracket = _part_count(stats, d)
         unsettled = _unsettled(low, high, above, in_bracket, target, USE_MASS)
     return low, high, above, in_bracket, unsettled
 
@@ -770,20 +778,18 @@ def _select_threshold(values_ptr, buffer_ptr, list_size, scratch_ptr, count, lo,
     reaches target; lo when none does. `count` candidates in all, `in_bracket` of them in the
     interval. Each round cuts the interval still holding the answer into at most 16 parts of a
     power-of-two size and keeps one, so about 8 rounds fix a key.
-    While the interval holds more than TILE candidates a round sweeps the list, and a list at least
-    twice the interval's size is first compacted to it (into the buffer of list_size words at
-    buffer_ptr, then within it: a compaction never writes past what it has read); then the rounds
-    run on TILE, then on SMALL candidates in registers. The list itself is left as it was."""
+    While the interval holds more than TILE candidates a round sweeps the list; then the list is
+    compacted to the part kept, into the buffer of list_size words at buffer_ptr, then within it (a
+    compaction never writes past what it has read). A count round compacts only a list at least
+    twice the part's size, or one that would not fit a tile; a mass round always does, and takes
+    the part's size from it: its sweep sums masses only, a third fewer instructions than with the
+    counts. Then the rounds run on TILE, then on SMALL candidates in registers. The list itself is
+    left as it was."""
     src_ptr = values_ptr
     n = count
     while (in_bracket > TILE) & (high > low):
-        if in_bracket * 2 <= n:
-            _compact(src_ptr, n, low, high, buffer_ptr, list_size, TILE)
-            src_ptr = buffer_ptr
-            n = in_bracket
         shift = _part_shift(low, high)
         # Each thread sums its own values' statistics over the sweep; one reduction a round.
-        counts = tl.zeros([16, TILE // _SWEEP_GROUP], tl.int32)
         if USE_MASS:
             stats = tl.zeros([16, TILE // _SWEEP_GROUP], tl.float32)
         else:
@@ -792,17 +798,21 @@ def _select_threshold(values_ptr, buffer_ptr, list_size, scratch_ptr, count, lo,
         for start in range(TILE, n + TILE, TILE):
             # The next tile loads while this one is counted.
             next_values, next_present = _candidate_values(src_ptr, n, start, TILE)
-            tile_counts, tile_stats = _interval_partials(values, present, low, high, shift, row_max, USE_MASS,
-                                                         _SWEEP_GROUP)
-            counts += tile_counts
-            if USE_MASS:
-                stats += tile_stats
+            stats += _interval_partials(values, present, low, high, shift, row_max, USE_MASS, _SWEEP_GROUP)
             values, present = next_values, next_present
-        if not USE_MASS:
-            stats = counts
-        low, high, above, in_bracket = _interval_round(low, high, shift, above, tl.sum(counts, axis=1),
-                                                       tl.sum(stats, axis=1), target)
-    if n > TILE:
+        stats = tl.sum(stats, axis=1)
+        low, high, above, d = _interval_round(low, high, shift, above, stats, target)
+        if USE_MASS:
+            in_bracket = _compact(src_ptr, n, low, high, buffer_ptr, list_size, TILE)
+            src_ptr = buffer_ptr
+            n = in_bracket
+        else:
+            in_bracket = _part_count(stats, d)
+            if (in_bracket * 2 <= n) | ((in_bracket <= TILE) & (n > TILE)):
+                _compact(src_ptr, n, low, high, buffer_ptr, list_size, TILE)
+                src_ptr = buffer_ptr
+                n = in_bracket
+    if n > TILE:  # all keys alike (high == low), or no round ran
         _compact(src_ptr, n, low, high, scratch_ptr, TILE, TILE)
         src_ptr = scratch_ptr
         n = tl.minimum(in_bracket, TILE)
