@@ -79,6 +79,9 @@ _SAMPLE = 256 if _INTERPRET else 2048  # sampled tokens (32 runs spread over the
 _TILE = 256 if _INTERPRET else 1024  # candidates per step of the selection, and held in registers
 _SMALL = 32 if _INTERPRET else 128  # the selection's last rounds run on this many candidates
 _WARPS = {"sample": 8, "chunks": 4, "select": 8}  # "chunks": the gather and the fill, a row's chunk a program
+# From this batch size the sample launch takes 4 warps (T = 256: 2 µs less; T = 128: 1 µs more, T = 1:
+# 3 µs more). Its histograms and maxima are exact, so its results do not depend on the warps.
+_FEW_SAMPLE_WARPS_MIN_T = 192
 # From this batch size a launch of its own settles each row once (measured at T = 256: 3 µs, against
 # about 9 µs more in the chunk programs when each settles its row); below it the gather programs do.
 _SETTLE_LAUNCH_MIN_T = 32
@@ -755,6 +758,34 @@ def _compact(src_ptr, n, low, high, dst_ptr, cap, TILE: tl.constexpr):
 
 
 @triton.jit
+def _interval_to_tile(src_ptr, n, low, high, dst_ptr, TILE: tl.constexpr, GROUP: tl.constexpr):
+    """Copies the values of src[:n] whose keys lie in [low, high] to dst[:TILE] (any past TILE are
+    dropped) and returns how many lie there. dst must not overlap src. The order is fixed by the
+    layout: each thread's values (GROUP a tile) in list order, thread after thread. Two passes, one
+    counting per thread, then a single scan over the threads, instead of _compact's block-wide scan
+    every tile (as many instructions as a mass sweep's tile, and 13 barriers)."""
+    shape: tl.constexpr = [TILE // GROUP, GROUP]
+    tl.debug_barrier()  # an earlier step of this program may still read dst
+    counts = tl.zeros([TILE // GROUP], tl.int32)
+    values, present = _candidate_values(src_ptr, n, 0, TILE)
+    for start in range(TILE, n + TILE, TILE):
+        next_values, next_present = _candidate_values(src_ptr, n, start, TILE)  # in flight meanwhile
+        counts += tl.sum(tl.reshape(_in_interval(values, present, low, high).to(tl.int32), shape), axis=1)
+        values, present = next_values, next_present
+    slot_base = tl.cumsum(counts, axis=0) - counts
+    values, present = _candidate_values(src_ptr, n, 0, TILE)
+    for start in range(TILE, n + TILE, TILE):
+        next_values, next_present = _candidate_values(src_ptr, n, start, TILE)
+        inside = tl.reshape(_in_interval(values, present, low, high).to(tl.int32), shape)
+        slot = slot_base[:, None] + tl.cumsum(inside, axis=1) - 1
+        tl.store(dst_ptr + slot, tl.reshape(values, shape), mask=(inside != 0) & (slot < TILE))
+        slot_base += tl.sum(inside, axis=1)
+        values, present = next_values, next_present
+    tl.debug_barrier()
+    return tl.sum(counts)
+
+
+@triton.jit
 def _unsettled(low, high, above, in_bracket, target, USE_MASS: tl.constexpr):
     """Whether the answer may still be above the bracket's smallest value: more than one key left,
     and more than one token (masses) or more tokens than needed (counts)."""
@@ -819,9 +850,13 @@ def _select_threshold(values_ptr, buffer_ptr, list_size, scratch_ptr, count, lo,
             values, present = next_values, next_present
         stats = tl.sum(stats, axis=1)
         low, high, above, d = _interval_round(high, starts, above, stats, target)
-        if USE_MASS:
-            in_bracket = _compact(src_ptr, n, low, high, buffer_ptr, list_size, TILE)
-            src_ptr = buffer_ptr
+        if USE_MASS:  # the part's size from copying it out: into a tile, or when too large, the buffer
+            in_bracket = _interval_to_tile(src_ptr, n, low, high, scratch_ptr, TILE, _SWEEP_GROUP)
+            if in_bracket > TILE:
+                _compact(src_ptr, n, low, high, buffer_ptr, list_size, TILE)
+                src_ptr = buffer_ptr
+            else:
+                src_ptr = scratch_ptr
             n = in_bracket
         else:
             in_bracket = _part_count(stats, d)
@@ -1114,7 +1149,8 @@ def _launch_plan(T: int, V: int, pdl: bool) -> list:
                   num_warps=_WARPS["chunks"], **follow))]
     settle = [(_settle_kernel, (T,), dict(SEG_CAP=_SEG_CAP, SEGMENTS_P2=segments_p2, num_warps=1, **follow))]
     return [
-        (_sample_bound_kernel, (T,), dict(SAMPLE=_SAMPLE, SEG_CAP=_SEG_CAP, num_warps=_WARPS["sample"], PDL=pdl)),
+        (_sample_bound_kernel, (T,), dict(SAMPLE=_SAMPLE, SEG_CAP=_SEG_CAP, PDL=pdl,
+                                          num_warps=4 if T >= _FEW_SAMPLE_WARPS_MIN_T else _WARPS["sample"])),
         # 64 registers: 32 one-warp programs an SM
         (_scan_segments_kernel, (T, num_segments),
          dict(SEGMENT=_SEGMENT, SEG_CAP=_SEG_CAP, STAGES=_SCAN_STAGES, num_warps=1, maxnreg=64, **follow)),
@@ -1133,10 +1169,10 @@ def _launch_plan(T: int, V: int, pdl: bool) -> list:
 
 def _compiled_kernels(V: int, pdl: bool = True) -> list:
     """Each distinct (kernel, constants and compile options) the op launches at vocabulary V, in a
-    batch below _SETTLE_LAUNCH_MIN_T rows, in one at it and in one at _FILL_IN_SELECT_MIN_T (for
-    .ci/inspect_kernels.py and the benchmark)."""
+    batch below _SETTLE_LAUNCH_MIN_T rows, and in one at each of it, _FILL_IN_SELECT_MIN_T and
+    _FEW_SAMPLE_WARPS_MIN_T (for .ci/inspect_kernels.py and the benchmark)."""
     kernels = []
-    for T in (1, _SETTLE_LAUNCH_MIN_T, _FILL_IN_SELECT_MIN_T):
+    for T in (1, _SETTLE_LAUNCH_MIN_T, _FILL_IN_SELECT_MIN_T, _FEW_SAMPLE_WARPS_MIN_T):
         for kernel, _, meta in _launch_plan(T, V, pdl):
             if (kernel, meta) not in kernels:
                 kernels.append((kernel, meta))
