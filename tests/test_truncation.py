@@ -176,15 +176,18 @@ def test_every_way_to_settle_a_row_matches_the_reference(backend, gen):
 def test_rows_are_settled_and_filled_alike_in_small_and_large_batches(backend, gen, monkeypatch):
     """Small batches settle a row in each of its gather programs and fill one chunk a program; large
     ones settle it in a launch of their own and fill _FILL_GROUP chunks a program (5 chunks here,
-    so the last program has fewer), or, from _FILL_IN_SELECT_MIN_T rows, fill it in the selection:
-    the same combinations in the same order, so the same bits."""
+    so the last program has fewer), or, from _FILL_IN_SELECT_MIN_T rows, fill it in the selection;
+    from _FEW_SAMPLE_WARPS_MIN_T rows the sample launch has 4 warps: the same combinations in the
+    same order, so the same bits."""
     from torch_sampling_ops import truncation
     T, V = 6, 5 * truncation._CHUNK - 100
     top_k, top_p = settings(SETTINGS[:4] + [(0, 0.5), (0, 0.92)])
     logits = make_logits(T, V, torch.float32, device_of(backend), generator=gen)
     args = (torch.arange(T, dtype=INT).to(logits.device), top_k.to(logits.device), top_p.to(logits.device))
     outs = []
-    for min_t, group, fill_min_t in ((T + 1, 4, T + 1), (1, 4, T + 1), (1, 3, T + 1), (1, 4, 1), (T + 1, 1, 1)):
+    for min_t, group, fill_min_t, sample_min_t in ((T + 1, 4, T + 1, T + 1), (1, 4, T + 1, 1), (1, 3, T + 1, T + 1),
+                                                  (1, 4, 1, 1), (T + 1, 1, 1, T + 1)):
+        monkeypatch.setattr(truncation, "_FEW_SAMPLE_WARPS_MIN_T", sample_min_t)
         monkeypatch.setattr(truncation, "_SETTLE_LAUNCH_MIN_T", min_t)
         monkeypatch.setattr(truncation, "_FILL_GROUP", group)
         monkeypatch.setattr(truncation, "_FILL_IN_SELECT_MIN_T", fill_min_t)

@@ -79,6 +79,9 @@ _SAMPLE = 256 if _INTERPRET else 2048  # sampled tokens (32 runs spread over the
 _TILE = 256 if _INTERPRET else 1024  # candidates per step of the selection, and held in registers
 _SMALL = 32 if _INTERPRET else 128  # the selection's last rounds run on this many candidates
 _WARPS = {"sample": 8, "chunks": 4, "select": 8}  # "chunks": the gather and the fill, a row's chunk a program
+# From this batch size the sample launch takes 4 warps (T = 256: 2 µs less; T = 128: 1 µs more, T = 1:
+# 3 µs more). Its histograms and maxima are exact, so its results do not depend on the warps.
+_FEW_SAMPLE_WARPS_MIN_T = 192
 # From this batch size a launch of its own settles each row once (measured at T = 256: 3 µs, against
 # about 9 µs more in the chunk programs when each settles its row); below it the gather programs do.
 _SETTLE_LAUNCH_MIN_T = 32
@@ -139,57 +142,71 @@ def _part_shift(low, high):
 
 
 @triton.jit
-def _interval_parts(values, present, low, high, shift):
-    """Which values are present with keys in [low, high], and each one's part of 2^shift keys from low."""
-    return _in_interval(values, present, low, high), ((_float_key(values) - low) >> shift).to(tl.int32)
+def _part_starts(low, high, widen):
+    """The keys where a round's 16 parts of [low, high] start ([16] uint32; a part starting at
+    high + 1 is empty): 2^shift keys each, the fewest that cover the interval; or, with widen,
+    j (j + 8) / 8 sixty-fourths of it for part j, widening from 1/64. A list's candidates crowd
+    above its floor: on randn * 3 rows at p = 0.9 the answer's part then holds about 460 of 9 600
+    candidates, a tile's worth, against about 2 100 in equal parts."""
+    j = tl.arange(0, 16).to(tl.uint32)
+    span = high - low  # uint32 throughout: keys stay below 0xFF800001 (+inf), 15 << 28 fits
+    size = span + 1
+    c = j * (j + 8) // 8
+    widening = (size >> 6) * c + (((size & 63) * c) >> 6)  # floor(size * c / 64)
+    offset = tl.where(widen, widening, j << _part_shift(low, high))
+    return tl.where(offset <= span, low + offset, high + 1)
 
 
 @triton.jit
-def _interval_stats(values, present, low, high, shift, row_max, USE_MASS: tl.constexpr):
-    """For the values whose keys lie in [low, high], in parts of 2^shift keys from low: per part
-    j < 16, the count and the count or mass (relative to row_max) of those in parts >= j."""
-    inside, part = _interval_parts(values, present, low, high, shift)
+def _interval_stats(values, present, low, high, starts, row_max, USE_MASS: tl.constexpr):
+    """For the values whose keys lie in [low, high], in the parts starting at `starts`: per part
+    j < 16, the count of those in parts >= j, or with USE_MASS their mass relative to row_max."""
     # [16, N], not [N, 16]: Triton then spreads the values over the lanes as they were loaded and
     # keeps the 16 parts in each lane's registers (the other way round, it copies every value to 16
     # lanes through shared memory).
     n: tl.constexpr = values.shape[0]
-    at_least = tl.reshape(inside, [1, n]) & (tl.reshape(part, [1, n]) >= tl.arange(0, 16)[:, None])
-    count = tl.sum(at_least.to(tl.int32), axis=1)
+    at_least = tl.reshape(_float_key(values), [1, n]) >= starts[:, None]
+    inside = _in_interval(values, present, low, high)
     if USE_MASS:
-        stat = tl.sum(tl.where(at_least, tl.reshape(tl.exp(values - row_max), [1, n]), 0.0), axis=1)
+        mass = tl.where(inside, tl.exp(values - row_max), 0.0)
+        return tl.sum(tl.where(at_least, tl.reshape(mass, [1, n]), 0.0), axis=1)
     else:
-        stat = count
-    return count, stat
+        return tl.sum((at_least & tl.reshape(inside, [1, n])).to(tl.int32), axis=1)
 
 
 @triton.jit
-def _interval_partials(values, present, low, high, shift, row_max, USE_MASS: tl.constexpr, GROUP: tl.constexpr):
-    """_interval_stats' counts and stats before the sum over the values: [16, N / GROUP], each
-    summed over GROUP consecutive values only. With GROUP the values a thread holds, that sum stays
-    in the thread's registers, so a sweep adds tiles up without any reduction across threads."""
-    inside, part = _interval_parts(values, present, low, high, shift)
+def _interval_partials(values, present, low, high, starts, row_max, USE_MASS: tl.constexpr, GROUP: tl.constexpr):
+    """_interval_stats before the sum over the values: [16, N / GROUP], each summed over GROUP
+    consecutive values only. With GROUP the values a thread holds, that sum stays in the thread's
+    registers, so a sweep adds tiles up without any reduction across threads."""
     n: tl.constexpr = values.shape[0]
     shape: tl.constexpr = [1, n // GROUP, GROUP]
-    at_least = tl.reshape(inside, shape) & (tl.reshape(part, shape) >= tl.arange(0, 16)[:, None, None])
-    count = tl.sum(at_least.to(tl.int32), axis=2)
+    at_least = tl.reshape(_float_key(values), shape) >= starts[:, None, None]
+    inside = _in_interval(values, present, low, high)
     if USE_MASS:
-        stat = tl.sum(tl.where(at_least, tl.reshape(tl.exp(values - row_max), shape), 0.0), axis=2)
+        mass = tl.where(inside, tl.exp(values - row_max), 0.0)
+        return tl.sum(tl.where(at_least, tl.reshape(mass, shape), 0.0), axis=2)
     else:
-        stat = count
-    return count, stat
+        return tl.sum((at_least & tl.reshape(inside, shape)).to(tl.int32), axis=2)
 
 
 @triton.jit
-def _interval_round(low, high, shift, above, count, stat, target):
-    """Narrows the key interval [low, high] to its highest part whose tokens (with those above the
-    interval) reach target. Returns the new interval, the stat above it and the tokens in it."""
+def _interval_round(high, starts, above, stat, target):
+    """Narrows the key interval [starts[0], high] to its highest part d whose tokens (with those
+    above the interval) reach target. Returns the new interval, the stat above it and d."""
     j = tl.arange(0, 16)
     d = tl.max(tl.where(above + stat >= target, j, 0))
     above += tl.sum(tl.where(j == d + 1, stat, 0))
-    in_bracket = tl.sum(tl.where(j == d, count, 0)) - tl.sum(tl.where(j == d + 1, count, 0))
-    new_low = low + (d.to(tl.uint32) << shift)
-    new_high = tl.minimum(new_low + ((tl.full([], 1, tl.uint32) << shift) - 1), high)
-    return new_low, new_high, above, in_bracket
+    new_low = tl.sum(tl.where(j == d, starts, 0))
+    new_high = tl.where(d == 15, high, tl.sum(tl.where(j == d + 1, starts, 0)) - 1)
+    return new_low, new_high, above, d
+
+
+@triton.jit
+def _part_count(counts, d):
+    """Tokens in part d, from the counts of the tokens in parts >= j (_interval_stats)."""
+    j = tl.arange(0, 16)
+    return tl.sum(tl.where(j == d, counts, 0)) - tl.sum(tl.where(j == d + 1, counts, 0))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -724,7 +741,8 @@ def _candidate_values(src_ptr, count, start, TILE: tl.constexpr):
 
 @triton.jit
 def _compact(src_ptr, n, low, high, dst_ptr, cap, TILE: tl.constexpr):
-    """Copies, in order, the values of src[:n] whose keys lie in [low, high] to dst (at most cap)."""
+    """Copies, in order, the values of src[:n] whose keys lie in [low, high] to dst (at most cap).
+    Returns how many lie there."""
     tl.debug_barrier()  # an earlier step of this program may still read dst
     base = 0
     values, present = _candidate_values(src_ptr, n, 0, TILE)
@@ -736,6 +754,35 @@ def _compact(src_ptr, n, low, high, dst_ptr, cap, TILE: tl.constexpr):
         base += tl.sum(inside.to(tl.int32))
         values, present = next_values, next_present
     tl.debug_barrier()
+    return base
+
+
+@triton.jit
+def _interval_to_tile(src_ptr, n, low, high, dst_ptr, TILE: tl.constexpr, GROUP: tl.constexpr):
+    """Copies the values of src[:n] whose keys lie in [low, high] to dst[:TILE] (any past TILE are
+    dropped) and returns how many lie there. dst must not overlap src. The order is fixed by the
+    layout: each thread's values (GROUP a tile) in list order, thread after thread. Two passes, one
+    counting per thread, then a single scan over the threads, instead of _compact's block-wide scan
+    every tile (as many instructions as a mass sweep's tile, and 13 barriers)."""
+    shape: tl.constexpr = [TILE // GROUP, GROUP]
+    tl.debug_barrier()  # an earlier step of this program may still read dst
+    counts = tl.zeros([TILE // GROUP], tl.int32)
+    values, present = _candidate_values(src_ptr, n, 0, TILE)
+    for start in range(TILE, n + TILE, TILE):
+        next_values, next_present = _candidate_values(src_ptr, n, start, TILE)  # in flight meanwhile
+        counts += tl.sum(tl.reshape(_in_interval(values, present, low, high).to(tl.int32), shape), axis=1)
+        values, present = next_values, next_present
+    slot_base = tl.cumsum(counts, axis=0) - counts
+    values, present = _candidate_values(src_ptr, n, 0, TILE)
+    for start in range(TILE, n + TILE, TILE):
+        next_values, next_present = _candidate_values(src_ptr, n, start, TILE)
+        inside = tl.reshape(_in_interval(values, present, low, high).to(tl.int32), shape)
+        slot = slot_base[:, None] + tl.cumsum(inside, axis=1) - 1
+        tl.store(dst_ptr + slot, tl.reshape(values, shape), mask=(inside != 0) & (slot < TILE))
+        slot_base += tl.sum(inside, axis=1)
+        values, present = next_values, next_present
+    tl.debug_barrier()
+    return tl.sum(counts)
 
 
 @triton.jit
@@ -749,17 +796,23 @@ def _unsettled(low, high, above, in_bracket, target, USE_MASS: tl.constexpr):
 
 
 @triton.jit
-def _register_rounds(values, present, low, high, above, in_bracket, row_max, target, STOP_AT: tl.constexpr,
+def _register_rounds(values, present, low, high, above, in_bracket, row_max, target, widen, STOP_AT: tl.constexpr,
                      USE_MASS: tl.constexpr):
     """Interval rounds on values held in registers, until the answer is the bracket's smallest
-    value or the bracket holds at most STOP_AT tokens. Returns the bracket and whether it is unsettled."""
+    value or the bracket holds at most STOP_AT tokens, the first in widening parts if widen (see
+    _part_starts). Returns the bracket and whether it is unsettled."""
     unsettled = _unsettled(low, high, above, in_bracket, target, USE_MASS)
     while unsettled & (in_bracket > STOP_AT):
-        shift = _part_shift(low, high)
-        counts, stats = _interval_stats(values, present, low, high, shift, row_max, USE_MASS)
-        low, high, above, in_bracket = _interval_round(low, high, shift, above, counts, stats, target)
+        starts = _part_starts(low, high, widen)
+        widen = tl.full([], False, tl.int1)
+        stats = _interval_stats(values, present, low, high, starts, row_max, USE_MASS)
+        low, high, above, d = _interval_round(high, starts, above, stats, target)
+        if USE_MASS:  # one count for the part kept, rather than 16 counts summed over the block
+            in_bracket = tl.sum(_in_interval(values, present, low, high).to(tl.int32))
+        else:
+            in_bracket = _part_count(stats, d)
         unsettled = _unsettled(low, high, above, in_bracket, target, USE_MASS)
-    return low, high, above, in_bracket, unsettled
+    return low, high, above, in_bracket, unsettled, widen
 
 
 @triton.jit
@@ -769,21 +822,22 @@ def _select_threshold(values_ptr, buffer_ptr, list_size, scratch_ptr, count, lo,
     row_max) of candidates >= v, with `above` (the count or mass of those above the interval),
     reaches target; lo when none does. `count` candidates in all, `in_bracket` of them in the
     interval. Each round cuts the interval still holding the answer into at most 16 parts of a
-    power-of-two size and keeps one, so about 8 rounds fix a key.
-    While the interval holds more than TILE candidates a round sweeps the list, and a list at least
-    twice the interval's size is first compacted to it (into the buffer of list_size words at
-    buffer_ptr, then within it: a compaction never writes past what it has read); then the rounds
-    run on TILE, then on SMALL candidates in registers. The list itself is left as it was."""
+    power-of-two size and keeps one, so about 8 rounds fix a key; the first round's parts widen
+    upwards from 1/64 of the interval instead (_part_starts).
+    While the interval holds more than TILE candidates a round sweeps the list; then the list is
+    compacted to the part kept, into the buffer of list_size words at buffer_ptr, then within it (a
+    compaction never writes past what it has read). A count round compacts only a list at least
+    twice the part's size, or one that would not fit a tile; a mass round always does, and takes
+    the part's size from it: its sweep sums masses only, a third fewer instructions than with the
+    counts. Then the rounds run on TILE, then on SMALL candidates in registers. The list itself is
+    left as it was."""
     src_ptr = values_ptr
     n = count
+    widen = tl.full([], True, tl.int1)
     while (in_bracket > TILE) & (high > low):
-        if in_bracket * 2 <= n:
-            _compact(src_ptr, n, low, high, buffer_ptr, list_size, TILE)
-            src_ptr = buffer_ptr
-            n = in_bracket
-        shift = _part_shift(low, high)
+        starts = _part_starts(low, high, widen)
+        widen = tl.full([], False, tl.int1)
         # Each thread sums its own values' statistics over the sweep; one reduction a round.
-        counts = tl.zeros([16, TILE // _SWEEP_GROUP], tl.int32)
         if USE_MASS:
             stats = tl.zeros([16, TILE // _SWEEP_GROUP], tl.float32)
         else:
@@ -792,23 +846,31 @@ def _select_threshold(values_ptr, buffer_ptr, list_size, scratch_ptr, count, lo,
         for start in range(TILE, n + TILE, TILE):
             # The next tile loads while this one is counted.
             next_values, next_present = _candidate_values(src_ptr, n, start, TILE)
-            tile_counts, tile_stats = _interval_partials(values, present, low, high, shift, row_max, USE_MASS,
-                                                         _SWEEP_GROUP)
-            counts += tile_counts
-            if USE_MASS:
-                stats += tile_stats
+            stats += _interval_partials(values, present, low, high, starts, row_max, USE_MASS, _SWEEP_GROUP)
             values, present = next_values, next_present
-        if not USE_MASS:
-            stats = counts
-        low, high, above, in_bracket = _interval_round(low, high, shift, above, tl.sum(counts, axis=1),
-                                                       tl.sum(stats, axis=1), target)
-    if n > TILE:
+        stats = tl.sum(stats, axis=1)
+        low, high, above, d = _interval_round(high, starts, above, stats, target)
+        if USE_MASS:  # the part's size from copying it out: into a tile, or when too large, the buffer
+            in_bracket = _interval_to_tile(src_ptr, n, low, high, scratch_ptr, TILE, _SWEEP_GROUP)
+            if in_bracket > TILE:
+                _compact(src_ptr, n, low, high, buffer_ptr, list_size, TILE)
+                src_ptr = buffer_ptr
+            else:
+                src_ptr = scratch_ptr
+            n = in_bracket
+        else:
+            in_bracket = _part_count(stats, d)
+            if (in_bracket * 2 <= n) | ((in_bracket <= TILE) & (n > TILE)):
+                _compact(src_ptr, n, low, high, buffer_ptr, list_size, TILE)
+                src_ptr = buffer_ptr
+                n = in_bracket
+    if n > TILE:  # all keys alike (high == low), or no round ran
         _compact(src_ptr, n, low, high, scratch_ptr, TILE, TILE)
         src_ptr = scratch_ptr
         n = tl.minimum(in_bracket, TILE)
     values, present = _candidate_values(src_ptr, n, 0, TILE)
-    low, high, above, in_bracket, unsettled = _register_rounds(values, present, low, high, above, in_bracket,
-                                                               row_max, target, SMALL, USE_MASS)
+    low, high, above, in_bracket, unsettled, widen = _register_rounds(values, present, low, high, above, in_bracket,
+                                                                       row_max, target, widen, SMALL, USE_MASS)
     smallest = tl.min(tl.where(_in_interval(values, present, low, high), values, float("inf")))
     if unsettled:  # at most SMALL tokens left: on to a smaller tile
         inside = _in_interval(values, present, low, high)
@@ -817,8 +879,8 @@ def _select_threshold(values_ptr, buffer_ptr, list_size, scratch_ptr, count, lo,
         tl.store(scratch_ptr + slot, values, mask=inside & (slot < SMALL))
         tl.debug_barrier()
         small, small_present = _candidate_values(scratch_ptr, tl.minimum(in_bracket, SMALL), 0, SMALL)
-        low, high, above, in_bracket, _ = _register_rounds(small, small_present, low, high, above, in_bracket,
-                                                           row_max, target, 0, USE_MASS)
+        low, high, above, in_bracket, _, _ = _register_rounds(small, small_present, low, high, above, in_bracket,
+                                                              row_max, target, widen, 0, USE_MASS)
         smallest = tl.min(tl.where(_in_interval(small, small_present, low, high), small, float("inf")))
     return tl.maximum(tl.where(smallest < float("inf"), smallest, _key_value(low)), lo)
 
@@ -1087,7 +1149,8 @@ def _launch_plan(T: int, V: int, pdl: bool) -> list:
                   num_warps=_WARPS["chunks"], **follow))]
     settle = [(_settle_kernel, (T,), dict(SEG_CAP=_SEG_CAP, SEGMENTS_P2=segments_p2, num_warps=1, **follow))]
     return [
-        (_sample_bound_kernel, (T,), dict(SAMPLE=_SAMPLE, SEG_CAP=_SEG_CAP, num_warps=_WARPS["sample"], PDL=pdl)),
+        (_sample_bound_kernel, (T,), dict(SAMPLE=_SAMPLE, SEG_CAP=_SEG_CAP, PDL=pdl,
+                                          num_warps=4 if T >= _FEW_SAMPLE_WARPS_MIN_T else _WARPS["sample"])),
         # 64 registers: 32 one-warp programs an SM
         (_scan_segments_kernel, (T, num_segments),
          dict(SEGMENT=_SEGMENT, SEG_CAP=_SEG_CAP, STAGES=_SCAN_STAGES, num_warps=1, maxnreg=64, **follow)),
@@ -1106,10 +1169,10 @@ def _launch_plan(T: int, V: int, pdl: bool) -> list:
 
 def _compiled_kernels(V: int, pdl: bool = True) -> list:
     """Each distinct (kernel, constants and compile options) the op launches at vocabulary V, in a
-    batch below _SETTLE_LAUNCH_MIN_T rows, in one at it and in one at _FILL_IN_SELECT_MIN_T (for
-    .ci/inspect_kernels.py and the benchmark)."""
+    batch below _SETTLE_LAUNCH_MIN_T rows, and in one at each of it, _FILL_IN_SELECT_MIN_T and
+    _FEW_SAMPLE_WARPS_MIN_T (for .ci/inspect_kernels.py and the benchmark)."""
     kernels = []
-    for T in (1, _SETTLE_LAUNCH_MIN_T, _FILL_IN_SELECT_MIN_T):
+    for T in (1, _SETTLE_LAUNCH_MIN_T, _FILL_IN_SELECT_MIN_T, _FEW_SAMPLE_WARPS_MIN_T):
         for kernel, _, meta in _launch_plan(T, V, pdl):
             if (kernel, meta) not in kernels:
                 kernels.append((kernel, meta))
