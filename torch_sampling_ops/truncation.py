@@ -758,34 +758,6 @@ def _compact(src_ptr, n, low, high, dst_ptr, cap, TILE: tl.constexpr):
 
 
 @triton.jit
-def _interval_to_tile(src_ptr, n, low, high, dst_ptr, TILE: tl.constexpr, GROUP: tl.constexpr):
-    """Copies the values of src[:n] whose keys lie in [low, high] to dst[:TILE] (any past TILE are
-    dropped) and returns how many lie there. dst must not overlap src. The order is fixed by the
-    layout: each thread's values (GROUP a tile) in list order, thread after thread. Two passes, one
-    counting per thread, then a single scan over the threads, instead of _compact's block-wide scan
-    every tile (as many instructions as a mass sweep's tile, and 13 barriers)."""
-    shape: tl.constexpr = [TILE // GROUP, GROUP]
-    tl.debug_barrier()  # an earlier step of this program may still read dst
-    counts = tl.zeros([TILE // GROUP], tl.int32)
-    values, present = _candidate_values(src_ptr, n, 0, TILE)
-    for start in range(TILE, n + TILE, TILE):
-        next_values, next_present = _candidate_values(src_ptr, n, start, TILE)  # in flight meanwhile
-        counts += tl.sum(tl.reshape(_in_interval(values, present, low, high).to(tl.int32), shape), axis=1)
-        values, present = next_values, next_present
-    slot_base = tl.cumsum(counts, axis=0) - counts
-    values, present = _candidate_values(src_ptr, n, 0, TILE)
-    for start in range(TILE, n + TILE, TILE):
-        next_values, next_present = _candidate_values(src_ptr, n, start, TILE)
-        inside = tl.reshape(_in_interval(values, present, low, high).to(tl.int32), shape)
-        slot = slot_base[:, None] + tl.cumsum(inside, axis=1) - 1
-        tl.store(dst_ptr + slot, tl.reshape(values, shape), mask=(inside != 0) & (slot < TILE))
-        slot_base += tl.sum(inside, axis=1)
-        values, present = next_values, next_present
-    tl.debug_barrier()
-    return tl.sum(counts)
-
-
-@triton.jit
 def _unsettled(low, high, above, in_bracket, target, USE_MASS: tl.constexpr):
     """Whether the answer may still be above the bracket's smallest value: more than one key left,
     and more than one token (masses) or more tokens than needed (counts)."""
@@ -850,13 +822,9 @@ def _select_threshold(values_ptr, buffer_ptr, list_size, scratch_ptr, count, lo,
             values, present = next_values, next_present
         stats = tl.sum(stats, axis=1)
         low, high, above, d = _interval_round(high, starts, above, stats, target)
-        if USE_MASS:  # the part's size from copying it out: into a tile, or when too large, the buffer
-            in_bracket = _interval_to_tile(src_ptr, n, low, high, scratch_ptr, TILE, _SWEEP_GROUP)
-            if in_bracket > TILE:
-                _compact(src_ptr, n, low, high, buffer_ptr, list_size, TILE)
-                src_ptr = buffer_ptr
-            else:
-                src_ptr = scratch_ptr
+        if USE_MASS:  # the part's size from compacting it
+            in_bracket = _compact(src_ptr, n, low, high, buffer_ptr, list_size, TILE)
+            src_ptr = buffer_ptr
             n = in_bracket
         else:
             in_bracket = _part_count(stats, d)
