@@ -158,27 +158,15 @@ def _part_starts(low, high, widen):
 
 
 @triton.jit
-def _interval_stats(values, present, low, high, starts, row_max, USE_MASS: tl.constexpr):
-    """For the values whose keys lie in [low, high], in the parts starting at `starts`: per part
-    j < 16, the count of those in parts >= j, or with USE_MASS their mass relative to row_max."""
-    # [16, N], not [N, 16]: Triton then spreads the values over the lanes as they were loaded and
-    # keeps the 16 parts in each lane's registers (the other way round, it copies every value to 16
-    # lanes through shared memory).
-    n: tl.constexpr = values.shape[0]
-    at_least = tl.reshape(_float_key(values), [1, n]) >= starts[:, None]
-    inside = _in_interval(values, present, low, high)
-    if USE_MASS:
-        mass = tl.where(inside, tl.exp(values - row_max), 0.0)
-        return tl.sum(tl.where(at_least, tl.reshape(mass, [1, n]), 0.0), axis=1)
-    else:
-        return tl.sum((at_least & tl.reshape(inside, [1, n])).to(tl.int32), axis=1)
-
-
-@triton.jit
 def _interval_partials(values, present, low, high, starts, row_max, USE_MASS: tl.constexpr, GROUP: tl.constexpr):
-    """_interval_stats before the sum over the values: [16, N / GROUP], each summed over GROUP
-    consecutive values only. With GROUP the values a thread holds, that sum stays in the thread's
-    registers, so a sweep adds tiles up without any reduction across threads."""
+    """For the values whose keys lie in [low, high], in the parts starting at `starts`: per part
+    j < 16, the count of those in parts >= j, or with USE_MASS their mass relative to row_max, as
+    [16, N / GROUP] sums over GROUP consecutive values each. With GROUP the values a thread holds,
+    those sums stay in the thread's registers, so a sweep adds tiles up without any reduction
+    across threads."""
+    # [16, ...], not [..., 16]: Triton then spreads the values over the lanes as they were loaded
+    # and keeps the 16 parts in each lane's registers (the other way round, it copies every value
+    # to 16 lanes through shared memory).
     n: tl.constexpr = values.shape[0]
     shape: tl.constexpr = [1, n // GROUP, GROUP]
     at_least = tl.reshape(_float_key(values), shape) >= starts[:, None, None]
@@ -188,6 +176,12 @@ def _interval_partials(values, present, low, high, starts, row_max, USE_MASS: tl
         return tl.sum(tl.where(at_least, tl.reshape(mass, shape), 0.0), axis=2)
     else:
         return tl.sum((at_least & tl.reshape(inside, shape)).to(tl.int32), axis=2)
+
+
+@triton.jit
+def _interval_stats(values, present, low, high, starts, row_max, USE_MASS: tl.constexpr):
+    """_interval_partials summed over all the values: [16]."""
+    return tl.sum(_interval_partials(values, present, low, high, starts, row_max, USE_MASS, 1), axis=1)
 
 
 @triton.jit
@@ -615,16 +609,6 @@ def _settle_kernel(
 
 
 @triton.jit
-def _filled_in_gather(k_on):
-    """A settled row's route. With top-k on, the gather writes -inf over the row and the selection
-    writes the few kept candidates back. For top-p alone, which keeps thousands, the selection only
-    stores the threshold and the fill writes -inf over each chunk and restores the chunk's kept
-    candidates after a block barrier, into lines it has just written (written back by the
-    selection, each landed in its own sector of a row gone from the L2)."""
-    return k_on
-
-
-@triton.jit
 def _listed_candidates(ws_row, num_segments, mine, flag, k_on, SEG_CAP: tl.constexpr):
     """The listed candidates of segments `mine` [SEGMENTS], as [SEGMENTS, SEG_CAP]: values,
     positions, which are present, and how many each segment lists."""
@@ -676,7 +660,9 @@ def _gather_chunks_kernel(
             values_ptr, buffer_ptr = _workspace(ws_row, num_segments, SEG_CAP)[8:10]
             dest = first[:, None] + tl.arange(0, SEG_CAP)[None, :]
             tl.store(values_ptr + dest, values, mask=present)
-            if _filled_in_gather(k_on):  # the selection writes the kept candidates back from their positions
+            # With top-k on the selection writes the few kept candidates back from their positions.
+            # Top-p alone keeps thousands: the fill restores them chunk by chunk instead (module docstring).
+            if k_on:
                 tl.store(buffer_ptr.to(tl.pointer_type(tl.int32)) + dest, positions, mask=present)
                 offs = c * CHUNK + tl.arange(0, CHUNK)
                 row_ptr = logits_ptr + t.to(tl.int64) * logits_stride
@@ -699,7 +685,7 @@ def _fill_chunks_kernel(
     if active:
         ws_row = ws_ptr + t.to(tl.int64) * ws_stride
         flag = tl.load(_header_int(ws_row, _FLAG))
-        if (flag != 0) & (_filled_in_gather(k_on) == 0):
+        if (flag != 0) & (k_on == 0):
             threshold = tl.load(ws_row + _THRESHOLD)
             row_ptr = logits_ptr + t.to(tl.int64) * logits_stride
             first_chunk = tl.program_id(1) * GROUP
@@ -876,14 +862,14 @@ def _candidate_mass(values_ptr, count, row_max, floor, TILE: tl.constexpr):
 def _select_row(row_ptr, ws_row, flag, pairs_ptr, values_ptr, buffer_ptr, scratch_ptr, num_segments, vocab_size, k,
                 p, k_on, p_on, SEG_CAP: tl.constexpr, TILE: tl.constexpr, SMALL: tl.constexpr, FILL: tl.constexpr,
                 CHUNK: tl.constexpr, SEGMENTS: tl.constexpr):
-    """A settled row's threshold, from its candidate list, applied by the route of _filled_in_gather:
-    written back here from the positions the gather listed in the buffer (the pair regions, which
-    the fill then does not read, take the compactions); else, with FILL, the row filled here chunk
-    by chunk as the fill launch does (the next chunk's candidates load while one is written), or
-    the threshold stored for the fill launch."""
+    """A settled row's threshold, from its candidate list, applied: with top-k on, the kept
+    candidates written back here from the positions the gather listed in the buffer (the pair
+    regions, which the fill then does not read, take the compactions); for top-p alone, with FILL,
+    the row filled here chunk by chunk as the fill launch does (the next chunk's candidates load
+    while one is written), or the threshold stored for the fill launch."""
     list_size = num_segments * SEG_CAP
     positions_ptr = buffer_ptr.to(tl.pointer_type(tl.int32))
-    if _filled_in_gather(k_on):
+    if k_on:
         buffer_ptr = pairs_ptr.to(tl.pointer_type(tl.float32))
     lo = _search_floor(ws_row, flag)
     row_max = tl.load(ws_row + _ROW_MAX)
@@ -905,7 +891,7 @@ def _select_row(row_ptr, ws_row, flag, pairs_ptr, values_ptr, buffer_ptr, scratc
             in_set = count
         threshold = _select_threshold(values_ptr, buffer_ptr, list_size, scratch_ptr, count, lo, low, high,
                                       tl.full([], 0.0, tl.float32), in_set, row_max, target, True, TILE, SMALL)
-    if _filled_in_gather(k_on):  # the next tile loads while one is written back
+    if k_on:  # the next tile loads while one is written back
         values, present = _candidate_values(values_ptr, count, 0, TILE)
         positions = tl.load(positions_ptr + tl.arange(0, TILE), mask=present)
         for start in range(TILE, count + TILE, TILE):
