@@ -1022,16 +1022,17 @@ def _find_threshold(row_ptr, scratch_ptr, vocab_size, row_max, finite_max, infin
     threshold = lo  # still too many after MAX_REFINE rounds: all but equal values, keep them all
     kept_mass = mass_at_lo
     if n_inside <= CAP:
-        # Compact the bracket's tokens into the scratch, then sort them in registers.
+        # Compact the bracket's tokens into the scratch, then sort them in registers. [lo, hi) as
+        # keys: lo and hi are finite or hi is +inf, whose key less one is the largest finite value's.
         tl.debug_barrier()  # an earlier search may still be reading the scratch
+        low = _float_key(lo)
+        high = _float_key(hi) - 1
         base = 0
         for v0 in range(0, vocab_size, BLOCK):
             offs = v0 + tl.arange(0, BLOCK)
-            x = tl.load(row_ptr + offs, mask=offs < vocab_size, other=float("-inf")).to(tl.float32)
-            inside = (x >= lo) & (x < hi)
-            slot = base + tl.cumsum(inside.to(tl.int32), axis=0) - 1
-            tl.store(scratch_ptr + slot, x, mask=inside)
-            base += tl.sum(inside.to(tl.int32))
+            in_row = offs < vocab_size
+            x = tl.load(row_ptr + offs, mask=in_row, other=float("-inf")).to(tl.float32)
+            base = _compact_tile(x, in_row, low, high, scratch_ptr, base, CAP)
         tl.debug_barrier()
         k = tl.arange(0, CAP)
         ranked = tl.sort(tl.load(scratch_ptr + k, mask=k < n_inside, other=float("-inf"), cache_modifier=".cg"),
