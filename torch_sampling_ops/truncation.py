@@ -1208,7 +1208,8 @@ def top_k_top_p(logits: torch.Tensor, idx_mapping: torch.Tensor, top_k: torch.Te
         top_p: ``[R]`` float32 in ``(0, 1]``; ``1.0`` is off (a value ``<= 0`` keeps the most probable token).
 
     A row with both filters off is not read. When a filter is on, NaN logits become -inf; a row
-    without any logit above -inf is unchanged. Masses are float32 sums: a token's membership may
+    without any logit above -inf is unchanged. +inf logits hold all the mass: top-p keeps just them,
+    and top-k counts them as the largest values. Masses are float32 sums: a token's membership may
     differ from the exact answer only where the exact mass above it is within ~1e-4 of top_p.
     """
     torch.ops.sampling.top_k_top_p(logits, idx_mapping, top_k, top_p)
