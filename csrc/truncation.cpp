@@ -68,7 +68,9 @@ void top_k_top_p_kernel(at::Tensor& logits, const int64_t* slot_p, const int32_t
         std::nth_element(scratch.begin(), scratch.begin() + (k - 1), scratch.end(), std::greater<float>());
         threshold = scratch[k - 1];
       }
-      if (p_on) {
+      if (p_on && row_max == kInf) {
+        threshold = kInf;  // all the mass lies on the +inf logits
+      } else if (p_on) {
         double kept_mass = 0.;
         for (float v : x) {
           if (v >= threshold) kept_mass += std::exp(v - row_max);

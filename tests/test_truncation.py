@@ -126,6 +126,23 @@ def test_inf_and_nan_rows(backend, gen):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+def test_positive_inf_logits(backend, gen):
+    """+inf logits (tokens a bias forces) hold all the mass: top-p keeps just them, top-k counts them
+    as the largest values, ties kept. Many of them overflow the candidate lists: the general path."""
+    T, V = 6, 3000
+    logits = make_logits(T, V, torch.float32, device_of(backend), generator=gen)
+    inf = float("inf")
+    logits[0, 17] = inf
+    logits[1, ::500] = inf
+    logits[2, 5], logits[2, 9] = inf, float("nan")
+    logits[3, 100:] = inf
+    logits[4:, 1000:1600] = inf
+    top_k, top_p = settings([(5, 0.9), (0, 0.9), (5, 1.0), (3, 1.0), (650, 1.0), (650, 0.5)])
+    run_and_check(backend, logits, torch.arange(T, dtype=INT), top_k, top_p)
+    assert (logits.cpu() > NEG_INF).sum(dim=1).tolist() == [1, 6, 5, 2900, 650, 600]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_rows_do_not_depend_on_the_batch_or_the_run(backend, gen):
     T, V = 6, 5000
     top_k, top_p = settings(SETTINGS)

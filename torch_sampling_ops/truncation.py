@@ -451,43 +451,40 @@ def _scan_pair_with_mass(xa, xb, offs, lo, high_bound, ref2, lane_max, total, ma
 
 @triton.jit
 def _segment_tile(row_ptr, offs, start, vocab_size, FULL: tl.constexpr, SEGMENT: tl.constexpr):
-    """The tile of 128 tokens at offs, `start` tokens into the segment. In a FULL segment (all of
-    it in the row) a tile past the segment reads one of the segment again, unmasked (a prefetch the
-    loop never counts); otherwise -inf past the segment or the row."""
+    """The tile of 128 tokens at offs, `start` tokens into the segment: unmasked in a FULL segment
+    (all of it in the row, and start < SEGMENT), otherwise -inf past the segment or the row."""
     if FULL:
-        return tl.load(row_ptr + offs - tl.where(start < SEGMENT, 0, SEGMENT)).to(tl.float32)
+        return tl.load(row_ptr + offs).to(tl.float32)
     else:
         return tl.load(row_ptr + offs, mask=(start < SEGMENT) & (offs < vocab_size),
                        other=float("-inf")).to(tl.float32)
 
 
 @triton.jit
-def _scan_segment(row_ptr, offs, vocab_size, lo, pairs_ptr, FULL: tl.constexpr, SEGMENT: tl.constexpr,
-                  SEG_CAP: tl.constexpr):
+def _scan_segment(row_ptr, offs, vocab_size, lo, pairs_ptr, SEGMENT: tl.constexpr, SEG_CAP: tl.constexpr):
     """_scan_step over the segment's tiles from offs [32, 4] (rows with top-k on): the segment's
     max and candidate count. Three tiles' loads stay in flight while one is counted."""
     STEP: tl.constexpr = 128
-    # Every tile loaded is counted unless it lies past the last iteration: a segment shorter than
-    # one iteration (the interpreter's) is always masked.
-    FULL_TILES: tl.constexpr = FULL and SEGMENT % (4 * STEP) == 0
+    # Masked loads throughout: unmasked ones in a segment wholly inside the row measured 1 µs slower
+    # at T = 256 (session 11).
     lane_max = tl.full([32, 4], float("-inf"), tl.float32)
     count = 0
-    x0 = _segment_tile(row_ptr, offs, 0, vocab_size, FULL_TILES, SEGMENT)
-    x1 = _segment_tile(row_ptr, offs + STEP, STEP, vocab_size, FULL_TILES, SEGMENT)
-    x2 = _segment_tile(row_ptr, offs + 2 * STEP, 2 * STEP, vocab_size, FULL_TILES, SEGMENT)
-    x3 = _segment_tile(row_ptr, offs + 3 * STEP, 3 * STEP, vocab_size, FULL_TILES, SEGMENT)
+    x0 = _segment_tile(row_ptr, offs, 0, vocab_size, False, SEGMENT)
+    x1 = _segment_tile(row_ptr, offs + STEP, STEP, vocab_size, False, SEGMENT)
+    x2 = _segment_tile(row_ptr, offs + 2 * STEP, 2 * STEP, vocab_size, False, SEGMENT)
+    x3 = _segment_tile(row_ptr, offs + 3 * STEP, 3 * STEP, vocab_size, False, SEGMENT)
     # Four tiles a loop iteration, each variable reloaded four tiles on as soon as its tile is
     # counted: the loop carries its tiles in place (rotating them cost 12 register moves a tile;
     # sm_90a: 337 instructions for four tiles, against 106 a tile with the rotation).
     for v0 in range(0, SEGMENT, 4 * STEP):
         lane_max, count = _scan_step(x0, offs, lo, lane_max, count, pairs_ptr, SEG_CAP)
-        x0 = _segment_tile(row_ptr, offs + 4 * STEP, v0 + 4 * STEP, vocab_size, FULL_TILES, SEGMENT)
+        x0 = _segment_tile(row_ptr, offs + 4 * STEP, v0 + 4 * STEP, vocab_size, False, SEGMENT)
         lane_max, count = _scan_step(x1, offs + STEP, lo, lane_max, count, pairs_ptr, SEG_CAP)
-        x1 = _segment_tile(row_ptr, offs + 5 * STEP, v0 + 5 * STEP, vocab_size, FULL_TILES, SEGMENT)
+        x1 = _segment_tile(row_ptr, offs + 5 * STEP, v0 + 5 * STEP, vocab_size, False, SEGMENT)
         lane_max, count = _scan_step(x2, offs + 2 * STEP, lo, lane_max, count, pairs_ptr, SEG_CAP)
-        x2 = _segment_tile(row_ptr, offs + 6 * STEP, v0 + 6 * STEP, vocab_size, FULL_TILES, SEGMENT)
+        x2 = _segment_tile(row_ptr, offs + 6 * STEP, v0 + 6 * STEP, vocab_size, False, SEGMENT)
         lane_max, count = _scan_step(x3, offs + 3 * STEP, lo, lane_max, count, pairs_ptr, SEG_CAP)
-        x3 = _segment_tile(row_ptr, offs + 7 * STEP, v0 + 7 * STEP, vocab_size, FULL_TILES, SEGMENT)
+        x3 = _segment_tile(row_ptr, offs + 7 * STEP, v0 + 7 * STEP, vocab_size, False, SEGMENT)
         offs += 4 * STEP
     return tl.max(tl.max(lane_max, axis=1), axis=0), count
 
@@ -538,12 +535,9 @@ def _scan_segments_kernel(
          pairs_ptr) = _workspace(ws_row, num_segments, SEG_CAP)[:8]
         pairs_ptr += segment * SEG_CAP
         offs = segment * SEGMENT + tl.arange(0, 32)[:, None] * 4 + tl.arange(0, 4)[None, :]
-        full = (segment + 1) * SEGMENT <= vocab_size  # the segment lies in the row: unmasked loads
+        full = (segment + 1) * SEGMENT <= vocab_size  # the segment lies in the row: unmasked top-p loads
         if k_on:
-            if full:
-                seg_max, count = _scan_segment(row_ptr, offs, vocab_size, lo, pairs_ptr, True, SEGMENT, SEG_CAP)
-            else:
-                seg_max, count = _scan_segment(row_ptr, offs, vocab_size, lo, pairs_ptr, False, SEGMENT, SEG_CAP)
+            seg_max, count = _scan_segment(row_ptr, offs, vocab_size, lo, pairs_ptr, SEGMENT, SEG_CAP)
         else:
             if full:
                 seg_max, total, mass, mass_high, count, count_high = _scan_segment_with_mass(
@@ -887,7 +881,9 @@ def _select_row(row_ptr, ws_row, flag, pairs_ptr, values_ptr, buffer_ptr, scratc
     if k_on:
         threshold = _select_threshold(values_ptr, buffer_ptr, list_size, scratch_ptr, count, lo, low, high,
                                       tl.full([], 0, tl.int32), count, row_max, k, False, TILE, SMALL)
-    if p_on:
+    if p_on & (row_max == float("inf")):  # all the mass lies on the +inf tokens (only top-k rows settle)
+        threshold = row_max
+    elif p_on:
         if k_on:  # renormalised over the top-k set
             kept_mass, in_set = _candidate_mass(values_ptr, count, row_max, threshold, TILE)
             target = tl.maximum(p * kept_mass, 1e-30)  # top_p <= 0 keeps the most probable token(s)
@@ -923,19 +919,28 @@ def _select_row(row_ptr, ws_row, flag, pairs_ptr, values_ptr, buffer_ptr, scratc
 
 
 @triton.jit
+def _is_finite(x):
+    return (x > float("-inf")) & (x < float("inf"))  # NaN is not
+
+
+@triton.jit
 def _first_pass(row_ptr, vocab_size, BLOCK: tl.constexpr, P: tl.constexpr):
-    """Row statistics and the first pivot counts. Pivot P-1 is the row min: count and mass of all."""
+    """Row statistics (max, the largest finite value, how many are valid, above -inf, and how many
+    +inf, normaliser) and the first pivot counts. Pivot P-1 is the row min: count and mass of all.
+    The pivots are finite."""
     offs = tl.arange(0, BLOCK)
     x0 = tl.load(row_ptr + offs, mask=offs < vocab_size, other=float("-inf")).to(tl.float32)
-    anchor = tl.max(tl.where(x0 > float("-inf"), x0, float("-inf")))
+    anchor = tl.max(tl.where(_is_finite(x0), x0, float("-inf")))
     anchor = tl.where(anchor > float("-inf"), anchor, 0.0)
     j = tl.arange(0, P)
     # Geometric gaps below anchor + 4: 0, 0.125, 0.31, 0.59, 1.0, ... 112 (ratio 1.5).
     pivots = anchor + 4.0 - 0.25 * (tl.exp2(j.to(tl.float32) * 0.5849625007211562) - 1.0)
 
     row_max = float("-inf")
+    finite_max = float("-inf")
     row_min = float("inf")
     count = 0
+    infinite = 0
     total = 0.0
     counts = tl.zeros([P], tl.int32)
     masses = tl.zeros([P], tl.float32)
@@ -952,13 +957,15 @@ def _first_pass(row_ptr, vocab_size, BLOCK: tl.constexpr, P: tl.constexpr):
         masses = masses * rescale + tl.sum(tl.where(above, e[:, None], 0.0), axis=0)
         total = total * rescale + tl.sum(e)
         count += tl.sum(valid.to(tl.int32))
-        row_min = tl.minimum(row_min, tl.min(tl.where(valid, x, float("inf"))))
+        infinite += tl.sum((x == float("inf")).to(tl.int32))
+        finite_max = tl.maximum(finite_max, tl.max(tl.where(_is_finite(x), x, float("-inf"))))
+        row_min = tl.minimum(row_min, tl.min(tl.where(_is_finite(x), x, float("inf"))))
         row_max = new_max
     last = j == P - 1
     pivots = tl.where(last, row_min, tl.maximum(pivots, row_min))
     counts = tl.where(last, count, counts)
     masses = tl.where(last, total, masses)
-    return pivots, counts, masses, row_max, count, total
+    return pivots, counts, masses, row_max, finite_max, count, infinite, total
 
 
 @triton.jit
@@ -976,9 +983,10 @@ def _count_pass(row_ptr, vocab_size, pivots, row_max, BLOCK: tl.constexpr, P: tl
 
 
 @triton.jit
-def _bracket(pivots, counts, masses, target, USE_MASS: tl.constexpr, P: tl.constexpr):
+def _bracket(pivots, counts, masses, target, infinite, USE_MASS: tl.constexpr, P: tl.constexpr):
     """The interval [lo, hi) between the first pivot whose count (or mass) reaches target and the
-    pivot above it, with the count and mass of the tokens >= hi and the number of tokens in it."""
+    pivot above it (+inf above the first), with the count and mass of the tokens >= hi (`infinite`
+    +inf tokens above the first) and the number of tokens in it."""
     j = tl.arange(0, P)
     if USE_MASS:
         reached = masses >= target
@@ -987,7 +995,7 @@ def _bracket(pivots, counts, masses, target, USE_MASS: tl.constexpr, P: tl.const
     first = tl.min(tl.where(reached, j, P - 1))
     lo = tl.max(tl.where(j == first, pivots, float("-inf")))
     hi = tl.where(first == 0, float("inf"), tl.max(tl.where(j == first - 1, pivots, float("-inf"))))
-    count_above = tl.sum(tl.where(j == first - 1, counts, 0))
+    count_above = tl.where(first == 0, infinite, tl.sum(tl.where(j == first - 1, counts, 0)))
     mass_above = tl.sum(tl.where(j == first - 1, masses, 0.0))
     mass_at_lo = tl.sum(tl.where(j == first, masses, 0.0))
     n_inside = tl.sum(tl.where(j == first, counts, 0)) - count_above
@@ -995,32 +1003,36 @@ def _bracket(pivots, counts, masses, target, USE_MASS: tl.constexpr, P: tl.const
 
 
 @triton.jit
-def _find_threshold(row_ptr, scratch_ptr, vocab_size, row_max, pivots, counts, masses, target,
-                    USE_MASS: tl.constexpr, P: tl.constexpr, CAP: tl.constexpr, BLOCK: tl.constexpr,
+def _find_threshold(row_ptr, scratch_ptr, vocab_size, row_max, finite_max, infinite, pivots, counts, masses,
+                    target, USE_MASS: tl.constexpr, P: tl.constexpr, CAP: tl.constexpr, BLOCK: tl.constexpr,
                     MAX_REFINE: tl.constexpr):
-    """The largest row value v whose count / mass of tokens >= v reaches target, and that mass."""
-    lo, hi, count_above, mass_above, mass_at_lo, n_inside = _bracket(pivots, counts, masses, target, USE_MASS, P)
+    """The largest finite row value v whose count / mass of tokens >= v reaches target, and that
+    mass; the `infinite` +inf tokens (top-k only) are counted above every finite pivot."""
+    lo, hi, count_above, mass_above, mass_at_lo, n_inside = _bracket(pivots, counts, masses, target, infinite,
+                                                                     USE_MASS, P)
     rounds = 0
     while (n_inside > CAP) & (rounds < MAX_REFINE):
-        top = tl.where(hi < float("inf"), hi, row_max)
+        top = tl.where(hi < float("inf"), hi, finite_max)
         pivots = top - (top - lo) * (tl.arange(0, P).to(tl.float32) / (P - 1))  # top ... lo
         counts, masses = _count_pass(row_ptr, vocab_size, pivots, row_max, BLOCK, P)
-        lo, hi, count_above, mass_above, mass_at_lo, n_inside = _bracket(pivots, counts, masses, target, USE_MASS, P)
+        lo, hi, count_above, mass_above, mass_at_lo, n_inside = _bracket(pivots, counts, masses, target, infinite,
+                                                                         USE_MASS, P)
         rounds += 1
 
     threshold = lo  # still too many after MAX_REFINE rounds: all but equal values, keep them all
     kept_mass = mass_at_lo
     if n_inside <= CAP:
-        # Compact the bracket's tokens into the scratch, then sort them in registers.
+        # Compact the bracket's tokens into the scratch, then sort them in registers. [lo, hi) as
+        # keys: lo and hi are finite or hi is +inf, whose key less one is the largest finite value's.
         tl.debug_barrier()  # an earlier search may still be reading the scratch
+        low = _float_key(lo)
+        high = _float_key(hi) - 1
         base = 0
         for v0 in range(0, vocab_size, BLOCK):
             offs = v0 + tl.arange(0, BLOCK)
-            x = tl.load(row_ptr + offs, mask=offs < vocab_size, other=float("-inf")).to(tl.float32)
-            inside = (x >= lo) & (x < hi)
-            slot = base + tl.cumsum(inside.to(tl.int32), axis=0) - 1
-            tl.store(scratch_ptr + slot, x, mask=inside)
-            base += tl.sum(inside.to(tl.int32))
+            in_row = offs < vocab_size
+            x = tl.load(row_ptr + offs, mask=in_row, other=float("-inf")).to(tl.float32)
+            base = _compact_tile(x, in_row, low, high, scratch_ptr, base, CAP)
         tl.debug_barrier()
         k = tl.arange(0, CAP)
         ranked = tl.sort(tl.load(scratch_ptr + k, mask=k < n_inside, other=float("-inf"), cache_modifier=".cg"),
@@ -1041,18 +1053,25 @@ def _find_threshold(row_ptr, scratch_ptr, vocab_size, row_max, pivots, counts, m
 def _general_row(row_ptr, scratch_ptr, vocab_size, k, p, k_on, p_on, P: tl.constexpr, CAP: tl.constexpr,
                  BLOCK: tl.constexpr, MAX_REFINE: tl.constexpr, MASK_BLOCK: tl.constexpr):
     """A row the candidates did not settle, on its untouched logits."""
-    pivots, counts, masses, row_max, count, total = _first_pass(row_ptr, vocab_size, BLOCK, P)
+    pivots, counts, masses, row_max, finite_max, count, infinite, total = _first_pass(row_ptr, vocab_size, BLOCK, P)
     if count > 0:  # else no logit above -inf: nothing to keep or drop
         threshold = float("-inf")
         kept_mass = total
         if k_on & (k < count):
-            threshold, kept_mass = _find_threshold(row_ptr, scratch_ptr, vocab_size, row_max, pivots, counts,
-                                                   masses, k.to(tl.float32), False, P, CAP, BLOCK, MAX_REFINE)
+            if k <= infinite:
+                threshold = float("inf")
+            else:
+                threshold, kept_mass = _find_threshold(row_ptr, scratch_ptr, vocab_size, row_max, finite_max,
+                                                       infinite, pivots, counts, masses, k.to(tl.float32), False, P,
+                                                       CAP, BLOCK, MAX_REFINE)
         if p_on:
-            target = tl.maximum(p * kept_mass, 1e-30)
-            top_p_threshold, _ = _find_threshold(row_ptr, scratch_ptr, vocab_size, row_max, pivots, counts,
-                                                 masses, target, True, P, CAP, BLOCK, MAX_REFINE)
-            threshold = tl.maximum(threshold, top_p_threshold)
+            if infinite > 0:  # all the mass lies on the +inf tokens
+                threshold = float("inf")
+            else:
+                target = tl.maximum(p * kept_mass, 1e-30)
+                top_p_threshold, _ = _find_threshold(row_ptr, scratch_ptr, vocab_size, row_max, finite_max, 0,
+                                                     pivots, counts, masses, target, True, P, CAP, BLOCK, MAX_REFINE)
+                threshold = tl.maximum(threshold, top_p_threshold)
         for v0 in range(0, vocab_size, MASK_BLOCK):
             offs = v0 + tl.arange(0, MASK_BLOCK)
             in_row = offs < vocab_size
@@ -1189,7 +1208,8 @@ def top_k_top_p(logits: torch.Tensor, idx_mapping: torch.Tensor, top_k: torch.Te
         top_p: ``[R]`` float32 in ``(0, 1]``; ``1.0`` is off (a value ``<= 0`` keeps the most probable token).
 
     A row with both filters off is not read. When a filter is on, NaN logits become -inf; a row
-    without any logit above -inf is unchanged. Masses are float32 sums: a token's membership may
+    without any logit above -inf is unchanged. +inf logits hold all the mass: top-p keeps just them,
+    and top-k counts them as the largest values. Masses are float32 sums: a token's membership may
     differ from the exact answer only where the exact mass above it is within ~1e-4 of top_p.
     """
     torch.ops.sampling.top_k_top_p(logits, idx_mapping, top_k, top_p)
