@@ -128,7 +128,7 @@ def test_inf_and_nan_rows(backend, gen):
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_positive_inf_logits(backend, gen):
     """+inf logits (tokens a bias forces) hold all the mass: top-p keeps just them, top-k counts them
-    as the largest values, ties kept. Many of them overflow the candidate lists: the general path."""
+    as the largest values, ties kept. Rows holding them take the general path."""
     T, V = 6, 3000
     logits = make_logits(T, V, torch.float32, device_of(backend), generator=gen)
     inf = float("inf")

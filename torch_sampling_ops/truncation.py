@@ -128,6 +128,11 @@ def _key_value(key):
 
 
 @triton.jit
+def _is_finite(x):
+    return (x > float("-inf")) & (x < float("inf"))  # NaN is not
+
+
+@triton.jit
 def _in_interval(values, present, low, high):
     """Which values are present with keys in [low, high]."""
     key = _float_key(values)
@@ -559,7 +564,8 @@ def _settle_row(ws_row, num_segments, k, p, k_on, SEG_CAP: tl.constexpr, SEGMENT
     1: no segment overflowed, and they hold the k tokens or the top_p mass; 2: top-p alone, and the
     candidates >= the second bound hold the mass, so only they are listed), each segment's listed
     candidates, the row max and the normaliser (top-p alone). A row whose max is more than 60 above
-    the scan's reference is not settled (a segment's float32 sums could have overflowed)."""
+    the scan's reference is not settled (a segment's float32 sums could have overflowed), nor one
+    holding +inf: the general path alone deals with those."""
     (max_ptr, sum_ptr, mass_ptr, count_ptr, mass_high_ptr,
      count_high_ptr) = _workspace(ws_row, num_segments, SEG_CAP)[:6]
     g = tl.arange(0, SEGMENTS_P2)
@@ -574,7 +580,7 @@ def _settle_row(ws_row, num_segments, k, p, k_on, SEG_CAP: tl.constexpr, SEGMENT
     counts = tl.load(count_ptr + g, mask=in_row, other=0)
     counts_high = tl.load(count_high_ptr + g, mask=with_mass, other=0)
     enough = tl.where(k_on, tl.sum(counts) >= k, mass >= p * total)  # NaN: not settled
-    settled = (row_max > float("-inf")) & (tl.max(counts) <= SEG_CAP) & enough
+    settled = _is_finite(row_max) & (tl.max(counts) <= SEG_CAP) & enough
     narrow = (k_on == 0) & (mass_high >= p * total)
     flag = tl.where(settled, tl.where(narrow, 2, 1), 0)
     listed = tl.where(narrow, counts_high, counts)
@@ -881,9 +887,7 @@ def _select_row(row_ptr, ws_row, flag, pairs_ptr, values_ptr, buffer_ptr, scratc
     if k_on:
         threshold = _select_threshold(values_ptr, buffer_ptr, list_size, scratch_ptr, count, lo, low, high,
                                       tl.full([], 0, tl.int32), count, row_max, k, False, TILE, SMALL)
-    if p_on & (row_max == float("inf")):  # all the mass lies on the +inf tokens (only top-k rows settle)
-        threshold = row_max
-    elif p_on:
+    if p_on:
         if k_on:  # renormalised over the top-k set
             kept_mass, in_set = _candidate_mass(values_ptr, count, row_max, threshold, TILE)
             target = tl.maximum(p * kept_mass, 1e-30)  # top_p <= 0 keeps the most probable token(s)
@@ -916,11 +920,6 @@ def _select_row(row_ptr, ws_row, flag, pairs_ptr, values_ptr, buffer_ptr, scratc
 
 # ----------------------------------------------------------------------------------------------
 # The general path
-
-
-@triton.jit
-def _is_finite(x):
-    return (x > float("-inf")) & (x < float("inf"))  # NaN is not
 
 
 @triton.jit
