@@ -36,7 +36,8 @@ def _ids_block(width: int) -> int:
 
 @triton.jit
 def _list_length(num_ptr, slot, width):
-    return tl.minimum(tl.maximum(tl.load(num_ptr + slot).to(tl.int32), 0), width)
+    """num[slot] clamped to [0, width], clamped in 64 bits: an int64 count of 2**31 or more is not truncated."""
+    return tl.minimum(tl.maximum(tl.load(num_ptr + slot).to(tl.int64), 0), width).to(tl.int32)
 
 
 @triton.jit

@@ -42,7 +42,7 @@ def logit_bias(logits, idx_mapping, output_lens, allowed_ids, num_allowed, bias_
     slots, valid = _slots(idx_mapping, T, min_tokens.size(0), logits.device)
 
     ids, listed = _listed(allowed_ids, num_allowed, slots, valid, V)
-    restricted = valid & (num_allowed[slots] > 0)
+    restricted = valid & (num_allowed[slots].clamp(0, allowed_ids.size(1)) > 0)  # a count clamped to width 0: no list
     out.masked_fill_(restricted.unsqueeze(1) & ~_token_mask(ids, listed, V), NEG_INF)
 
     ids, listed = _listed(bias_ids, num_bias, slots, valid, V)

@@ -1204,7 +1204,8 @@ def top_k_top_p(logits: torch.Tensor, idx_mapping: torch.Tensor, top_k: torch.Te
         logits: ``[T, V]`` float32/float16/bfloat16, unit column stride; modified in place.
         idx_mapping: ``[T]`` int32/int64 slot of each row; a row outside ``[0, R)`` is untouched.
         top_k: ``[R]`` int32; ``<= 0`` or ``>= V`` is off.
-        top_p: ``[R]`` float32 in ``(0, 1]``; ``1.0`` is off (a value ``<= 0`` keeps the most probable token).
+        top_p: ``[R]`` float32 in ``(0, 1]``; ``1.0`` is off. Out of that range (an error that
+            TORCH_SAMPLING_OPS_DEBUG=1 raises): ``<= 0`` keeps the most probable token(s), ``> 1`` or NaN is off.
 
     A row with both filters off is not read. When a filter is on, NaN logits become -inf; a row
     without any logit above -inf is unchanged. +inf logits hold all the mass: top-p keeps just them,
