@@ -29,9 +29,10 @@ small batch still spreads over the GPU:
    early fill while others still search); in smaller batches the threshold is stored in the header.
    A row the candidates did not settle takes the general path in the same program, on its
    untouched logits: the row max, count and normaliser and, for 16 pivots placed geometrically
-   below the first block's max, the count and mass of the tokens >= each; further counting passes
-   narrow the pivot interval holding the threshold until at most CAP tokens remain, which are
-   compacted, sorted in registers and read off; then one masking pass.
+   below the first block's max, the count and mass of the tokens >= each; the two pivots around
+   the threshold give a bracket, which counting passes narrow as key rounds (the selection's
+   interval rounds over the row, so exact for any finite row, whatever its scale) until at most
+   CAP tokens remain, which are compacted, sorted in registers and read off; then one masking pass.
 5. `_fill_chunks_kernel` (settled rows of top-p alone, below _FILL_IN_SELECT_MIN_T rows; a chunk a
    program, _FILL_GROUP from _SETTLE_LAUNCH_MIN_T rows): -inf over a chunk, a block barrier, then
    the chunk's own listed candidates >= the threshold restored, into lines the program has just
@@ -94,14 +95,12 @@ _FILL_GROUP = 4
 # launch spreads a row over its chunks' programs (one program filling a whole row takes a chunk's
 # candidate-load latency 19 times over).
 _FILL_IN_SELECT_MIN_T = 128
-# General path: tokens per step of a counting pass ([BLOCK, PIVOTS] comparisons) and of the mask
-# pass, bracket tokens sorted in registers (in the selection's scratch), counting passes that narrow
-# a bracket (16 pivots each cut it ~16x).
+# General path: tokens per step of a counting pass and of the mask pass, the first pass's pivots,
+# and the bracket size sorted in registers (in the selection's scratch).
 _BLOCK = 1024
 _MASK_BLOCK = 4096
 _PIVOTS = 16
 _CAP = 256 if _INTERPRET else 2048
-_MAX_REFINE = 8
 # The selection's sweeps keep per-thread statistics over groups of this many consecutive candidates:
 # the values each of the selection's threads holds of a tile (4 on the GPU).
 _SWEEP_GROUP = tl.constexpr(max(_TILE // (32 * _WARPS["select"]), 1))
@@ -113,8 +112,10 @@ _SWEEP_GROUP = tl.constexpr(max(_TILE // (32 * _WARPS["select"]), 1))
 
 @triton.jit
 def _float_key(x):
-    """uint32 keys that order like the float32 values (x not NaN; -0.0 counts as +0.0)."""
-    bits = (x + 0.0).to(tl.int32, bitcast=True)
+    """uint32 keys that order like the float32 values (x not NaN; -0.0 counts as +0.0). Integer
+    operations only: subnormals keep their own keys even where float arithmetic flushes them."""
+    bits = x.to(tl.int32, bitcast=True)
+    bits = tl.where(bits == -2147483648, 0, bits)  # -0.0
     signed = bits ^ ((bits >> 31) & 0x7FFFFFFF)
     return (signed ^ -2147483648).to(tl.uint32, bitcast=True)
 
@@ -968,22 +969,8 @@ def _first_pass(row_ptr, vocab_size, BLOCK: tl.constexpr, P: tl.constexpr):
 
 
 @triton.jit
-def _count_pass(row_ptr, vocab_size, pivots, row_max, BLOCK: tl.constexpr, P: tl.constexpr):
-    """Count and mass (relative to row_max) of the tokens >= each pivot."""
-    counts = tl.zeros([P], tl.int32)
-    masses = tl.zeros([P], tl.float32)
-    for v0 in range(0, vocab_size, BLOCK):
-        offs = v0 + tl.arange(0, BLOCK)
-        x = tl.load(row_ptr + offs, mask=offs < vocab_size, other=float("-inf")).to(tl.float32)
-        above = x[:, None] >= pivots[None, :]
-        counts += tl.sum(above.to(tl.int32), axis=0)
-        masses += tl.sum(tl.where(above, tl.exp(x - row_max)[:, None], 0.0), axis=0)
-    return counts, masses
-
-
-@triton.jit
 def _bracket(pivots, counts, masses, target, infinite, USE_MASS: tl.constexpr, P: tl.constexpr):
-    """The interval [lo, hi) between the first pivot whose count (or mass) reaches target and the
+    """The values [lo, hi) between the first pivot whose count (or mass) reaches target and the
     pivot above it (+inf above the first), with the count and mass of the tokens >= hi (`infinite`
     +inf tokens above the first) and the number of tokens in it."""
     j = tl.arange(0, P)
@@ -991,66 +978,104 @@ def _bracket(pivots, counts, masses, target, infinite, USE_MASS: tl.constexpr, P
         reached = masses >= target
     else:
         reached = counts.to(tl.float32) >= target
-    first = tl.min(tl.where(reached, j, P - 1))
+    first = tl.min(tl.where(reached, j, P - 1))  # pivot P - 1 (the row min) holds every token
     lo = tl.max(tl.where(j == first, pivots, float("-inf")))
     hi = tl.where(first == 0, float("inf"), tl.max(tl.where(j == first - 1, pivots, float("-inf"))))
     count_above = tl.where(first == 0, infinite, tl.sum(tl.where(j == first - 1, counts, 0)))
     mass_above = tl.sum(tl.where(j == first - 1, masses, 0.0))
-    mass_at_lo = tl.sum(tl.where(j == first, masses, 0.0))
     n_inside = tl.sum(tl.where(j == first, counts, 0)) - count_above
-    return lo, hi, count_above, mass_above, mass_at_lo, n_inside
+    return lo, hi, count_above, mass_above, n_inside
+
+
+@triton.jit
+def _key_round_stats(row_ptr, vocab_size, low, high, starts, row_max, USE_MASS: tl.constexpr, BLOCK: tl.constexpr):
+    """One pass over the row: per part j of the key interval [low, high], the count, or with
+    USE_MASS the mass relative to row_max, of the row's tokens in parts >= j ([16])."""
+    # One statistic a pass: two [16, threads] sums would not fit the selection kernel's registers.
+    if USE_MASS:
+        stats = tl.zeros([16, BLOCK // _SWEEP_GROUP], tl.float32)
+    else:
+        stats = tl.zeros([16, BLOCK // _SWEEP_GROUP], tl.int32)
+    for v0 in range(0, vocab_size, BLOCK):
+        offs = v0 + tl.arange(0, BLOCK)
+        in_row = offs < vocab_size
+        x = tl.load(row_ptr + offs, mask=in_row, other=float("-inf")).to(tl.float32)
+        stats += _interval_partials(x, in_row, low, high, starts, row_max, USE_MASS, _SWEEP_GROUP)
+    return tl.sum(stats, axis=1)
+
+
+@triton.jit
+def _key_count(row_ptr, vocab_size, low, high, BLOCK: tl.constexpr):
+    """How many of the row's tokens have keys in [low, high]."""
+    count = tl.zeros([BLOCK], tl.int32)
+    for v0 in range(0, vocab_size, BLOCK):
+        offs = v0 + tl.arange(0, BLOCK)
+        in_row = offs < vocab_size
+        x = tl.load(row_ptr + offs, mask=in_row, other=float("-inf")).to(tl.float32)
+        count += _in_interval(x, in_row, low, high).to(tl.int32)
+    return tl.sum(count)
 
 
 @triton.jit
 def _find_threshold(row_ptr, scratch_ptr, vocab_size, row_max, finite_max, infinite, pivots, counts, masses,
-                    target, USE_MASS: tl.constexpr, P: tl.constexpr, CAP: tl.constexpr, BLOCK: tl.constexpr,
-                    MAX_REFINE: tl.constexpr):
-    """The largest finite row value v whose count / mass of tokens >= v reaches target, and that
-    mass; the `infinite` +inf tokens (top-k only) are counted above every finite pivot."""
-    lo, hi, count_above, mass_above, mass_at_lo, n_inside = _bracket(pivots, counts, masses, target, infinite,
-                                                                     USE_MASS, P)
-    rounds = 0
-    while (n_inside > CAP) & (rounds < MAX_REFINE):
-        top = tl.where(hi < float("inf"), hi, finite_max)
-        pivots = top - (top - lo) * (tl.arange(0, P).to(tl.float32) / (P - 1))  # top ... lo
-        counts, masses = _count_pass(row_ptr, vocab_size, pivots, row_max, BLOCK, P)
-        lo, hi, count_above, mass_above, mass_at_lo, n_inside = _bracket(pivots, counts, masses, target, infinite,
-                                                                         USE_MASS, P)
-        rounds += 1
-
-    threshold = lo  # still too many after MAX_REFINE rounds: all but equal values, keep them all
-    kept_mass = mass_at_lo
-    if n_inside <= CAP:
-        # Compact the bracket's tokens into the scratch, then sort them in registers. [lo, hi) as
-        # keys: lo and hi are finite or hi is +inf, whose key less one is the largest finite value's.
-        tl.debug_barrier()  # an earlier search may still be reading the scratch
-        low = _float_key(lo)
-        high = _float_key(hi) - 1
-        base = 0
-        for v0 in range(0, vocab_size, BLOCK):
-            offs = v0 + tl.arange(0, BLOCK)
-            in_row = offs < vocab_size
-            x = tl.load(row_ptr + offs, mask=in_row, other=float("-inf")).to(tl.float32)
-            base = _compact_tile(x, in_row, low, high, scratch_ptr, base, CAP)
-        tl.debug_barrier()
-        k = tl.arange(0, CAP)
-        ranked = tl.sort(tl.load(scratch_ptr + k, mask=k < n_inside, other=float("-inf"), cache_modifier=".cg"),
-                         descending=True)
-        weights = tl.exp(ranked - row_max)
+                    target, USE_MASS: tl.constexpr, P: tl.constexpr, CAP: tl.constexpr, BLOCK: tl.constexpr):
+    """The largest finite row value v whose count / mass of tokens >= v reaches target, and the mass
+    of the finite tokens >= v; the `infinite` +inf tokens (top-k only) are counted above every finite
+    pivot. Exact for any finite row: the first pass's pivots give a bracket, which key rounds narrow
+    (each keeps the one of 16 parts of its key interval holding the answer, so the interval shrinks
+    at least 8-fold a round and reaches a single key within 11) until at most CAP tokens are left,
+    which are sorted in registers. A single key left is the answer, with all its ties."""
+    lo, hi, above_count, above_mass, in_bracket = _bracket(pivots, counts, masses, target, infinite, USE_MASS, P)
+    # [lo, hi) as keys, capped at the largest finite value (hi may be +inf, or above it).
+    low = _float_key(lo)
+    high = tl.minimum(_float_key(hi) - 1, _float_key(finite_max))
+    while (in_bracket > CAP) & (high > low):
+        starts = _part_starts(low, high, False)
+        stats = _key_round_stats(row_ptr, vocab_size, low, high, starts, row_max, USE_MASS, BLOCK)
         if USE_MASS:
-            reached = (mass_above + tl.cumsum(weights, axis=0)) >= target
-            first = tl.min(tl.where(reached, k, n_inside - 1))
+            low, high, above_mass, d = _interval_round(high, starts, above_mass, stats, target)
+            in_bracket = _key_count(row_ptr, vocab_size, low, high, BLOCK)
         else:
-            first = target.to(tl.int32) - count_above - 1
-        threshold = tl.max(tl.where(k == first, ranked, float("-inf")))
-        kept_mass = mass_above + tl.sum(tl.where(ranked >= threshold, weights, 0.0))
-    return threshold, kept_mass
+            low, high, above_count, d = _interval_round(high, starts, above_count, stats, target)
+            in_bracket = _part_count(stats, d)
 
+    # One more pass: the mass of the finite tokens above the bracket (in one order, whichever
+    # rounds ran) and, when they fit, the bracket's tokens compacted into the scratch.
+    compact = in_bracket <= CAP
+    tl.debug_barrier()  # an earlier search may still be reading the scratch
+    base = 0
+    mass = tl.zeros([BLOCK], tl.float32)
+    for v0 in range(0, vocab_size, BLOCK):
+        offs = v0 + tl.arange(0, BLOCK)
+        in_row = offs < vocab_size
+        x = tl.load(row_ptr + offs, mask=in_row, other=float("-inf")).to(tl.float32)
+        mass += tl.where(_is_finite(x) & (_float_key(x) > high), tl.exp(x - row_max), 0.0)
+        if compact:
+            base = _compact_tile(x, in_row, low, high, scratch_ptr, base, CAP)
+    above_mass = tl.sum(mass)
+    tl.debug_barrier()
+    k = tl.arange(0, CAP)
+    if compact:
+        ranked = tl.sort(tl.load(scratch_ptr + k, mask=k < in_bracket, other=float("-inf"), cache_modifier=".cg"),
+                         descending=True)
+    else:  # a single key left: every bracket token has its value
+        ranked = tl.where(k < in_bracket, _key_value(low), float("-inf"))
+    weights = tl.where(k < in_bracket, tl.exp(ranked - row_max), 0.0)
+    if USE_MASS:
+        reached = (above_mass + tl.cumsum(weights, axis=0)) >= target
+        first = tl.min(tl.where(reached, k, tl.minimum(in_bracket, CAP) - 1))
+    else:
+        first = tl.minimum(target.to(tl.int32) - above_count - 1, CAP - 1)
+    threshold = tl.max(tl.where(k == first, ranked, float("-inf")))
+    bracket_mass = tl.sum(tl.where(ranked >= threshold, weights, 0.0))
+    if not compact:  # all of the single key's tokens are kept
+        bracket_mass = in_bracket * tl.exp(threshold - row_max)
+    return threshold, above_mass + bracket_mass
 
 
 @triton.jit
 def _general_row(row_ptr, scratch_ptr, vocab_size, k, p, k_on, p_on, P: tl.constexpr, CAP: tl.constexpr,
-                 BLOCK: tl.constexpr, MAX_REFINE: tl.constexpr, MASK_BLOCK: tl.constexpr):
+                 BLOCK: tl.constexpr, MASK_BLOCK: tl.constexpr):
     """A row the candidates did not settle, on its untouched logits."""
     pivots, counts, masses, row_max, finite_max, count, infinite, total = _first_pass(row_ptr, vocab_size, BLOCK, P)
     if count > 0:  # else no logit above -inf: nothing to keep or drop
@@ -1062,14 +1087,14 @@ def _general_row(row_ptr, scratch_ptr, vocab_size, k, p, k_on, p_on, P: tl.const
             else:
                 threshold, kept_mass = _find_threshold(row_ptr, scratch_ptr, vocab_size, row_max, finite_max,
                                                        infinite, pivots, counts, masses, k.to(tl.float32), False, P,
-                                                       CAP, BLOCK, MAX_REFINE)
+                                                       CAP, BLOCK)
         if p_on:
             if infinite > 0:  # all the mass lies on the +inf tokens
                 threshold = float("inf")
             else:
                 target = tl.maximum(p * kept_mass, 1e-30)
                 top_p_threshold, _ = _find_threshold(row_ptr, scratch_ptr, vocab_size, row_max, finite_max, 0,
-                                                     pivots, counts, masses, target, True, P, CAP, BLOCK, MAX_REFINE)
+                                                     pivots, counts, masses, target, True, P, CAP, BLOCK)
                 threshold = tl.maximum(threshold, top_p_threshold)
         for v0 in range(0, vocab_size, MASK_BLOCK):
             offs = v0 + tl.arange(0, MASK_BLOCK)
@@ -1082,7 +1107,7 @@ def _general_row(row_ptr, scratch_ptr, vocab_size, k, p, k_on, p_on, P: tl.const
 def _select_kernel(
     logits_ptr, logits_stride, idx_mapping_ptr, top_k_ptr, top_p_ptr, ws_ptr, ws_stride, num_slots, vocab_size,
     num_segments, SEG_CAP: tl.constexpr, TILE: tl.constexpr, SMALL: tl.constexpr, P: tl.constexpr,
-    CAP: tl.constexpr, BLOCK: tl.constexpr, MAX_REFINE: tl.constexpr, MASK_BLOCK: tl.constexpr, FILL: tl.constexpr,
+    CAP: tl.constexpr, BLOCK: tl.constexpr, MASK_BLOCK: tl.constexpr, FILL: tl.constexpr,
     CHUNK: tl.constexpr, SEGMENTS: tl.constexpr, PDL: tl.constexpr,
 ):
     """A row's threshold: from its candidates when they settle it (applied here with top-k on, and
@@ -1099,7 +1124,7 @@ def _select_kernel(
             _select_row(row_ptr, ws_row, flag, pairs_ptr, values_ptr, buffer_ptr, scratch_ptr, num_segments, vocab_size,
                         k, p, k_on, p_on, SEG_CAP, TILE, SMALL, FILL, CHUNK, SEGMENTS)
         else:
-            _general_row(row_ptr, scratch_ptr, vocab_size, k, p, k_on, p_on, P, CAP, BLOCK, MAX_REFINE, MASK_BLOCK)
+            _general_row(row_ptr, scratch_ptr, vocab_size, k, p, k_on, p_on, P, CAP, BLOCK, MASK_BLOCK)
 
 
 def _check_top_k_top_p(logits, idx_mapping, top_k, top_p) -> None:
@@ -1144,7 +1169,7 @@ def _launch_plan(T: int, V: int, pdl: bool) -> list:
               SETTLED=settle_launch, num_warps=_WARPS["chunks"], **follow)),
         # 128 registers: two programs an SM (measured: 24 instead of 34 µs at T = 256, k=50 p=0.9)
         (_select_kernel, (T,),
-         dict(SEG_CAP=_SEG_CAP, TILE=_TILE, SMALL=_SMALL, P=_PIVOTS, CAP=_CAP, BLOCK=_BLOCK, MAX_REFINE=_MAX_REFINE,
+         dict(SEG_CAP=_SEG_CAP, TILE=_TILE, SMALL=_SMALL, P=_PIVOTS, CAP=_CAP, BLOCK=_BLOCK,
               MASK_BLOCK=_MASK_BLOCK, FILL=fill_in_select, CHUNK=_CHUNK, SEGMENTS=_CHUNK // _SEGMENT,
               num_warps=_WARPS["select"], maxnreg=128, **follow)),
         *([] if fill_in_select else fill),
