@@ -4,26 +4,41 @@ Install without build isolation so the extension is compiled for the torch you r
     pip install --no-build-isolation -e ".[test]"
 """
 import glob
+import re
 
+import torch
 from setuptools import find_packages, setup
 from torch.utils.cpp_extension import BuildExtension, CppExtension
 
+# The one place the version is written is the package's __init__.py; read it without importing the package
+# (that would import torch_sampling_ops._C, which this script builds).
+with open("torch_sampling_ops/__init__.py") as f:
+    version = re.search(r'^__version__ = "([^"]+)"', f.read(), re.M).group(1)
+
+# A C++ extension loads only into the torch whose headers and ABI it was compiled against, so the package
+# requires that torch's major.minor: `pip` then refuses to pair this build with another torch instead of
+# the import failing with undefined symbols. The wheel's metadata names it (Requires-Dist: torch==2.11.*);
+# any local build suffix (+cpu, +cu130) is ignored by the match.
+torch_major_minor = ".".join(torch.__version__.split("+")[0].split(".")[:2])
+
 # at::parallel_for expands OpenMP pragmas in our translation units: without -fopenmp it runs serially.
+# -g0 overrides the -g that Python's build flags add: the debug information is about 99% of the library.
 cpu_kernels = CppExtension(
     name="torch_sampling_ops._C",
     sources=sorted(glob.glob("csrc/*.cpp")),
-    extra_compile_args={"cxx": ["-O3", "-fopenmp"]},
-    extra_link_args=["-fopenmp"],
+    extra_compile_args={"cxx": ["-O3", "-g0", "-fopenmp"]},
+    extra_link_args=["-fopenmp", "-s"],
 )
 
 setup(
     name="torch_sampling_ops",
-    version="0.1.0",
+    version=version,
     description="LLM sampling steps as torch.library custom ops: Triton on CUDA, C++ on CPU",
+    license="Apache-2.0",
     packages=find_packages(include=["torch_sampling_ops", "torch_sampling_ops.*"]),
     ext_modules=[cpu_kernels],
     cmdclass={"build_ext": BuildExtension},
     python_requires=">=3.10",
-    install_requires=["torch>=2.11", "triton>=3.6"],
-    extras_require={"test": ["pytest", "numpy"]},
+    install_requires=[f"torch=={torch_major_minor}.*", "triton>=3.6"],
+    extras_require={"test": ["pytest", "numpy", "ruff~=0.17.0"]},
 )

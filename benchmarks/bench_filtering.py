@@ -17,6 +17,7 @@ import torch
 
 import torch_sampling_ops as tso
 from torch_sampling_ops import reference
+
 from timing import Case, main
 
 

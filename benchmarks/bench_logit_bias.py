@@ -10,7 +10,8 @@ import torch
 
 import torch_sampling_ops as tso
 from torch_sampling_ops import constraints, reference
-from timing import Case, eager_overhead_us, main, print_table
+
+from timing import Case, eager_overhead_us, main, print_table, record
 
 
 def logit_bias_inputs(T, V, device, *, allowed=1024, bias=1024, stops=8, seed=0):
@@ -44,10 +45,11 @@ def _reference(name):
 
 
 CASES = [
-    Case("logit_bias (1024 allowed, 1024 bias, 8 stops), fp32", lambda T, V, dev, s: logit_bias_inputs(T, V, dev, seed=s),
-         tso.logit_bias, _reference("logit_bias")),
+    Case("logit_bias (1024 allowed, 1024 bias, 8 stops), fp32",
+         lambda T, V, dev, s: logit_bias_inputs(T, V, dev, seed=s), tso.logit_bias, _reference("logit_bias")),
     Case("logit_bias (1024 bias, 8 stops, no allowed list), fp32",
-         lambda T, V, dev, s: logit_bias_inputs(T, V, dev, allowed=0, seed=s), tso.logit_bias, _reference("logit_bias")),
+         lambda T, V, dev, s: logit_bias_inputs(T, V, dev, allowed=0, seed=s), tso.logit_bias,
+         _reference("logit_bias")),
     Case("apply_token_bitmask, fp32", lambda T, V, dev, s: bitmask_inputs(T, V, dev, seed=s), tso.apply_token_bitmask,
          _reference("apply_token_bitmask")),
 ]
@@ -62,11 +64,16 @@ def overhead_table():
 
     rows = [
         ["raw Triton launch", eager_overhead_us(raw)],
-        ["torch.ops.sampling.apply_token_bitmask", eager_overhead_us(lambda: torch.ops.sampling.apply_token_bitmask(logits, bitmask))],
+        ["torch.ops.sampling.apply_token_bitmask",
+         eager_overhead_us(lambda: torch.ops.sampling.apply_token_bitmask(logits, bitmask))],
         ["torch_sampling_ops.apply_token_bitmask", eager_overhead_us(lambda: tso.apply_token_bitmask(logits, bitmask))],
     ]
     state = logit_bias_inputs(1, 1000, "cuda", allowed=16, bias=16, stops=2)
-    rows.append(["torch.ops.sampling.logit_bias (2 launches)", eager_overhead_us(lambda: torch.ops.sampling.logit_bias(*state))])
+    rows.append(["torch.ops.sampling.logit_bias (2 launches)",
+                 eager_overhead_us(lambda: torch.ops.sampling.logit_bias(*state))])
+    for call, us in rows:
+        op = "logit_bias" if "logit_bias" in call else "apply_token_bitmask"
+        record(op, "host cost per call", 1, 1000, logits.dtype, "host", call, us)
     return print_table("Eager host cost per call (µs), T = 1, V = 1000", ["call", "µs / call"], rows)
 
 

@@ -12,7 +12,8 @@ import torch
 
 import torch_sampling_ops as tso
 from torch_sampling_ops import reference, truncation
-from timing import Case, kernel_breakdown, main, print_table
+
+from timing import Case, kernel_breakdown, main, print_table, record
 
 
 def truncation_inputs(T, V, device, top_k, top_p, seed=0):
@@ -36,6 +37,8 @@ def launch_breakdown(V=151936, Ts=(1, 256)) -> str:
     for T in Ts:
         for name, top_k, top_p in SETTINGS:
             times = kernel_breakdown(tso.top_k_top_p, truncation_inputs(T, V, "cuda", top_k, top_p))
+            for kernel, us in times.items():
+                record("top_k_top_p", f"{name}; {kernel}", T, V, torch.float32, "profiler", "ours", us)
             rows.append([T, name] + [times.get(k, 0.0) for k in KERNELS] + [sum(times.values())])
     return print_table(f"top_k_top_p launches, fp32, V = {V}, device µs per call (torch.profiler)",
                        ["T", "setting"] + [k.strip("_").removesuffix("_kernel") for k in KERNELS] + ["sum"], rows)

@@ -2,14 +2,20 @@
 
 GPU: `triton.testing.do_bench` medians (warmed up) while rotating over several input sets so
 repeated calls do not hit a warm L2, optionally inside a CUDA graph; CPU: medians of wall-clock
-repeats. Also the copy bandwidth that the bandwidth floor is computed from, and table printing.
+repeats. Also the copy bandwidth that the bandwidth floor is computed from, table printing, and a
+CSV of every timed row (`record`): benchmarks/results/<script>.csv, appended to, one line a figure.
 """
 from __future__ import annotations
 
 import argparse
+import csv
 import functools
 import os
+import pathlib
+import re
 import statistics
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -19,7 +25,13 @@ import torch
 N_SETS = 3  # input sets rotated through, so that no call finds the previous one's data in L2
 
 
-def bench_gpu(fn: Callable, input_sets: Sequence, *, graph: bool = False, warmup_ms: int = 25, rep_ms: int = 100) -> float:
+CSV_COLUMNS = ["op", "setting", "T", "V", "dtype", "mode", "provider", "median_us", "device", "torch", "triton",
+               "commit", "timestamp"]
+RESULTS_DIR = pathlib.Path(__file__).resolve().parent / "results"
+
+
+def bench_gpu(fn: Callable, input_sets: Sequence, *, graph: bool = False, warmup_ms: int = 25,
+              rep_ms: int = 100) -> float:
     """Median µs of one `fn(*inputs)` call, rotating over `input_sets`.
 
     With graph=True, one CUDA graph holds one call per input set and the replay time is divided by
@@ -35,7 +47,8 @@ def bench_gpu(fn: Callable, input_sets: Sequence, *, graph: bool = False, warmup
         with torch.cuda.graph(g):
             for inputs in input_sets:
                 fn(*inputs)
-        return triton.testing.do_bench(g.replay, warmup=warmup_ms, rep=rep_ms, return_mode="median") * 1e3 / len(input_sets)
+        replay_ms = triton.testing.do_bench(g.replay, warmup=warmup_ms, rep=rep_ms, return_mode="median")
+        return replay_ms * 1e3 / len(input_sets)
     state = {"i": 0}
 
     def call():
@@ -63,6 +76,7 @@ def copy_bandwidth_gbps(nbytes: int = 2 << 30) -> float:
     src = torch.empty(nbytes // 4, dtype=torch.float32, device="cuda").uniform_()
     dst = torch.empty_like(src)
     us = bench_gpu(lambda: dst.copy_(src), [()])
+    record("copy", f"{nbytes >> 20} MiB fp32", 1, nbytes // 4, "float32", "eager", "torch", us)
     return 2 * nbytes / (us * 1e-6) / 1e9
 
 
@@ -104,6 +118,45 @@ def environment() -> str:
 
     dev = torch.cuda.get_device_name() if torch.cuda.is_available() else f"CPU ({torch.get_num_threads()} threads)"
     return f"{dev}, torch {torch.__version__}, triton {triton.__version__}, {time.strftime('%Y-%m-%d')}"
+
+
+@functools.cache
+def _run_fields() -> dict:
+    """The CSV fields shared by every row of this run: machine, versions, commit, start time."""
+    import triton
+
+    try:
+        commit = subprocess.run(["git", "describe", "--always", "--dirty", "--abbrev=7"], capture_output=True,
+                                text=True, cwd=RESULTS_DIR.parent, timeout=10).stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        commit = "unknown"
+    return {"torch": torch.__version__, "triton": triton.__version__, "commit": commit,
+            "timestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+
+
+def split_name(name: str) -> tuple[str, str]:
+    """(op, setting) of a case name such as "top_k_top_p (k=50, p=0.9), fp32" or "temperature"."""
+    match = re.match(r"([\w.]+)\s*(?:\((.*)\))?", name)
+    return match.group(1), match.group(2) or ""
+
+
+def record(op: str, setting: str, T: int, V: int, dtype, mode: str, provider: str, median_us: float,
+           device: str | None = None) -> None:
+    """Appends one timed row to benchmarks/results/<script>.csv (header written with the file). mode: eager,
+    graph, cpu, host (host time per eager call) or profiler (device time of one launch)."""
+    if device is None:
+        device = (torch.cuda.get_device_name() if mode != "cpu" and torch.cuda.is_available()
+                  else f"CPU ({torch.get_num_threads()} threads)")
+    row = {"op": op, "setting": setting, "T": T, "V": V, "dtype": str(dtype).removeprefix("torch."), "mode": mode,
+           "provider": provider, "median_us": f"{median_us:.3f}", "device": device, **_run_fields()}
+    RESULTS_DIR.mkdir(exist_ok=True)
+    path = RESULTS_DIR / f"{pathlib.Path(sys.argv[0]).stem or 'benchmark'}.csv"
+    new = not path.exists()
+    with open(path, "a", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=CSV_COLUMNS)
+        if new:
+            writer.writeheader()
+        writer.writerow(row)
 
 
 def print_table(title: str, header: Sequence[str], rows: Sequence[Sequence]) -> str:
@@ -150,11 +203,15 @@ def _time_ours(case: Case, sets: list, timer: Callable) -> float:
 
 def gpu_table(case: Case, V: int, bandwidth_gbps: float, Ts=(1, 32, 256, 1024)) -> str:
     rows = []
+    op, setting = split_name(case.name)
     for T in Ts:
         sets = [case.make(T, V, "cuda", seed) for seed in range(N_SETS)]
         eager = _time_ours(case, sets, bench_gpu)
         graph = _time_ours(case, sets, functools.partial(bench_gpu, graph=True))
         base = bench_gpu(case.baseline, sets)
+        dtype = sets[0][0].dtype
+        for mode, provider, us in (("eager", "ours", eager), ("graph", "ours", graph), ("eager", "pytorch", base)):
+            record(op, setting, T, V, dtype, mode, provider, us)
         nbytes = 2 * T * V * sets[0][0].element_size()
         floor = nbytes / (bandwidth_gbps * 1e9) * 1e6
         rows.append([T, eager, graph, base, base / graph, floor, graph / floor, nbytes / (graph * 1e-6) / 1e9])
@@ -169,12 +226,16 @@ def cpu_table(cases: Sequence[Case], T: int = 32, V: int = 32000) -> str:
     for case in cases:
         sets = [case.make(T, V, "cpu", seed) for seed in range(N_SETS)]
         ours_us, base_us = _time_ours(case, sets, bench_cpu), bench_cpu(case.baseline, sets)
+        op, setting = split_name(case.name)
+        for provider, us in (("ours", ours_us), ("pytorch", base_us)):
+            record(op, setting, T, V, sets[0][0].dtype, "cpu", provider, us)
         rows.append([case.name, ours_us, base_us, base_us / ours_us])
     return print_table(f"CPU, T = {T}, V = {V}, fp32, {torch.get_num_threads()} threads, µs (median)",
                        ["op", "C++", "PyTorch", "speed-up"], rows)
 
 
-def main(cases: Sequence[Case], description: str, *, V: int = 151936, extra_gpu: Callable[[], str] | None = None):
+def main(cases: Sequence[Case], description: str, *, V: int = 151936,
+         extra_gpu: Callable[[], str] | None = None):
     """Command line of every benchmark script: GPU tables when CUDA is present, the CPU table always."""
     parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", help="also write the tables (markdown) to this file")
@@ -184,7 +245,8 @@ def main(cases: Sequence[Case], description: str, *, V: int = 151936, extra_gpu:
     print(out[0])
     if torch.cuda.is_available() and not args.cpu_only:
         bw = copy_bandwidth_gbps()
-        out.append(f"Copy bandwidth (read + write): {bw:.0f} GB/s. Floor = (read + write of the logits) / copy bandwidth.")
+        out.append(f"Copy bandwidth (read + write): {bw:.0f} GB/s. "
+                   "Floor = (read + write of the logits) / copy bandwidth.")
         print(out[-1])
         sizes = tuple(int(t) for t in os.environ.get("BENCH_T", "1,32,256,1024").split(","))
         out += [gpu_table(case, V, bw, sizes) for case in cases]

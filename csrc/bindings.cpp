@@ -3,8 +3,8 @@
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "CPU kernels of torch_sampling_ops";
   m.def("logit_bias", &tso::logit_bias);
-  m.def("apply_token_bitmask", &tso::apply_token_bitmask, pybind11::arg("logits"), pybind11::arg("bitmask"),
-        pybind11::arg("idx_mapping") = pybind11::none());
+  m.def("apply_token_bitmask", &tso::apply_token_bitmask, pybind11::arg("logits"),
+        pybind11::arg("bitmask"), pybind11::arg("idx_mapping") = pybind11::none());
   m.def("temperature", &tso::temperature);
   m.def("min_p", &tso::min_p);
   m.def("top_k_top_p", &tso::top_k_top_p);

@@ -35,10 +35,12 @@ inline bool is_finite(float x) { return std::abs(x) < std::numeric_limits<float>
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 // The logits dtypes of the contract: float32, float16, bfloat16.
+// clang-format off: one dispatch case a line
 #define TSO_DISPATCH_LOGITS(TYPE, NAME, ...)                   \
   AT_DISPATCH_SWITCH(TYPE, NAME,                               \
                      AT_DISPATCH_CASE(at::kFloat, __VA_ARGS__) \
                      AT_DISPATCH_CASE(at::kHalf, __VA_ARGS__)  \
                      AT_DISPATCH_CASE(at::kBFloat16, __VA_ARGS__))
+// clang-format on
 
 }  // namespace tso

@@ -1,4 +1,5 @@
-// CPU kernels of the constraints op family (torch_sampling_ops/constraints.py): logit_bias and apply_token_bitmask.
+// CPU kernels of the constraints op family (torch_sampling_ops/constraints.py): logit_bias and
+// apply_token_bitmask.
 #include "ops.h"
 
 #include <cstring>
@@ -129,8 +130,8 @@ void token_bitmask_kernel(at::Tensor& logits, const at::Tensor& bitmask, const i
 void logit_bias(at::Tensor logits, const at::Tensor& idx_mapping, const at::Tensor& output_lens,
                 const at::Tensor& allowed_ids, const at::Tensor& num_allowed,
                 const at::Tensor& bias_ids, const at::Tensor& bias_values,
-                const at::Tensor& num_bias, const at::Tensor& stop_ids,
-                const at::Tensor& num_stop, const at::Tensor& min_tokens) {
+                const at::Tensor& num_bias, const at::Tensor& stop_ids, const at::Tensor& num_stop,
+                const at::Tensor& min_tokens) {
   const RaggedList allowed(allowed_ids, num_allowed), bias(bias_ids, num_bias),
       stop(stop_ids, num_stop);
   const at::Tensor slots = as_int64(idx_mapping), lens = as_int64(output_lens);
@@ -144,9 +145,8 @@ void apply_token_bitmask(at::Tensor logits, const at::Tensor& bitmask,
                          const std::optional<at::Tensor>& idx_mapping) {
   const at::Tensor slots = idx_mapping ? as_int64(*idx_mapping) : at::Tensor();
   const int64_t* slot_p = idx_mapping ? slots.data_ptr<int64_t>() : nullptr;
-  TSO_DISPATCH_LOGITS(logits.scalar_type(), "apply_token_bitmask", [&] {
-    token_bitmask_kernel<scalar_t>(logits, bitmask, slot_p);
-  });
+  TSO_DISPATCH_LOGITS(logits.scalar_type(), "apply_token_bitmask",
+                      [&] { token_bitmask_kernel<scalar_t>(logits, bitmask, slot_p); });
 }
 
 }  // namespace tso

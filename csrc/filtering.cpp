@@ -41,8 +41,10 @@ void temperature_kernel(at::Tensor& logits, const int64_t* slots, const float* t
       const float temp = temps[r];
       if (temp == 0.0f) continue;  // greedy row: left as it is
       scalar_t* row = base + t * row_stride;
-      // A true float32 division (no reciprocal), as the Triton kernel's div_rn: CPU and CUDA agree bitwise.
-      for (int64_t j = 0; j < V; ++j) row[j] = static_cast<scalar_t>(static_cast<float>(row[j]) / temp);
+      // A true float32 division (no reciprocal), as the Triton kernel's div_rn: CPU and CUDA agree
+      // bitwise.
+      for (int64_t j = 0; j < V; ++j)
+        row[j] = static_cast<scalar_t>(static_cast<float>(row[j]) / temp);
     }
   });
 }
@@ -105,7 +107,8 @@ void min_p_kernel(at::Tensor& logits, const int64_t* slots, const float* min_ps,
 void temperature(at::Tensor logits, const at::Tensor& idx_mapping, const at::Tensor& temperature) {
   const at::Tensor slots = as_int64(idx_mapping), temps = temperature.contiguous();
   TSO_DISPATCH_LOGITS(logits.scalar_type(), "temperature", [&] {
-    temperature_kernel<scalar_t>(logits, slots.data_ptr<int64_t>(), temps.data_ptr<float>(), temps.size(0));
+    temperature_kernel<scalar_t>(logits, slots.data_ptr<int64_t>(), temps.data_ptr<float>(),
+                                 temps.size(0));
   });
 }
 

@@ -9,8 +9,8 @@ namespace tso {
 void logit_bias(at::Tensor logits, const at::Tensor& idx_mapping, const at::Tensor& output_lens,
                 const at::Tensor& allowed_ids, const at::Tensor& num_allowed,
                 const at::Tensor& bias_ids, const at::Tensor& bias_values,
-                const at::Tensor& num_bias, const at::Tensor& stop_ids,
-                const at::Tensor& num_stop, const at::Tensor& min_tokens);
+                const at::Tensor& num_bias, const at::Tensor& stop_ids, const at::Tensor& num_stop,
+                const at::Tensor& min_tokens);
 
 void apply_token_bitmask(at::Tensor logits, const at::Tensor& bitmask,
                          const std::optional<at::Tensor>& idx_mapping);

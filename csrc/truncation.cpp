@@ -2,8 +2,8 @@
 //
 // Per row: the k-th largest value by nth_element; the top-p boundary by sorting only the tokens
 // within a window below the maximum that already holds the target mass (the window doubles until it
-// does), not the whole row. Masses are accumulated in double: a float32 running sum over a 150K-token
-// row drifts by ~1e-4, the contract's whole tolerance.
+// does), not the whole row. Masses are accumulated in double: a float32 running sum over a
+// 150K-token row drifts by ~1e-4, the contract's whole tolerance.
 #include "ops.h"
 
 #include <cmath>
@@ -65,7 +65,8 @@ void top_k_top_p_kernel(at::Tensor& logits, const int64_t* slot_p, const int32_t
       float threshold = kNegInf;
       if (k_on) {
         scratch.assign(x.begin(), x.end());
-        std::nth_element(scratch.begin(), scratch.begin() + (k - 1), scratch.end(), std::greater<float>());
+        std::nth_element(scratch.begin(), scratch.begin() + (k - 1), scratch.end(),
+                         std::greater<float>());
         threshold = scratch[k - 1];
       }
       if (p_on && row_max == kInf) {
