@@ -195,7 +195,7 @@ def test_compile_fullgraph(backend, compile_backend, name, gen, monkeypatch):
     out, code = run_and_get_code(torch.compile(step, backend=compile_backend, fullgraph=True), *args)
     if backend == "cuda" and compile_backend == "inductor":
         code = "\n".join(code)
-        assert traced_kernels and all(kernel in code for kernel in traced_kernels), "Inductor did not inline the kernels"
+        assert traced_kernels and all(k in code for k in traced_kernels), "Inductor did not inline the kernels"
         assert "torch.ops.sampling" not in code, "Inductor calls the op"
     torch.testing.assert_close(out, eager, atol=0, rtol=0, equal_nan=True)
     spec.assert_matches(out.cpu(), (args[0] * 2.0).cpu(), [a.cpu() for a in args[1:]])

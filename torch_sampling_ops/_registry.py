@@ -114,7 +114,7 @@ def define_op(
         LIB.define(name + torch.library.infer_schema(fn, mutates_args=mutates_args))
         op = getattr(torch.ops.sampling, name).default
         arg_names = [a.name for a in op._schema.arguments]
-        mutated = [n for n, a in zip(arg_names, op._schema.arguments) if a.alias_info is not None and a.alias_info.is_write]
+        mutated = [a.name for a in op._schema.arguments if a.alias_info is not None and a.alias_info.is_write]
 
         def checked(body: Callable | None, real: bool) -> Callable:
             def run(*args, **kwargs):
