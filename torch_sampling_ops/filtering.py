@@ -144,7 +144,9 @@ def _temperature_triton(logits, idx_mapping, temperature) -> None:
 
 
 
-@define_op(mutates_args=("logits",), check=_check_temperature, check_values=_check_temperature_values, triton=_temperature_triton)
+@define_op(
+    mutates_args=("logits",), check=_check_temperature, check_values=_check_temperature_values, triton=_temperature_triton,
+)
 def temperature(logits: torch.Tensor, idx_mapping: torch.Tensor, temperature: torch.Tensor) -> None:
     """Divides each row of ``logits`` by its request's temperature, in place.
 
@@ -188,7 +190,9 @@ def _min_p_triton(logits, idx_mapping, min_p) -> None:
 
 
 
-@define_op(mutates_args=("logits",), check=_check_min_p, check_values=_check_min_p_values, triton=_min_p_triton)
+@define_op(
+    mutates_args=("logits",), check=_check_min_p, check_values=_check_min_p_values, triton=_min_p_triton,
+)
 def min_p(logits: torch.Tensor, idx_mapping: torch.Tensor, min_p: torch.Tensor) -> None:
     """Removes, in place, the tokens whose probability is below ``min_p`` times the row's largest.
 
