@@ -66,30 +66,38 @@ def test_launch_wraps_kernels_only_while_tracing(monkeypatch):
 # Validation
 
 
-@pytest.mark.parametrize("backend", OP_BACKENDS + ["fake"])
-@pytest.mark.parametrize("name, bad", BAD)
-def test_bad_input_raises_before_anything_runs(backend, name, bad, gen):
-    """A TypeError/ValueError (RuntimeError for requires grad) naming the argument, raised by every
-    implementation before any kernel runs; every tensor is left as it was."""
-    if backend == "fake" and bad.what == "device":
-        pytest.skip("fake tensors of every device are checked on cpu and cuda")
-    spec = BY_NAME[name]
-    device = device_of("cpu" if backend == "fake" else backend)
-    args = spec.args(device, gen)
+def call_with_bad_input(spec, bad, args, device):
     i = [a.name for a in spec.op._schema.arguments].index(bad.arg)
     call = list(args)
     call[i] = bad.make(args[i], device)
+    return call
+
+
+@pytest.mark.parametrize("backend", OP_BACKENDS)
+@pytest.mark.parametrize("name, bad", BAD)
+def test_bad_input_raises_before_anything_runs(backend, name, bad, gen):
+    """A TypeError/ValueError (RuntimeError for requires grad) naming the argument, raised before any
+    kernel runs; every tensor is left as it was."""
+    spec = BY_NAME[name]
+    device = device_of(backend)
+    args = spec.args(device, gen)
     before = [a.clone() for a in args]
-    if backend == "fake":
-        with FakeTensorMode() as mode:
-            call = [mode.from_tensor(a) if isinstance(a, torch.Tensor) else a for a in call]
-            with pytest.raises(bad.error, match=f"'{bad.arg}'"):
-                spec.op(*call)
-        return
     with pytest.raises(bad.error, match=f"'{bad.arg}'"):
-        spec.op(*call)
+        spec.op(*call_with_bad_input(spec, bad, args, device))
     for a, b in zip(args, before):
         assert torch.equal(a, b), "a rejected call modified an argument"
+
+
+@pytest.mark.parametrize("name, bad", [p for p in BAD if p.values[1].what != "device"])
+def test_bad_input_raises_on_fake_tensors(name, bad, gen):
+    """The fake implementation (torch.compile, export) rejects the same inputs with the same error."""
+    spec = BY_NAME[name]
+    device = torch.device("cpu")
+    call = call_with_bad_input(spec, bad, spec.args(device, gen), device)
+    with FakeTensorMode() as mode:
+        call = [mode.from_tensor(a) if isinstance(a, torch.Tensor) else a for a in call]
+        with pytest.raises(bad.error, match=f"'{bad.arg}'"):
+            spec.op(*call)
 
 
 @pytest.mark.parametrize("name", OP_NAMES)
