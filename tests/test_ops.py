@@ -141,6 +141,19 @@ def test_in_place_write_bumps_the_version_counter(backend, name, gen):
 
 
 @pytest.mark.parametrize("name", OP_NAMES)
+def test_inference_tensors(name, gen):
+    """Under torch.inference_mode (as servers run): tensors made there have no version counter."""
+    spec = BY_NAME[name]
+    args = spec.args(torch.device("cpu"), gen)
+    expected = [a.clone() for a in args]
+    spec.op(*expected)
+    with torch.inference_mode():
+        inference = [a.clone() for a in args]
+        spec.op(*inference)
+    torch.testing.assert_close(inference[0], expected[0], atol=0, rtol=0, equal_nan=True)
+
+
+@pytest.mark.parametrize("name", OP_NAMES)
 def test_inputs_that_require_grad_run_under_no_grad(name, gen):
     """The ops are not differentiable: under grad mode an input that requires grad raises (a bad
     input of the table); under torch.no_grad() it is an ordinary in-place write."""

@@ -128,7 +128,8 @@ def define_op(
                         check_values(*args, **kwargs)
                     # As PyTorch's in-place ops do: autograd and views see that the tensor changed.
                     for arg in mutated:
-                        torch.autograd.graph.increment_version(named[arg])
+                        if not named[arg].is_inference():  # an inference tensor has no version counter
+                            torch.autograd.graph.increment_version(named[arg])
                 return body(*args, **kwargs) if body is not None else None
 
             run.__name__ = f"{name}_{getattr(body, '__name__', 'fake')}"
