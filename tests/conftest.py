@@ -21,7 +21,6 @@ import torch_sampling_ops  # noqa: E402,F401  (registers the ops)
 from torch_sampling_ops._registry import triton_impl  # noqa: E402
 
 
-
 def pytest_collection_modifyitems(config, items):
     """The one place the `cuda` and `interpret` markers turn into skips."""
     skips = {"cuda": (HAS_CUDA, "needs CUDA"), "interpret": (INTERPRET, "needs TRITON_INTERPRET=1 (no GPU)")}

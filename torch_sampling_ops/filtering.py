@@ -145,7 +145,8 @@ def _temperature_triton(logits, idx_mapping, temperature) -> None:
 
 
 @define_op(
-    mutates_args=("logits",), check=_check_temperature, check_values=_check_temperature_values, triton=_temperature_triton,
+    mutates_args=("logits",), check=_check_temperature, check_values=_check_temperature_values,
+    triton=_temperature_triton,
 )
 def temperature(logits: torch.Tensor, idx_mapping: torch.Tensor, temperature: torch.Tensor) -> None:
     """Divides each row of ``logits`` by its request's temperature, in place.
