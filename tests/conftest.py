@@ -2,7 +2,9 @@
 
 Backends: "cpu" (the C++ kernels through torch.ops.sampling), "interpret" (the Triton kernels on
 CPU tensors under TRITON_INTERPRET=1, set here when no GPU is present, before triton is imported),
-and "cuda" (the Triton kernels through torch.ops.sampling, marked `cuda`: `pytest -m cuda`).
+and "cuda" (the Triton kernels through torch.ops.sampling, marked `cuda`: `pytest -m cuda`). Tests
+marked `cuda` or `interpret` are skipped where that backend is missing. Also here: the shared
+backend x dtype x shape matrix, and the tolerance table.
 """
 import os
 
@@ -18,15 +20,44 @@ import pytest  # noqa: E402
 import torch_sampling_ops  # noqa: E402,F401  (registers the ops)
 from torch_sampling_ops._registry import triton_impl  # noqa: E402
 
+
+def pytest_collection_modifyitems(config, items):
+    """The one place the `cuda` and `interpret` markers turn into skips."""
+    skips = {"cuda": (HAS_CUDA, "needs CUDA"), "interpret": (INTERPRET, "needs TRITON_INTERPRET=1 (no GPU)")}
+    for item in items:
+        for marker, (available, reason) in skips.items():
+            if not available and item.get_closest_marker(marker):
+                item.add_marker(pytest.mark.skip(reason=reason))
+
+
 BACKENDS = [
     pytest.param("cpu", id="cpu"),
-    pytest.param("interpret", id="interpret", marks=[
-        pytest.mark.interpret, pytest.mark.skipif(not INTERPRET, reason="needs TRITON_INTERPRET=1 (no GPU)")]),
-    pytest.param("cuda", id="cuda", marks=[pytest.mark.cuda, pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")]),
+    pytest.param("interpret", id="interpret", marks=pytest.mark.interpret),
+    pytest.param("cuda", id="cuda", marks=pytest.mark.cuda),
 ]
 # Backends that go through the dispatcher (opcheck, torch.compile, CUDA graphs).
 OP_BACKENDS = [p for p in BACKENDS if p.values[0] != "interpret"]
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+ROWS = [1, 3, 37]
+VOCABS = [1000, 4096, 5003]  # below, at and past one 4096-token block
+
+
+def over_backends_dtypes_and_shapes(test):
+    """Parametrizes `test(backend, dtype, T, V, ...)` over the shared matrix: BACKENDS x DTYPES x ROWS x VOCABS."""
+    for name, values in [("V", VOCABS), ("T", ROWS), ("dtype", DTYPES), ("backend", BACKENDS)]:
+        test = pytest.mark.parametrize(name, values, ids=str if name == "dtype" else None)(test)
+    return test
+
+
+# (atol, rtol) of a result computed in float32 and rounded to the logits dtype, against the float64
+# reference, which rounds once.
+TOLERANCE = {torch.float32: (1e-5, 1e-5), torch.float16: (2e-3, 2e-3), torch.bfloat16: (1.6e-2, 1.6e-2)}
+
+
+def tolerance(dtype: torch.dtype) -> tuple[float, float]:
+    return TOLERANCE[dtype]
+
+
 PAD = 7  # extra columns past V in every logits buffer: row stride > V, and they must stay untouched
 SENTINEL = 1234.5
 

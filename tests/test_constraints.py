@@ -1,16 +1,12 @@
 """logit_bias and apply_token_bitmask against the float64 reference, on every backend."""
 import pytest
 import torch
-from conftest import (BACKENDS, DTYPES, assert_pad_untouched, device_of, logits_past_2_pow_31, make_logits, run_op)
+from conftest import (BACKENDS, assert_pad_untouched, device_of, logits_past_2_pow_31, make_logits,
+                      over_backends_dtypes_and_shapes, run_op, tolerance)
 
 from torch_sampling_ops import reference
 
 INT = torch.int32
-
-
-def tolerance(dtype):
-    # Results are float32 arithmetic rounded to the logits dtype; the reference rounds once from float64.
-    return {torch.float32: (1e-5, 1e-5), torch.float16: (2e-3, 2e-3), torch.bfloat16: (1.6e-2, 1.6e-2)}[dtype]
 
 
 def ragged(R, W, V, gen, *, lengths=None, dtype=INT):
@@ -44,10 +40,7 @@ def check_logit_bias(backend, logits, state):
     assert_pad_untouched(logits)
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("T", [1, 3, 37])
-@pytest.mark.parametrize("V", [1000, 4096, 5003])
+@over_backends_dtypes_and_shapes
 def test_logit_bias_matches_reference(backend, dtype, T, V, gen):
     R = 4
     state = logit_bias_state(T, V, R, gen)
@@ -186,10 +179,7 @@ def random_bitmask(rows, V, gen, density=0.5):
     return packed.to(torch.int64).where(packed < 2**31, packed - 2**32).to(torch.int32)
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("T", [1, 3, 37])
-@pytest.mark.parametrize("V", [1000, 4096, 5003])
+@over_backends_dtypes_and_shapes
 @pytest.mark.parametrize("mapped", [False, True], ids=["rows", "idx_mapping"])
 def test_token_bitmask_matches_reference(backend, dtype, T, V, mapped, gen):
     device = device_of(backend)
@@ -207,49 +197,7 @@ def test_token_bitmask_matches_reference(backend, dtype, T, V, mapped, gen):
     assert_pad_untouched(logits)
 
 
-# ----------------------------------------------------------------------------------------------
-# Through the dispatcher: opcheck, torch.compile, CUDA graphs
-
-
-def example_args(op, device, gen, T=5, V=1000):
-    logits = make_logits(T, V, torch.float32, device, generator=gen)
-    if op == "logit_bias":
-        return [logits] + [s.to(device) for s in logit_bias_state(T, V, 3, gen)]
-    return [logits, random_bitmask(3, V, gen).to(device), torch.randint(0, 3, (T,), generator=gen).to(device)]
-
-
 @pytest.mark.cuda
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_cuda_graph_replays_with_changed_state(gen):
-    T, V, R = 6, 5000, 3
-    src = make_logits(T, V, torch.float32, "cuda", generator=gen)
-    logits = torch.empty_like(src)
-    state = [s.cuda() for s in logit_bias_state(T, V, R, gen)]
-    bitmask = random_bitmask(R, V, gen).cuda()
-
-    def step():
-        logits.copy_(src)
-        torch.ops.sampling.apply_token_bitmask(logits, bitmask, state[0])
-        torch.ops.sampling.logit_bias(logits, *state)
-
-    step()  # compile the kernels before capture
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        step()
-    for replay in range(3):
-        fresh = [s.cuda() for s in logit_bias_state(T, V, R, gen)]
-        for s, f in zip(state, fresh):
-            s.copy_(f)
-        bitmask.copy_(random_bitmask(R, V, gen))
-        src.copy_(make_logits(T, V, torch.float32, "cuda", generator=gen))
-        graph.replay()
-        expected = reference.apply_token_bitmask(src.cpu(), bitmask.cpu(), state[0].cpu())
-        expected = reference.logit_bias(expected, *[s.cpu() for s in state])
-        torch.testing.assert_close(logits.cpu().double(), expected, atol=1e-5, rtol=1e-5)
-
-
-@pytest.mark.cuda
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_more_than_2_pow_31_elements():
     """Rows past element 2**31 are addressed with 64-bit offsets (the last row is checked)."""
     logits = logits_past_2_pow_31()

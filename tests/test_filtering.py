@@ -1,9 +1,8 @@
-"""temperature and min_p against the float64 reference, on every backend; their argument checks."""
+"""temperature and min_p against the float64 reference, on every backend."""
 import pytest
 import torch
-from conftest import (BACKENDS, DTYPES, HAS_CUDA, INTERPRET, OP_BACKENDS, assert_pad_untouched, device_of,
-                      logits_past_2_pow_31, make_logits, run_op)
-from torch._subclasses.fake_tensor import FakeTensorMode
+from conftest import (BACKENDS, DTYPES, assert_pad_untouched, device_of, logits_past_2_pow_31, make_logits,
+                      over_backends_dtypes_and_shapes, run_op, tolerance)
 
 import torch_sampling_ops
 from torch_sampling_ops import filtering, reference
@@ -11,11 +10,6 @@ from torch_sampling_ops import filtering, reference
 INT = torch.int32
 NEG_INF = float("-inf")
 NAN = float("nan")
-
-
-def tolerance(dtype):
-    # Results are float32 arithmetic rounded to the logits dtype; the reference rounds once from float64.
-    return {torch.float32: (1e-5, 1e-5), torch.float16: (2e-3, 2e-3), torch.bfloat16: (1.6e-2, 1.6e-2)}[dtype]
 
 
 def untouched_rows(idx_mapping, values, *, off_value=0.0):
@@ -30,10 +24,7 @@ def untouched_rows(idx_mapping, values, *, off_value=0.0):
 # temperature
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("T", [1, 3, 37])
-@pytest.mark.parametrize("V", [1000, 4096, 5003])
+@over_backends_dtypes_and_shapes
 def test_temperature_matches_reference(backend, dtype, T, V, gen):
     device = device_of(backend)
     temps = torch.tensor([0.7, 0.0, 1.9, 0.25])  # slot 1 is greedy: its rows stay unchanged
@@ -80,10 +71,7 @@ def test_temperature_keeps_nan_and_inf(backend):
 # min_p
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("T", [1, 3, 37])
-@pytest.mark.parametrize("V", [1000, 4096, 5003])
+@over_backends_dtypes_and_shapes
 def test_min_p_matches_reference(backend, dtype, T, V, gen):
     device = device_of(backend)
     ps = torch.tensor([0.0, 0.05, 0.3, 1.0, 0.9])  # slot 0 is off
@@ -153,7 +141,6 @@ def test_min_p_rows_without_a_maximum_are_unchanged(backend, gen):
 
 
 @pytest.mark.interpret
-@pytest.mark.skipif(not INTERPRET, reason="needs TRITON_INTERPRET=1 (no GPU)")
 def test_min_p_reduces_the_block_maxima_in_chunks(gen, monkeypatch):
     """Vocabularies of more than _MAX_BLOCK_PARTS blocks: the partial maxima are reduced chunk by chunk."""
     monkeypatch.setattr(filtering, "_MAX_BLOCK_PARTS", 2)
@@ -224,49 +211,7 @@ def test_wrappers_take_keywords(gen):
     torch.testing.assert_close(logits.double(), expected, atol=0, rtol=0)
 
 
-# ----------------------------------------------------------------------------------------------
-# Through the dispatcher: opcheck, torch.compile, CUDA graphs
-
-
-def example_args(op, device, gen, T=5, V=1000):
-    logits = make_logits(T, V, torch.float32, device, generator=gen)
-    idx_mapping = torch.tensor([0, 1, 2, 1, 0][:T], dtype=INT, device=device)
-    values = torch.tensor([0.8, 0.0, 1.7] if op == "temperature" else [0.1, 0.0, 0.5], device=device)
-    return [logits, idx_mapping, values]
-
-
 @pytest.mark.cuda
-@pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
-def test_cuda_graph_replays_with_changed_state(gen):
-    T, V, R = 6, 5000, 3
-    src = make_logits(T, V, torch.float32, "cuda", generator=gen)
-    logits = torch.empty_like(src)
-    idx_mapping = torch.zeros(T, dtype=INT, device="cuda")
-    temps = torch.ones(R, device="cuda")
-    ps = torch.zeros(R, device="cuda")
-
-    def step():
-        logits.copy_(src)
-        torch.ops.sampling.temperature(logits, idx_mapping, temps)
-        torch.ops.sampling.min_p(logits, idx_mapping, ps)
-
-    step()  # compile the kernels before capture
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        step()
-    for replay in range(3):
-        idx_mapping.copy_(torch.randint(-1, R + 1, (T,), generator=gen, dtype=INT))
-        temps.copy_(torch.tensor([0.0, 0.5, 1.5]).roll(replay))
-        ps.copy_(torch.tensor([0.0, 0.1, 1.0]).roll(replay + 1))
-        src.copy_(make_logits(T, V, torch.float32, "cuda", generator=gen))
-        graph.replay()
-        expected = reference.temperature(src.cpu(), idx_mapping.cpu(), temps.cpu())
-        expected = reference.min_p(expected, idx_mapping.cpu(), ps.cpu())
-        torch.testing.assert_close(logits.cpu().double(), expected, atol=1e-5, rtol=1e-5)
-
-
-@pytest.mark.cuda
-@pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
 def test_more_than_2_pow_31_elements():
     """Rows past element 2**31 are addressed with 64-bit offsets (the last row is checked)."""
     logits = logits_past_2_pow_31()
@@ -281,111 +226,3 @@ def test_more_than_2_pow_31_elements():
     torch.ops.sampling.min_p(logits, idx_mapping, torch.tensor([1.0], device="cuda"))
     assert torch.equal(torch.isfinite(logits[-1]), scaled == scaled.max())  # only the maximum survives
     assert torch.equal(logits[-2], second_last)
-
-
-# ----------------------------------------------------------------------------------------------
-# Argument checks (the checks of test_validation.py, for this family)
-
-PARAM = {"temperature": "temperature", "min_p": "min_p"}
-
-
-def valid_args(op, device, gen, T=4, V=300):
-    logits = make_logits(T, V, torch.float32, device, generator=gen)
-    idx_mapping = torch.tensor([0, 1, 2, 1][:T], dtype=INT, device=device)
-    values = torch.tensor([0.5, 0.0, 1.0], device=device)
-    return [logits, idx_mapping, values]
-
-
-def corruptions(args):
-    """(argument index, bad value, exception type, name in the message), each breaking one rule."""
-    logits, idx_mapping, values = args
-    return [
-        (0, logits.double(), TypeError, "logits"),
-        (0, logits.to(torch.int32), TypeError, "logits"),
-        (0, logits[0], ValueError, "logits"),  # rank 1
-        (0, logits.t().contiguous().t(), ValueError, "logits"),  # column stride != 1
-        (0, logits[:, :0], ValueError, "logits"),  # empty vocabulary
-        (1, idx_mapping.float(), TypeError, "idx_mapping"),
-        (1, idx_mapping[:2], ValueError, "idx_mapping"),  # wrong length
-        (1, idx_mapping.unsqueeze(0), ValueError, "idx_mapping"),
-        (2, values.double(), TypeError, None),
-        (2, values.half(), TypeError, None),
-        (2, values.to(torch.int32), TypeError, None),
-        (2, values.unsqueeze(1), ValueError, None),  # [R, 1]
-        (2, values[:0], ValueError, None),  # R = 0
-        (2, values.repeat(2)[::2], ValueError, None),  # not unit stride
-    ]
-
-
-@pytest.mark.parametrize("backend", OP_BACKENDS + ["fake"])
-@pytest.mark.parametrize("op", ["temperature", "min_p"])
-def test_bad_arguments_raise_before_anything_runs(backend, op, gen):
-    args = valid_args(op, device_of(backend), gen)
-    for i, bad, exc, name in corruptions(args):
-        name = name or PARAM[op]
-        call = list(args)
-        call[i] = bad
-        before = [a.clone() for a in args]
-        if backend == "fake":
-            with FakeTensorMode(allow_non_fake_inputs=False) as mode:
-                call = [mode.from_tensor(a) for a in call]
-                with pytest.raises(exc, match=f"'{name}'"):
-                    getattr(torch.ops.sampling, op)(*call)
-            continue
-        with pytest.raises(exc, match=f"'{name}'"):
-            getattr(torch.ops.sampling, op)(*call)
-        for a, b in zip(args, before):
-            assert torch.equal(a, b), f"a rejected call modified an argument ({name} corrupted)"
-
-
-@pytest.mark.parametrize("op", ["temperature", "min_p"])
-def test_fake_tensors_trace_valid_calls(op, gen):
-    args = valid_args(op, "cpu", gen)
-    with FakeTensorMode(allow_non_fake_inputs=False) as mode:
-        fake = [mode.from_tensor(a) for a in args]
-        assert getattr(torch.ops.sampling, op)(*fake) is None
-
-
-@pytest.mark.parametrize("op", ["temperature", "min_p"])
-def test_parameter_on_another_device_raises(op, gen):
-    args = valid_args(op, "cpu", gen)
-    args[2] = args[2].to("meta")
-    with pytest.raises(ValueError, match=f"'{PARAM[op]}'"):
-        getattr(torch.ops.sampling, op)(*args)
-
-
-@pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
-@pytest.mark.cuda
-@pytest.mark.parametrize("op", ["temperature", "min_p"])
-def test_argument_on_another_device_raises(op, gen):
-    args = valid_args(op, "cuda", gen)
-    for i, name in [(1, "idx_mapping"), (2, PARAM[op])]:
-        call = list(args)
-        call[i] = args[i].cpu()
-        with pytest.raises(ValueError, match=f"'{name}'"):
-            getattr(torch.ops.sampling, op)(*call)
-
-
-@pytest.mark.parametrize("backend", OP_BACKENDS)
-@pytest.mark.parametrize("op, bad_values", [
-    ("temperature", [-0.5, float("inf"), NAN]),
-    ("min_p", [-0.1, 1.5, NAN]),
-])
-def test_debug_mode_checks_values(backend, op, bad_values, gen, monkeypatch):
-    monkeypatch.setenv("TORCH_SAMPLING_OPS_DEBUG", "1")
-    fn = getattr(torch.ops.sampling, op)
-    args = valid_args(op, device_of(backend), gen)
-    fn(*[a.clone() for a in args])  # valid values pass
-    for value in bad_values:
-        bad = [a.clone() for a in args]
-        bad[2][1] = value
-        with pytest.raises(ValueError, match=f"'{PARAM[op]}'"):
-            fn(*bad)
-    bad = [a.clone() for a in args]
-    bad[0][1, 2] = NAN
-    with pytest.raises(ValueError, match="'logits'"):
-        fn(*bad)
-    monkeypatch.setenv("TORCH_SAMPLING_OPS_DEBUG", "0")
-    bad = [a.clone() for a in args]
-    bad[2][1] = bad_values[0]
-    fn(*bad)  # without debug mode values are not checked

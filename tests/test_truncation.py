@@ -2,9 +2,8 @@
 at both boundaries, -inf and NaN entries, brackets that need narrowing, batch invariance."""
 import pytest
 import torch
-from conftest import (BACKENDS, DTYPES, HAS_CUDA, OP_BACKENDS, assert_pad_untouched, device_of, logits_past_2_pow_31,
-                      make_logits, run_op)
-from torch._subclasses.fake_tensor import FakeTensorMode
+from conftest import (BACKENDS, OP_BACKENDS, assert_pad_untouched, device_of, logits_past_2_pow_31, make_logits,
+                      over_backends_dtypes_and_shapes, run_op)
 
 from torch_sampling_ops import reference
 
@@ -51,10 +50,7 @@ def settings(pairs):
     return torch.tensor([k for k, _ in pairs], dtype=INT), torch.tensor([p for _, p in pairs])
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("T", [1, 3, 37])
-@pytest.mark.parametrize("V", [1000, 4096, 5003])
+@over_backends_dtypes_and_shapes
 def test_matches_reference(backend, dtype, T, V, gen):
     if backend == "interpret" and T > 3:
         pytest.skip("the interpreter runs about 0.5 s per row of this op")
@@ -215,35 +211,7 @@ def test_rows_are_settled_and_filled_alike_in_small_and_large_batches(backend, g
     assert_matches(outs[-1], logits.cpu(), *[a.cpu() for a in args])
 
 
-# ----------------------------------------------------------------------------------------------
-# Through the dispatcher
-
-
-def example_args(device, gen, T=5, V=3000):
-    top_k, top_p = settings(SETTINGS[:4])
-    return [make_logits(T, V, torch.float32, device, generator=gen), torch.arange(T, dtype=INT).remainder(4).to(device),
-            top_k.to(device), top_p.to(device)]
-
-
-@pytest.mark.parametrize("backend", OP_BACKENDS)
-def test_bad_arguments(backend, gen):
-    args = example_args(device_of(backend), gen)
-    cases = [(2, args[2].long(), TypeError, "top_k"), (3, args[3].double(), TypeError, "top_p"),
-             (3, args[3][:2], ValueError, "top_p"), (1, args[1][:2], ValueError, "idx_mapping"),
-             (0, args[0].t(), ValueError, "logits"), (2, args[2][:0], ValueError, "top_k")]
-    for i, bad, exc, name in cases:
-        call = list(args)
-        call[i] = bad
-        before = args[0].clone()
-        with pytest.raises(exc, match=name):
-            torch.ops.sampling.top_k_top_p(*call)
-        assert torch.equal(args[0], before)
-        with FakeTensorMode() as mode, pytest.raises(exc, match=name):
-            torch.ops.sampling.top_k_top_p(*[mode.from_tensor(a) for a in call])
-
-
 @pytest.mark.cuda
-@pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
 def test_benchmark_rows_are_settled_by_their_candidates(gen):
     """The general path is exact but several times slower: rows like the benchmark's (V = 151936,
     randn * 3) must be settled by their candidates under every setting it times, and a few more."""
@@ -255,7 +223,6 @@ def test_benchmark_rows_are_settled_by_their_candidates(gen):
 
 
 @pytest.mark.cuda
-@pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
 # below _SETTLE_LAUNCH_MIN_T, from it, and from _FILL_IN_SELECT_MIN_T: five, six and five launches
 @pytest.mark.parametrize("T", [5, 40, 130])
 def test_dependent_launches_change_no_bit(T, gen, monkeypatch):
@@ -278,32 +245,6 @@ def test_dependent_launches_change_no_bit(T, gen, monkeypatch):
 
 
 @pytest.mark.cuda
-@pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
-def test_cuda_graph_replays_with_changed_parameters(gen):
-    T, V = 4, 6000
-    src = make_logits(T, V, torch.float32, "cuda", generator=gen)
-    logits = torch.empty_like(src)
-    idx_mapping = torch.arange(T, dtype=INT, device="cuda")
-    top_k, top_p = [s.cuda() for s in settings(SETTINGS[:T])]
-
-    def step():
-        logits.copy_(src)
-        torch.ops.sampling.top_k_top_p(logits, idx_mapping, top_k, top_p)
-
-    step()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        step()
-    for new_k, new_p in [([1, 100, 0, 7], [1.0, 0.5, 0.9, 0.2]), ([3000, 0, 2, 0], [0.99, 0.1, 1.0, 1.0])]:
-        top_k.copy_(torch.tensor(new_k, dtype=INT))
-        top_p.copy_(torch.tensor(new_p))
-        src.copy_(make_logits(T, V, torch.float32, "cuda", generator=gen))
-        graph.replay()
-        assert_matches(logits, src.cpu(), idx_mapping.cpu(), top_k.cpu(), top_p.cpu())
-
-
-@pytest.mark.cuda
-@pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
 def test_more_than_2_pow_31_elements():
     logits = logits_past_2_pow_31()
     T, V = logits.shape

@@ -61,6 +61,36 @@ def check_tensor(
         raise ValueError(f"sampling.{op}: '{name}' must have unit stride in its last dimension, got strides {tuple(t.stride())}")
 
 
+def check_no_grad(op: str, args: dict[str, object]) -> None:
+    """Under grad mode, checks that no tensor argument requires grad: the ops are not differentiable."""
+    if not torch.is_grad_enabled():
+        return
+    for name, arg in args.items():
+        if isinstance(arg, torch.Tensor) and arg.requires_grad:
+            raise RuntimeError(
+                f"sampling.{op}: '{name}' requires grad, but the op is not differentiable; "
+                f"call it under torch.no_grad() or on detached tensors")
+
+
+def check_rows_do_not_overlap(op: str, name: str, t: torch.Tensor) -> None:
+    """Checks that no two elements of a tensor the op writes share memory (as from `expand` or
+    overlapping strides, e.g. a [T, V] matrix with row stride < V): its kernels would process them
+    several times. Dimensions of size 1 do not count; the others, from the smallest stride up, must
+    each step past the whole extent of the smaller ones."""
+    if t.dim() == 2 and t.stride(1) == 1 and (t.shape[0] <= 1 or t.stride(0) >= t.shape[1]):
+        return  # the usual [T, V] matrix with its rows apart: no need for the general rule below
+    if t.numel() == 0:
+        return
+    dims = sorted(((size, abs(stride)) for size, stride in zip(t.shape, t.stride()) if size > 1), key=lambda d: d[1])
+    extent = 0  # offset of the last element spanned by the dimensions checked so far
+    for size, stride in dims:
+        if stride <= extent:
+            raise ValueError(
+                f"sampling.{op}: '{name}' is written in place, so its elements must not share memory "
+                f"(an expanded or overlapping view), got shape {tuple(t.shape)} and strides {tuple(t.stride())}")
+        extent += stride * (size - 1)
+
+
 def check_slot_vector(op: str, name: str, t: object, dtypes: Sequence[torch.dtype], device: torch.device) -> int:
     """Checks a per-slot parameter vector [R] (R >= 1, the number of request slots); returns R."""
     check_tensor(op, name, t, dtypes, ndim=1, device=device)

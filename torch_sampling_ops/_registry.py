@@ -1,11 +1,21 @@
 """The one helper every op is registered through.
 
-`define_op` turns a schema and three bodies into a `torch.ops.sampling.<name>` custom op:
+`define_op` is a decorator on an op's typed public function. The function's signature is the op's
+one definition: the schema is inferred from it (`torch.library.infer_schema`), and the decorator
+returns a function of that signature and docstring that calls `torch.ops.sampling.<name>`. It
+registers, for `sampling::<name>`:
 
 - CUDA: argument checks, then the Triton launcher. Registered as a plain dispatcher kernel, which
   keeps the eager cost of a call close to a raw Triton launch.
 - CPU: argument checks, then the C++ kernel of the same name from csrc/ (`torch_sampling_ops._C`).
-- fake (meta): argument checks, then empty outputs of the right shapes, for torch.compile and export.
+- fake (meta): argument checks, then the outputs' shapes (nothing for ops that return nothing), for
+  torch.compile and export.
+Every implementation also checks what no op supports: an input that requires grad under grad mode
+(the ops are not differentiable: a silent wrong gradient otherwise), and a mutated tensor whose rows
+share memory (`expand`, overlapping strides: a kernel would process them several times). The CPU
+and CUDA ones bump the version counter of every mutated tensor, as PyTorch's in-place ops do. These
+checks sit in the kernels rather than in an Autograd kernel of their own, which would cost every
+eager call one more trip through the dispatcher.
 
 Under torch.compile the CUDA body is also traced into the graph as Triton kernel nodes, as
 `torch.library.triton_op` does: a FunctionalTensorMode rule runs the launcher with `wrap_triton`,
@@ -19,7 +29,8 @@ serves both the eager path and the traced path. Their Python bodies are also rea
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+import functools
+from collections.abc import Callable, Sequence
 
 import torch
 from torch._subclasses.functional_tensor import FunctionalTensorMode
@@ -80,41 +91,63 @@ def _cpu_kernel(name: str) -> Callable:
 
 
 def define_op(
-    schema: str,
     *,
+    mutates_args: Sequence[str],
     check: Callable[..., None],
     triton: Callable,
-    cpu: Callable | None = None,
     fake: Callable | None = None,
     check_values: Callable[..., None] | None = None,
-) -> torch._ops.OpOverload:
-    """Defines `sampling::<name>` from `schema` and registers its implementations.
+) -> Callable[[Callable], Callable]:
+    """Decorator: defines `sampling::<fn.__name__>` from the typed signature of `fn` and registers
+    its implementations; returns the public function, which calls the op.
 
+    mutates_args: the names of the tensors the op writes in place.
     check(*args): metadata checks, raising TypeError/ValueError before anything runs.
-    triton(*args): the Triton launcher, called after `check`.
-    cpu(*args): the CPU kernel, called after `check`; by default `torch_sampling_ops._C.<name>`.
+    triton(*args): the Triton launcher, called after `check`. The CPU kernel is
+        `torch_sampling_ops._C.<name>`, also called after `check`.
     fake(*args): outputs for fake tensors; omit for ops that return nothing.
     check_values(*args): value checks run on real tensors when TORCH_SAMPLING_OPS_DEBUG=1.
     """
-    name = schema.split("(", 1)[0]
-    LIB.define(schema)
 
-    def checked(body: Callable, values: bool) -> Callable:
-        def run(*args, **kwargs):
-            check(*args, **kwargs)
-            if values and check_values is not None and _checks.debug_enabled():
-                check_values(*args, **kwargs)
-            return body(*args, **kwargs) if body is not None else None
+    def register(fn: Callable) -> Callable:
+        name = fn.__name__
+        LIB.define(name + torch.library.infer_schema(fn, mutates_args=mutates_args))
+        op = getattr(torch.ops.sampling, name).default
+        arg_names = [a.name for a in op._schema.arguments]
+        mutated = [a.name for a in op._schema.arguments if a.alias_info is not None and a.alias_info.is_write]
 
-        run.__name__ = f"{name}_{getattr(body, '__name__', 'fake')}"
-        return run
+        def checked(body: Callable | None, real: bool) -> Callable:
+            def run(*args, **kwargs):
+                named = dict(zip(arg_names, args), **kwargs)
+                _checks.check_no_grad(name, named)
+                check(*args, **kwargs)
+                for arg in mutated:
+                    _checks.check_rows_do_not_overlap(name, arg, named[arg])
+                if real:
+                    if check_values is not None and _checks.debug_enabled():
+                        check_values(*args, **kwargs)
+                    # As PyTorch's in-place ops do: autograd and views see that the tensor changed.
+                    for arg in mutated:
+                        if not named[arg].is_inference():  # an inference tensor has no version counter
+                            torch.autograd.graph.increment_version(named[arg])
+                return body(*args, **kwargs) if body is not None else None
 
-    _TRITON_IMPLS[name] = checked(triton, values=False)
-    LIB.impl(name, checked(triton, values=True), "CUDA")
-    LIB.impl(name, checked(cpu or _cpu_kernel(name), values=True), "CPU")
-    torch.library.register_fake(f"sampling::{name}", checked(fake, values=False), lib=LIB)
-    torch.library.register_torch_dispatch(f"sampling::{name}", FunctionalTensorMode, _functional_rule, lib=LIB)
-    return getattr(torch.ops.sampling, name).default
+            run.__name__ = f"{name}_{getattr(body, '__name__', 'fake')}"
+            return run
+
+        _TRITON_IMPLS[name] = checked(triton, real=False)
+        LIB.impl(name, checked(triton, real=True), "CUDA")
+        LIB.impl(name, checked(_cpu_kernel(name), real=True), "CPU")
+        torch.library.register_fake(f"sampling::{name}", checked(fake, real=False), lib=LIB)
+        torch.library.register_torch_dispatch(f"sampling::{name}", FunctionalTensorMode, _functional_rule, lib=LIB)
+
+        @functools.wraps(fn)
+        def public(*args, **kwargs):
+            return op(*args, **kwargs)
+
+        return public
+
+    return register
 
 
 def triton_impl(name: str) -> Callable:

@@ -259,15 +259,9 @@ def _logit_bias_triton(logits, idx_mapping, output_lens, allowed_ids, num_allowe
 
 
 
-logit_bias_op = define_op(
-    "logit_bias(Tensor(a!) logits, Tensor idx_mapping, Tensor output_lens, Tensor allowed_ids, Tensor num_allowed, "
-    "Tensor bias_ids, Tensor bias_values, Tensor num_bias, Tensor stop_ids, Tensor num_stop, Tensor min_tokens) -> ()",
-    check=_check_logit_bias,
-    check_values=_check_logit_bias_values,
-    triton=_logit_bias_triton,
+@define_op(
+    mutates_args=("logits",), check=_check_logit_bias, check_values=_check_logit_bias_values, triton=_logit_bias_triton,
 )
-
-
 def logit_bias(
     logits: torch.Tensor,
     idx_mapping: torch.Tensor,
@@ -302,10 +296,6 @@ def logit_bias(
 
     Arithmetic is float32; results are stored in the logits dtype. NaN logits stay NaN and count as not finite.
     """
-    torch.ops.sampling.logit_bias(
-        logits, idx_mapping, output_lens, allowed_ids, num_allowed, bias_ids, bias_values, num_bias,
-        stop_ids, num_stop, min_tokens,
-    )
 
 
 # ----------------------------------------------------------------------------------------------
@@ -335,13 +325,7 @@ def _token_bitmask_triton(logits, bitmask, idx_mapping=None) -> None:
 
 
 
-apply_token_bitmask_op = define_op(
-    "apply_token_bitmask(Tensor(a!) logits, Tensor bitmask, Tensor? idx_mapping=None) -> ()",
-    check=_check_token_bitmask,
-    triton=_token_bitmask_triton,
-)
-
-
+@define_op(mutates_args=("logits",), check=_check_token_bitmask, triton=_token_bitmask_triton)
 def apply_token_bitmask(logits: torch.Tensor, bitmask: torch.Tensor, idx_mapping: torch.Tensor | None = None) -> None:
     """Sets to -inf, in place, every token whose bit in the row's bitmask is 0.
 
@@ -352,4 +336,3 @@ def apply_token_bitmask(logits: torch.Tensor, bitmask: torch.Tensor, idx_mapping
         idx_mapping: ``[T]`` int32/int64 row of ``bitmask`` for each logits row (a row outside
             ``[0, rows)`` is untouched), or None: then ``bitmask`` has ``T`` rows, one per logits row.
     """
-    torch.ops.sampling.apply_token_bitmask(logits, bitmask, idx_mapping)

@@ -144,14 +144,10 @@ def _temperature_triton(logits, idx_mapping, temperature) -> None:
 
 
 
-temperature_op = define_op(
-    "temperature(Tensor(a!) logits, Tensor idx_mapping, Tensor temperature) -> ()",
-    check=_check_temperature,
-    check_values=_check_temperature_values,
+@define_op(
+    mutates_args=("logits",), check=_check_temperature, check_values=_check_temperature_values,
     triton=_temperature_triton,
 )
-
-
 def temperature(logits: torch.Tensor, idx_mapping: torch.Tensor, temperature: torch.Tensor) -> None:
     """Divides each row of ``logits`` by its request's temperature, in place.
 
@@ -166,7 +162,6 @@ def temperature(logits: torch.Tensor, idx_mapping: torch.Tensor, temperature: to
 
     ``-inf`` logits stay ``-inf`` and NaN stays NaN.
     """
-    torch.ops.sampling.temperature(logits, idx_mapping, temperature)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -196,14 +191,9 @@ def _min_p_triton(logits, idx_mapping, min_p) -> None:
 
 
 
-min_p_op = define_op(
-    "min_p(Tensor(a!) logits, Tensor idx_mapping, Tensor min_p) -> ()",
-    check=_check_min_p,
-    check_values=_check_min_p_values,
-    triton=_min_p_triton,
+@define_op(
+    mutates_args=("logits",), check=_check_min_p, check_values=_check_min_p_values, triton=_min_p_triton,
 )
-
-
 def min_p(logits: torch.Tensor, idx_mapping: torch.Tensor, min_p: torch.Tensor) -> None:
     """Removes, in place, the tokens whose probability is below ``min_p`` times the row's largest.
 
@@ -220,4 +210,3 @@ def min_p(logits: torch.Tensor, idx_mapping: torch.Tensor, min_p: torch.Tensor) 
     NaN logits are ignored by the maximum (it is taken over the non-NaN logits) and stay NaN. A row
     whose maximum is ``-inf`` (all ``-inf`` or NaN) is left unchanged.
     """
-    torch.ops.sampling.min_p(logits, idx_mapping, min_p)

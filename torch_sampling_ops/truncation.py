@@ -1210,14 +1210,10 @@ def _top_k_top_p_triton(logits, idx_mapping, top_k, top_p) -> None:
         launch(kernel, grid, *args, **meta)
 
 
-top_k_top_p_op = define_op(
-    "top_k_top_p(Tensor(a!) logits, Tensor idx_mapping, Tensor top_k, Tensor top_p) -> ()",
-    check=_check_top_k_top_p,
-    check_values=_check_top_k_top_p_values,
+@define_op(
+    mutates_args=("logits",), check=_check_top_k_top_p, check_values=_check_top_k_top_p_values,
     triton=_top_k_top_p_triton,
 )
-
-
 def top_k_top_p(logits: torch.Tensor, idx_mapping: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> None:
     """Keeps the top-k, then the top-p tokens of each row, in place; the others become -inf.
 
@@ -1237,4 +1233,3 @@ def top_k_top_p(logits: torch.Tensor, idx_mapping: torch.Tensor, top_k: torch.Te
     and top-k counts them as the largest values. Masses are float32 sums: a token's membership may
     differ from the exact answer only where the exact mass above it is within ~1e-4 of top_p.
     """
-    torch.ops.sampling.top_k_top_p(logits, idx_mapping, top_k, top_p)

@@ -1,0 +1,265 @@
+"""What every op owes, driven by the op table (op_table.py): registration, argument validation on
+every implementation, debug-mode value checks, autograd and version-counter behaviour, opcheck,
+torch.compile(fullgraph=True) and CUDA-graph capture and replay."""
+import inspect
+
+import pytest
+import torch
+from conftest import OP_BACKENDS, device_of
+from op_table import BY_NAME, OPS, bad_inputs
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+import torch_sampling_ops
+from torch_sampling_ops import _registry
+
+OP_NAMES = [spec.name for spec in OPS]
+BAD = [pytest.param(spec.name, bad, id=f"{spec.name}-{bad.arg}-{bad.what}") for spec in OPS for bad in bad_inputs(spec)]
+BAD_VALUES = [pytest.param(spec.name, bad, id=f"{spec.name}-{bad.arg}-{bad.what}")
+              for spec in OPS for bad in spec.bad_values]
+
+
+# ----------------------------------------------------------------------------------------------
+# Registration
+
+
+def test_the_table_has_every_op():
+    assert set(OP_NAMES) == set(_registry._TRITON_IMPLS)
+
+
+@pytest.mark.parametrize("name", OP_NAMES)
+def test_public_function_has_the_op_signature(name):
+    public = getattr(torch_sampling_ops, name)
+    assert public.__doc__, f"the public function of {name} has no docstring"
+    schema = BY_NAME[name].op._schema
+    assert list(inspect.signature(public).parameters) == [a.name for a in schema.arguments]
+
+
+@pytest.mark.parametrize("name", OP_NAMES)
+@pytest.mark.parametrize("key", ["CPU", "CUDA", "Meta"])
+def test_op_has_a_kernel_for(name, key):
+    assert torch._C._dispatch_has_kernel_for_dispatch_key(f"sampling::{name}", key)
+
+
+def test_launch_wraps_kernels_only_while_tracing(monkeypatch):
+    calls = []
+
+    class Kernel:
+        def __getitem__(self, grid):
+            return lambda *args, **meta: calls.append(("raw", grid, args, meta))
+
+    def fake_wrap_triton(kernel):
+        class Wrapped:
+            def __getitem__(self, grid):
+                return lambda *args, **meta: calls.append(("wrapped", grid, args, meta))
+        return Wrapped()
+
+    monkeypatch.setattr(_registry, "wrap_triton", fake_wrap_triton)
+    _registry.launch(Kernel(), (2,), 1, BLOCK=4)
+    with _registry._tracing_triton():
+        _registry.launch(Kernel(), (3,), 5, BLOCK=8)
+    _registry.launch(Kernel(), (1,), 0)
+    assert [c[0] for c in calls] == ["raw", "wrapped", "raw"]
+    assert calls[1][1:] == ((3,), (5,), {"BLOCK": 8})
+
+
+# ----------------------------------------------------------------------------------------------
+# Validation
+
+
+def call_with_bad_input(spec, bad, args, device):
+    i = [a.name for a in spec.op._schema.arguments].index(bad.arg)
+    call = list(args)
+    call[i] = bad.make(args[i], device)
+    return call
+
+
+@pytest.mark.parametrize("backend", OP_BACKENDS)
+@pytest.mark.parametrize("name, bad", BAD)
+def test_bad_input_raises_before_anything_runs(backend, name, bad, gen):
+    """A TypeError/ValueError (RuntimeError for requires grad) naming the argument, raised before any
+    kernel runs; every tensor is left as it was."""
+    spec = BY_NAME[name]
+    device = device_of(backend)
+    args = spec.args(device, gen)
+    before = [a.clone() for a in args]
+    with pytest.raises(bad.error, match=f"'{bad.arg}'"):
+        spec.op(*call_with_bad_input(spec, bad, args, device))
+    for a, b in zip(args, before):
+        assert torch.equal(a, b), "a rejected call modified an argument"
+
+
+@pytest.mark.parametrize("name, bad", [p for p in BAD if p.values[1].what != "device"])
+def test_bad_input_raises_on_fake_tensors(name, bad, gen):
+    """The fake implementation (torch.compile, export) rejects the same inputs with the same error."""
+    spec = BY_NAME[name]
+    device = torch.device("cpu")
+    call = call_with_bad_input(spec, bad, spec.args(device, gen), device)
+    with FakeTensorMode() as mode:
+        call = [mode.from_tensor(a) if isinstance(a, torch.Tensor) else a for a in call]
+        with pytest.raises(bad.error, match=f"'{bad.arg}'"):
+            spec.op(*call)
+
+
+@pytest.mark.parametrize("name", OP_NAMES)
+def test_fake_tensors_trace_valid_calls(name, gen):
+    spec = BY_NAME[name]
+    args = spec.args(torch.device("cpu"), gen)
+    with FakeTensorMode() as mode:
+        fake = [mode.from_tensor(a) for a in args]
+        assert spec.op(*fake) is None
+
+
+@pytest.mark.parametrize("backend", OP_BACKENDS)
+@pytest.mark.parametrize("name, bad", BAD_VALUES)
+def test_debug_mode_checks_values(backend, name, bad, gen, monkeypatch):
+    """With TORCH_SAMPLING_OPS_DEBUG=1 a bad value raises a ValueError naming its argument; without, it
+    runs (with the documented result) and costs no sync."""
+    spec = BY_NAME[name]
+    args = spec.args(device_of(backend), gen)
+    monkeypatch.setenv("TORCH_SAMPLING_OPS_DEBUG", "1")
+    spec.op(*[a.clone() for a in args])  # valid values pass
+    bad_args = [a.clone() for a in args]
+    bad.spoil(bad_args)
+    with pytest.raises(ValueError, match=f"'{bad.arg}'"):
+        spec.op(*bad_args)
+    monkeypatch.setenv("TORCH_SAMPLING_OPS_DEBUG", "0")
+    spec.op(*bad_args)
+
+
+# ----------------------------------------------------------------------------------------------
+# Autograd and version counters
+
+
+@pytest.mark.parametrize("backend", OP_BACKENDS)
+@pytest.mark.parametrize("name", OP_NAMES)
+def test_in_place_write_bumps_the_version_counter(backend, name, gen):
+    spec = BY_NAME[name]
+    args = spec.args(device_of(backend), gen)
+    version = args[0]._version
+    spec.op(*args)
+    assert args[0]._version > version
+
+
+@pytest.mark.parametrize("name", OP_NAMES)
+def test_inference_tensors(name, gen):
+    """Under torch.inference_mode (as servers run): tensors made there have no version counter."""
+    spec = BY_NAME[name]
+    args = spec.args(torch.device("cpu"), gen)
+    expected = [a.clone() for a in args]
+    spec.op(*expected)
+    with torch.inference_mode():
+        inference = [a.clone() for a in args]
+        spec.op(*inference)
+    torch.testing.assert_close(inference[0], expected[0], atol=0, rtol=0, equal_nan=True)
+
+
+@pytest.mark.parametrize("name", OP_NAMES)
+def test_inputs_that_require_grad_run_under_no_grad(name, gen):
+    """The ops are not differentiable: under grad mode an input that requires grad raises (a bad
+    input of the table); under torch.no_grad() it is an ordinary in-place write."""
+    spec = BY_NAME[name]
+    args = spec.args(torch.device("cpu"), gen)
+    logits = args[0].detach().clone().requires_grad_()
+    with torch.no_grad():
+        spec.op(logits, *args[1:])
+    spec.op(args[0], *args[1:])
+    torch.testing.assert_close(logits.detach(), args[0], atol=0, rtol=0, equal_nan=True)
+
+
+@pytest.mark.parametrize("name", OP_NAMES)
+def test_opcheck_with_inputs_that_require_grad_meets_the_error(name, gen):
+    """opcheck with an input that requires grad: each of its tests calls the op under grad mode, which
+    raises the not-differentiable error by design (a silent wrong gradient otherwise)."""
+    spec = BY_NAME[name]
+    args = spec.args(torch.device("cpu"), gen)
+    args[0] = args[0].detach().clone().requires_grad_()
+    with pytest.raises(Exception, match="not differentiable"):
+        torch.library.opcheck(spec.op, args, test_utils="test_autograd_registration")
+
+
+# ----------------------------------------------------------------------------------------------
+# Through the dispatcher: opcheck, torch.compile, CUDA graphs
+
+
+@pytest.mark.parametrize("backend", OP_BACKENDS)
+@pytest.mark.parametrize("name", OP_NAMES)
+def test_opcheck(backend, name, gen):
+    spec = BY_NAME[name]
+    torch.library.opcheck(spec.op, spec.args(device_of(backend), gen))
+
+
+@pytest.mark.parametrize("backend", OP_BACKENDS)
+@pytest.mark.parametrize("compile_backend", ["aot_eager", "inductor"])
+@pytest.mark.parametrize("name", OP_NAMES)
+def test_compile_fullgraph(backend, compile_backend, name, gen, monkeypatch):
+    """No graph break, the eager result; on CUDA, Inductor emits the op's Triton kernels in its own
+    code instead of calling the op."""
+    from torch._inductor.utils import run_and_get_code
+
+    torch._dynamo.reset()
+    spec = BY_NAME[name]
+    traced_kernels, wrap_triton = [], _registry.wrap_triton
+
+    def spy(kernel):  # the kernels the op's launcher hands to torch.compile
+        traced_kernels.append(kernel.fn.__name__)
+        return wrap_triton(kernel)
+
+    monkeypatch.setattr(_registry, "wrap_triton", spy)
+
+    def step(logits, *state):
+        logits = logits * 2.0  # a fresh tensor for the op to process in place, as a decode step would
+        spec.op(logits, *state)
+        return logits
+
+    args = spec.args(device_of(backend), gen)
+    eager = step(*args)
+    out, code = run_and_get_code(torch.compile(step, backend=compile_backend, fullgraph=True), *args)
+    if backend == "cuda" and compile_backend == "inductor":
+        code = "\n".join(code)
+        assert traced_kernels and all(k in code for k in traced_kernels), "Inductor did not inline the kernels"
+        assert "torch.ops.sampling" not in code, "Inductor calls the op"
+    torch.testing.assert_close(out, eager, atol=0, rtol=0, equal_nan=True)
+    spec.assert_matches(out.cpu(), (args[0] * 2.0).cpu(), [a.cpu() for a in args[1:]])
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("name", OP_NAMES)
+def test_cuda_graph_replays_with_changed_arguments(name, gen):
+    """Captured once, replayed with new logits and new values of every other argument."""
+    spec = BY_NAME[name]
+    device = torch.device("cuda")
+    args = spec.args(device, gen)
+    logits, state = args[0], args[1:]
+    src = logits.clone()
+
+    def step():
+        logits.copy_(src)
+        spec.op(logits, *state)
+
+    step()  # compile the kernels before capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    for _ in range(3):
+        fresh = spec.args(device, gen)
+        src.copy_(fresh[0])
+        for static, new in zip(state, fresh[1:]):
+            static.copy_(new)
+        graph.replay()
+        spec.assert_matches(logits.cpu(), src.cpu(), [s.cpu() for s in state])
+
+
+def test_inductor_calls_the_op_on_cpu(gen):
+    """On the CPU the op stays one opaque node: Inductor's code calls it."""
+    from torch._inductor.utils import run_and_get_code
+
+    torch._dynamo.reset()
+    spec = BY_NAME["temperature"]
+
+    def step(logits, *state):
+        logits = logits * 2.0
+        spec.op(logits, *state)
+        return logits
+
+    _, code = run_and_get_code(torch.compile(step, fullgraph=True), *spec.args(torch.device("cpu"), gen))
+    assert "torch.ops.sampling.temperature" in "\n".join(code)
