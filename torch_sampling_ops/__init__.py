@@ -7,7 +7,11 @@ implementation for torch.compile. ``torch_sampling_ops.reference`` holds the flo
 from . import reference
 from .constraints import apply_token_bitmask, logit_bias
 from .filtering import min_p, temperature
+from .penalties import bad_words, penalties, update_output_counts
 from .truncation import top_k_top_p
 
-__all__ = ["apply_token_bitmask", "logit_bias", "min_p", "reference", "temperature", "top_k_top_p"]
+__all__ = [
+    "apply_token_bitmask", "bad_words", "logit_bias", "min_p", "penalties", "reference", "temperature", "top_k_top_p",
+    "update_output_counts",
+]
 __version__ = "0.1.0"
