@@ -3,6 +3,7 @@ aot_eager and inductor, against the reference. Each op family's test module supp
 import pytest
 import test_constraints
 import test_filtering
+import test_penalties
 import test_truncation
 import torch
 from conftest import OP_BACKENDS, device_of
@@ -21,7 +22,8 @@ EXAMPLES = {
 def test_every_op_has_an_example():
     from torch_sampling_ops._registry import _TRITON_IMPLS
 
-    assert set(EXAMPLES) == set(_TRITON_IMPLS)
+    # The penalties family has its own opcheck and compile tests (update_output_counts mutates state, not logits).
+    assert set(EXAMPLES) | set(test_penalties.OPS) == set(_TRITON_IMPLS)
 
 
 @pytest.mark.parametrize("backend", OP_BACKENDS)

@@ -1,13 +1,18 @@
 """penalties, update_output_counts and bad_words against the float64 reference on every backend;
 the state helpers; argument checks, opcheck, torch.compile and CUDA graphs."""
+import sys
+
 import pytest
 import torch
-from conftest import (BACKENDS, DTYPES, HAS_CUDA, OP_BACKENDS, assert_pad_untouched, device_of, logits_past_2_pow_31,
+from conftest import (BACKENDS, DTYPES, HAS_CUDA, INTERPRET, OP_BACKENDS, assert_pad_untouched, device_of, logits_past_2_pow_31,
                       make_logits, run_op)
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import torch_sampling_ops
 from torch_sampling_ops import reference, state
+
+# The module (the package attribute `penalties` is the op's wrapper, which shadows it).
+penalties_module = sys.modules["torch_sampling_ops.penalties"]
 
 INT = torch.int32
 NEG_INF = float("-inf")
@@ -135,6 +140,25 @@ def test_penalties_off_are_exact_no_ops(backend, dtype, gen):
     output_bits = reference.unpack_bitmask(output_mask[1:2], V)[0]
     assert same_bits(out[1][~output_bits], original[1][~output_bits])
     assert not torch.equal(out[1][output_bits], original[1][output_bits])
+
+
+@pytest.mark.interpret
+@pytest.mark.skipif(not INTERPRET, reason="needs TRITON_INTERPRET=1 (no GPU)")
+@pytest.mark.parametrize("dense_popcount", [0, 32], ids=["all-bits", "lowest-bit-steps"])
+@pytest.mark.parametrize("density", [0.02, 0.6])
+def test_penalties_both_block_paths(dense_popcount, density, gen, monkeypatch):
+    """The Triton kernel's two ways through a block of mask words give the reference's result."""
+    monkeypatch.setattr(penalties_module, "_DENSE_POPCOUNT", dense_popcount)
+    T, V = 3, 4133
+    rep, freq, pres = penalty_params()
+    prompt_mask, output_mask, counts = penalty_state(rep.size(0), V, gen, prompt_density=density,
+                                                     output_density=density / 2)
+    idx_mapping = torch.tensor([1, 5, 3], dtype=INT)
+    logits = make_logits(T, V, torch.float32, "cpu", generator=gen)
+    expected = reference.penalties(logits, idx_mapping, prompt_mask, output_mask, counts, rep, freq, pres)
+    run_op("interpret", "penalties", logits, idx_mapping, prompt_mask, output_mask, counts, rep, freq, pres)
+    torch.testing.assert_close(logits.double(), expected, atol=1e-5, rtol=1e-5)
+    assert_pad_untouched(logits)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

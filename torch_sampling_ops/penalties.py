@@ -3,11 +3,15 @@ and `update_output_counts` (in place on the per-slot output state).
 
 penalties touches only the tokens a request has seen. Its state is two token bitmasks per slot
 (prompt and output, int32 [R, ceil(V/32)], 19 KB a row at V = 151936) and the output counts
-(int32 [R, V]). One launch over grid (T, word chunks): each program walks CHUNK_WORDS mask words
-of its row's slot, BLOCK_WORDS at a time, skips a block whose mask words are all zero, expands the
-set bits to token offsets ([BLOCK_WORDS, 32] bit tests) and reads and writes logits, and reads
-counts, only where a bit is set. Traffic is the two mask rows plus one sector per seen token, so
-the cost grows with the history, not with V. A row whose three penalties are off returns before
+(int32 [R, V]). One launch over grid (T, word chunks), so that a small T still spreads over the
+GPU: each program walks CHUNK_WORDS mask words of its row's slot, BLOCK_WORDS at a time, and reads
+and writes logits, and reads counts, only where a bit is set. Within a block, with `most` the
+largest number of set bits in one of its words: a block with none costs its two mask loads; with
+up to DENSE_POPCOUNT, `most` steps each take the lowest remaining set bit of every word (one token a
+lane), so the instructions, like the traffic, follow the history rather than the 32 bits of every
+word; with more (a dense history), all 32 bits of every word are tested at once and the loads
+coalesce. Traffic is the two mask rows plus one sector per seen token, so the cost grows with the
+history, not with V. A row whose three penalties are off returns before
 reading anything; with the repetition penalty at 1.0 the prompt mask is not read either (x / 1.0
 and x * 1.0 are exact, so skipping it changes no bit).
 
@@ -34,8 +38,9 @@ from . import _checks
 from ._registry import define_op, launch
 from ._triton_helpers import load_slot
 
-_CHUNK_WORDS = 1024  # mask words (32768 tokens) one penalties program covers
-_BLOCK_WORDS = 128  # mask words one step of a penalties program expands ([128, 32] bit tests)
+_CHUNK_WORDS = 256  # mask words (8192 tokens) one penalties program covers: 19 programs a row at V = 151936, enough to hide the latency of its dependent loads
+_BLOCK_WORDS = 128  # mask words one step of a penalties program handles
+_DENSE_POPCOUNT = 12  # above this many set bits in a word of the block, test all 32 bits at once
 _BLOCK_ROWS = 128  # rows one update_output_counts program handles
 _BLOCK_BAD_WORDS = 128  # banned sequences one step of a bad_words program compares
 _BLOCK_PREFIX = 8  # prefix tokens one step of that comparison covers
@@ -51,10 +56,29 @@ def mask_words(vocab_size: int) -> int:
 
 
 @triton.jit
+def _popcount(x):
+    """Set bits of each int32 (SWAR: no libdevice call, so the interpreter runs it too)."""
+    x = x - ((x >> 1) & 0x55555555)
+    x = (x & 0x33333333) + ((x >> 2) & 0x33333333)
+    x = (x + (x >> 4)) & 0x0F0F0F0F
+    return (x * 0x01010101) >> 24
+
+
+@triton.jit
+def _penalize(row_ptr, counts_row, tok, seen, output, rep, freq, pres):
+    """Applies the penalties to the tokens `tok` where `seen` (frequency and presence where `output`)."""
+    x = tl.load(row_ptr + tok, mask=seen, other=0.0).to(tl.float32)
+    count = tl.load(counts_row + tok, mask=output, other=0).to(tl.float32)
+    x = tl.where(x > 0, tl.math.div_rn(x, rep), x * rep)
+    x = tl.where(output, x - tl.fma(freq, count, pres), x)
+    tl.store(row_ptr + tok, x.to(row_ptr.dtype.element_ty), mask=seen)
+
+
+@triton.jit
 def _penalties_kernel(logits_ptr, logits_stride, idx_mapping_ptr,
                       prompt_mask_ptr, prompt_stride, output_mask_ptr, output_stride, counts_ptr, counts_stride,
                       repetition_ptr, frequency_ptr, presence_ptr, num_slots, vocab_size, num_words,
-                      CHUNK_WORDS: tl.constexpr, BLOCK_WORDS: tl.constexpr):
+                      CHUNK_WORDS: tl.constexpr, BLOCK_WORDS: tl.constexpr, DENSE_POPCOUNT: tl.constexpr):
     t = tl.program_id(0)
     slot = load_slot(idx_mapping_ptr, t, num_slots)
     if slot < 0:
@@ -68,7 +92,6 @@ def _penalties_kernel(logits_ptr, logits_stride, idx_mapping_ptr,
     prompt_row = prompt_mask_ptr + slot * prompt_stride
     output_row = output_mask_ptr + slot * output_stride
     counts_row = counts_ptr + slot * counts_stride
-    bit = tl.arange(0, 32)
     first = tl.program_id(1) * CHUNK_WORDS
     for i in range(0, CHUNK_WORDS, BLOCK_WORDS):
         w = first + i + tl.arange(0, BLOCK_WORDS)
@@ -78,16 +101,29 @@ def _penalties_kernel(logits_ptr, logits_stride, idx_mapping_ptr,
             seen_words = out_words | tl.load(prompt_row + w, mask=in_row, other=0)
         else:  # repetition off: only output tokens change, and the prompt mask is not read
             seen_words = out_words
-        if tl.max((seen_words != 0).to(tl.int32), axis=0) != 0:
+        most = tl.max(_popcount(seen_words), axis=0)  # 0: no token of the block is touched
+        if most > DENSE_POPCOUNT:
+            # Many bits a word: every bit of the [BLOCK_WORDS, 32] tile tested at once (coalesced).
+            bit = tl.arange(0, 32)
             tok = w[:, None] * 32 + bit[None, :]  # < 2**31: V is an int32 token id range
             in_vocab = tok < vocab_size
             seen = (((seen_words[:, None] >> bit[None, :]) & 1) != 0) & in_vocab
             output = (((out_words[:, None] >> bit[None, :]) & 1) != 0) & in_vocab
-            x = tl.load(row_ptr + tok, mask=seen, other=0.0).to(tl.float32)
-            count = tl.load(counts_row + tok, mask=output, other=0).to(tl.float32)
-            x = tl.where(x > 0, tl.math.div_rn(x, rep), x * rep)
-            x = tl.where(output, x - tl.fma(freq, count, pres), x)
-            tl.store(row_ptr + tok, x.to(row_ptr.dtype.element_ty), mask=seen)
+            _penalize(row_ptr, counts_row, tok, seen, output, rep, freq, pres)
+        else:
+            # Few bits a word: one set bit of every word per step, lowest first, `most` steps, so
+            # the work follows the history rather than the 32 bits of a word.
+            rest = seen_words
+            for _ in range(0, most):
+                low = rest & (0 - rest)  # lowest set bit (0 when none is left)
+                # its index: the exponent of the power of two as a float (exact; -2**31 for bit 31)
+                j = ((low.to(tl.float32).to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127
+                tok = w * 32 + j
+                seen = (low != 0) & (tok < vocab_size)
+                tok = tl.where(seen, tok, 0)
+                output = seen & ((out_words & low) != 0)
+                _penalize(row_ptr, counts_row, tok, seen, output, rep, freq, pres)
+                rest = rest ^ low
 
 
 @triton.jit
@@ -185,7 +221,7 @@ def _penalties_triton(logits, idx_mapping, prompt_mask, output_mask, output_coun
         logits, logits.stride(0), idx_mapping,
         prompt_mask, prompt_mask.stride(0), output_mask, output_mask.stride(0), output_counts, output_counts.stride(0),
         repetition_penalty, frequency_penalty, presence_penalty, repetition_penalty.size(0), V, words,
-        CHUNK_WORDS=_CHUNK_WORDS, BLOCK_WORDS=_BLOCK_WORDS, num_warps=4,
+        CHUNK_WORDS=_CHUNK_WORDS, BLOCK_WORDS=_BLOCK_WORDS, DENSE_POPCOUNT=_DENSE_POPCOUNT, num_warps=4,
     )
 
 
