@@ -79,8 +79,8 @@ def bad_words_inputs(T, V, device, *, seed=0, words=128, max_len=4, history_len=
             n, start = int(lengths[r, i]), int(offsets[r, i])
             ids[r, start:start + n - 1] = history[r, history_len - (n - 1):history_len]
     logits = torch.randn(T, V, generator=g) * 3
-    state = [torch.arange(T, dtype=torch.int32), ids, offsets.to(torch.int32), torch.full((R,), words, dtype=torch.int32),
-             history, torch.full((T,), history_len, dtype=torch.int32)]
+    state = [torch.arange(T, dtype=torch.int32), ids, offsets.to(torch.int32),
+             torch.full((R,), words, dtype=torch.int32), history, torch.full((T,), history_len, dtype=torch.int32)]
     return [logits.to(device)] + [s.to(device) for s in state]
 
 

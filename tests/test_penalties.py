@@ -4,8 +4,8 @@ import sys
 
 import pytest
 import torch
-from conftest import (BACKENDS, DTYPES, HAS_CUDA, INTERPRET, OP_BACKENDS, assert_pad_untouched, device_of, logits_past_2_pow_31,
-                      make_logits, run_op)
+from conftest import (BACKENDS, DTYPES, HAS_CUDA, INTERPRET, OP_BACKENDS, assert_pad_untouched, device_of,
+                      logits_past_2_pow_31, make_logits, run_op)
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import torch_sampling_ops

@@ -38,7 +38,9 @@ from . import _checks
 from ._registry import define_op, launch
 from ._triton_helpers import load_slot
 
-_CHUNK_WORDS = 256  # mask words (8192 tokens) one penalties program covers: 19 programs a row at V = 151936, enough to hide the latency of its dependent loads
+# Mask words (8192 tokens) one penalties program covers: 19 programs a row at V = 151936, so that the
+# dependent loads (mask words, then logits and counts) of many blocks are in flight at once.
+_CHUNK_WORDS = 256
 _BLOCK_WORDS = 128  # mask words one step of a penalties program handles
 _DENSE_POPCOUNT = 12  # above this many set bits in a word of the block, test all 32 bits at once
 _BLOCK_ROWS = 128  # rows one update_output_counts program handles
@@ -309,7 +311,8 @@ def _update_output_counts_triton(output_counts, output_mask, idx_mapping, token_
 
 
 update_output_counts_op = define_op(
-    "update_output_counts(Tensor(a!) output_counts, Tensor(b!) output_mask, Tensor idx_mapping, Tensor token_ids) -> ()",
+    "update_output_counts(Tensor(a!) output_counts, Tensor(b!) output_mask, Tensor idx_mapping, "
+    "Tensor token_ids) -> ()",
     check=_check_update_output_counts,
     check_values=_check_update_output_counts_values,
     triton=_update_output_counts_triton,
