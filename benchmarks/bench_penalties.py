@@ -42,7 +42,7 @@ from timing import (N_SETS, Case, _time_ours, bench_gpu, copy_bandwidth_gbps, cp
 REPETITION, FREQUENCY, PRESENCE = 1.1, 0.2, 0.1
 
 
-def penalty_inputs(T, V, device, *, seed=0, prompt_len=1024, output_len=256, dense=False, off=False):
+def penalty_inputs(T, V, device, seed=0, *, prompt_len=1024, output_len=256, dense=False, off=False):
     """[logits, idx_mapping, prompt_mask, output_mask, output_counts, repetition, frequency, presence]."""
     g = torch.Generator().manual_seed(seed)
     R = max(T, 1)
@@ -65,7 +65,7 @@ def penalty_inputs(T, V, device, *, seed=0, prompt_len=1024, output_len=256, den
     return [logits, idx_mapping, reference.pack_bitmask(prompt), reference.pack_bitmask(counts > 0), counts, *params]
 
 
-def bad_words_inputs(T, V, device, *, seed=0, words=128, max_len=4, history_len=1280):
+def bad_words_inputs(T, V, device, seed=0, *, words=128, max_len=4, history_len=1280):
     """[logits, idx_mapping, bad_word_ids, bad_word_offsets, num_bad_words, history, history_lens]."""
     g = torch.Generator().manual_seed(seed)
     R, L = max(T, 1), history_len + 256
@@ -84,7 +84,7 @@ def bad_words_inputs(T, V, device, *, seed=0, words=128, max_len=4, history_len=
     return [logits.to(device)] + [s.to(device) for s in state]
 
 
-def update_inputs(T, V, device, *, seed=0):
+def update_inputs(T, V, device, seed=0):
     """[output_counts, output_mask, idx_mapping, token_ids]: one token a row, each row its own slot."""
     g = torch.Generator().manual_seed(seed)
     R = max(T, 1)
@@ -180,7 +180,12 @@ def main():
         print(out[-1])
         sizes = tuple(int(t) for t in os.environ.get("BENCH_T", "1,32,256").split(","))
         out += [gpu_table(case, 151936, bw, sizes) for case in CASES]
-    out.append(cpu_table(CASES))
+    # One thread as well: on a shared 2-core VM a parallel region waits whenever a vCPU is descheduled.
+    threads = torch.get_num_threads()
+    for n in sorted({1, threads}):
+        torch.set_num_threads(n)
+        out.append(cpu_table(CASES))
+    torch.set_num_threads(threads)
     if args.out:
         with open(args.out, "w") as f:
             f.write("\n".join(out) + "\n")

@@ -47,7 +47,8 @@ void penalties_kernel(at::Tensor& logits, const int64_t* slots, const at::Tensor
           if (tok >= V) break;  // bits past V are ignored
           float x = static_cast<float>(row[tok]);
           // A true float32 division and one fused multiply-add, as the Triton kernel: CPU and CUDA agree bitwise.
-          x = x > 0.0f ? x / rep : x * rep;
+          const float divided = x / rep, multiplied = x * rep;  // both, then a select: the sign is random
+          x = x > 0.0f ? divided : multiplied;
           if ((out_word >> j) & 1u) x -= std::fma(freq, static_cast<float>(counts_row[tok]), pres);
           row[tok] = static_cast<scalar_t>(x);
         }
