@@ -592,16 +592,20 @@ def test_compile_fullgraph(backend, compile_backend, op, gen):
             assert torch.equal(g.cpu(), e)
 
 
-@pytest.mark.cuda
-@pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
-def test_penalties_cpu_and_cuda_agree_bitwise(gen):
-    """float32: the IEEE division and the fused multiply-add give the same bits on every device."""
-    args = penalties_args(8, 4099, gen, "cpu")
+@pytest.mark.parametrize("backend", [p for p in BACKENDS if p.values[0] != "cpu"])
+@pytest.mark.parametrize("density", [0.05, 0.6])
+def test_penalties_cpu_and_triton_agree_bitwise(backend, density, gen):
+    """float32: the IEEE division and the fused multiply-add give the C++ kernel's bits."""
+    R, T, V = 6, 4, 4099
+    rep, freq, pres = penalty_params()
+    state_ = penalty_state(R, V, gen, prompt_density=density, output_density=density / 2)
+    args = [make_logits(T, V, torch.float32, "cpu", generator=gen), torch.tensor([1, 5, 3, 2], dtype=INT),
+            *state_, rep, freq, pres]
     cpu = [a.clone() for a in args]
     torch.ops.sampling.penalties(*cpu)
-    dev = [a.cuda() for a in args]
-    torch.ops.sampling.penalties(*dev)
-    assert same_bits(dev[0].cpu(), cpu[0])
+    triton_args = [a.to(device_of(backend)) for a in args]
+    run_op(backend, "penalties", *triton_args)
+    assert same_bits(triton_args[0].cpu(), cpu[0])
 
 
 @pytest.mark.cuda
