@@ -3,6 +3,8 @@
 #include "ops.h"
 
 #include <cmath>
+#include <cstring>
+#include <type_traits>
 
 namespace tso {
 namespace {
@@ -11,6 +13,34 @@ namespace {
 inline int64_t slot_of(const int64_t* slots, int64_t t, int64_t num_slots) {
   const int64_t r = slots[t];
   return (r >= 0 && r < num_slots) ? r : -1;
+}
+
+// Seen tokens of a mask word above which all 32 are processed at once.
+constexpr int kDenseBits = 6;
+
+template <typename scalar_t>
+using bits_t = std::conditional_t<sizeof(scalar_t) == 4, uint32_t, uint16_t>;
+
+// `a` where `take` is set, else `b`, on the raw bits: the compiler cannot turn it into a branch
+// (a division may trap, so a ternary between a quotient and a product becomes one), and a branch
+// on a random sign or bit mispredicts half the time.
+template <typename bits>
+inline bits select_bits(bool take, bits a, bits b) {
+  const bits keep = bits(0) - static_cast<bits>(take);
+  return (a & keep) | (b & ~keep);
+}
+
+// The repetition penalty of a seen token. A true float32 division (no reciprocal) and, after it,
+// one fused multiply-add for frequency and presence, as the Triton kernel: CPU and CUDA agree bitwise.
+inline float repeat(float x, float rep) {
+  const float divided = x / rep, multiplied = x * rep;
+  uint32_t d, m;
+  std::memcpy(&d, &divided, 4);
+  std::memcpy(&m, &multiplied, 4);
+  const uint32_t r = select_bits<uint32_t>(x > 0.0f, d, m);
+  float out;
+  std::memcpy(&out, &r, 4);
+  return out;
 }
 
 template <typename scalar_t>
@@ -40,17 +70,34 @@ void penalties_kernel(at::Tensor& logits, const int64_t* slots, const at::Tensor
       for (int64_t w = 0; w < words; ++w) {
         const uint32_t out_word = output_row[w];
         uint32_t seen = use_prompt ? (out_word | prompt_row[w]) : out_word;
+        if (seen == 0) continue;
+        const int64_t first = 32 * w;
+        scalar_t* tokens = row + first;
+        if (first + 32 <= V && __builtin_popcount(seen) > kDenseBits) {
+          // Many seen tokens: repetition on all 32 lanes (a select, no branch on the random sign or
+          // bit), the output tokens one by one, then the seen lanes stored; unseen lanes keep their bits.
+          float y[32];
+          for (int b = 0; b < 32; ++b) y[b] = repeat(static_cast<float>(tokens[b]), rep);
+          for (uint32_t o = out_word; o != 0; o &= o - 1) {
+            const int j = __builtin_ctz(o);
+            y[j] -= std::fma(freq, static_cast<float>(counts_row[first + j]), pres);
+          }
+          bits_t<scalar_t>* token_bits = reinterpret_cast<bits_t<scalar_t>*>(tokens);
+          for (int b = 0; b < 32; ++b) {
+            const scalar_t value = static_cast<scalar_t>(y[b]);
+            bits_t<scalar_t> value_bits;
+            std::memcpy(&value_bits, &value, sizeof(value_bits));
+            token_bits[b] = select_bits((seen >> b) & 1u, value_bits, token_bits[b]);
+          }
+          continue;
+        }
         while (seen != 0) {  // set bits in ascending token order
           const int j = __builtin_ctz(seen);
           seen &= seen - 1;
-          const int64_t tok = 32 * w + j;
-          if (tok >= V) break;  // bits past V are ignored
-          float x = static_cast<float>(row[tok]);
-          // A true float32 division and one fused multiply-add, as the Triton kernel: CPU and CUDA agree bitwise.
-          const float divided = x / rep, multiplied = x * rep;  // both, then a select: the sign is random
-          x = x > 0.0f ? divided : multiplied;
-          if ((out_word >> j) & 1u) x -= std::fma(freq, static_cast<float>(counts_row[tok]), pres);
-          row[tok] = static_cast<scalar_t>(x);
+          if (first + j >= V) break;  // bits past V are ignored
+          float x = repeat(static_cast<float>(tokens[j]), rep);
+          if ((out_word >> j) & 1u) x -= std::fma(freq, static_cast<float>(counts_row[first + j]), pres);
+          tokens[j] = static_cast<scalar_t>(x);
         }
       }
     }
@@ -63,7 +110,10 @@ void bad_words_kernel(at::Tensor& logits, const int64_t* slots, const int64_t* i
                       const int32_t* history, int64_t history_stride, int64_t L, const int64_t* hist_lens, int64_t R) {
   const int64_t T = logits.size(0), V = logits.size(1), row_stride = logits.stride(0);
   scalar_t* base = logits.data_ptr<scalar_t>();
-  at::parallel_for(0, T, 1, [&](int64_t begin, int64_t end_row) {
+  // A row costs about its slot's list length: short lists stay on one thread (a parallel region
+  // costs more than it saves there).
+  const int64_t grain = std::max<int64_t>(1, 8192 / (N + W));
+  at::parallel_for(0, T, grain, [&](int64_t begin, int64_t end_row) {
     for (int64_t t = begin; t < end_row; ++t) {
       const int64_t r = slot_of(slots, t, R);
       if (r < 0) continue;
