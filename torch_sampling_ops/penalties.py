@@ -255,9 +255,10 @@ def penalties(
        multiplied by it;
     2. then, if its ``output_mask`` bit is set, ``logit -= fma(frequency, c, presence)`` (``0.0`` is off).
 
-    A token with neither bit set is never read or written; counts are read only where the output
-    bit is set (a token whose output bit is 0 counts 0). A row whose three penalties are off is not
-    read; penalties of ``1.0`` / ``0.0`` change no bit.
+    A token with neither bit set keeps its exact bits (the CUDA kernel never reads or writes it);
+    a token whose output bit is 0 counts 0, whatever ``output_counts`` holds there (the count is
+    read only where the bit is set). A row whose three penalties are off is not read; penalties of
+    ``1.0`` / ``0.0`` change no bit.
 
     Args:
         logits: ``[T, V]`` float32/float16/bfloat16, unit column stride (any row stride); modified in place.
