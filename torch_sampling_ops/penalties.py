@@ -7,9 +7,9 @@ penalties touches only the tokens a request has seen. Its state is two token bit
 GPU: each program walks CHUNK_WORDS mask words of its row's slot, BLOCK_WORDS at a time, and reads
 and writes logits, and reads counts, only where a bit is set. Within a block, with `most` the
 largest number of set bits in one of its words: a block with none costs its two mask loads; with
-up to DENSE_POPCOUNT, `most` steps each take the lowest remaining set bit of every word (one token a
-lane), so the instructions, like the traffic, follow the history rather than the 32 bits of every
-word; with more (a dense history), all 32 bits of every word are tested at once and the loads
+up to DENSE_POPCOUNT, each of ceil(most / 4) steps takes the 4 lowest remaining set bits of every
+word (its 8 loads issued together), so the instructions, like the traffic, follow the history
+rather than the 32 bits of every word; with more (a dense history), all 32 bits of every word are tested at once and the loads
 coalesce. Traffic is the two mask rows plus one sector per seen token, so the cost grows with the
 history, not with V. A row whose three penalties are off returns before
 reading anything; with the repetition penalty at 1.0 the prompt mask is not read either (x / 1.0
@@ -67,13 +67,21 @@ def _popcount(x):
 
 
 @triton.jit
-def _penalize(row_ptr, counts_row, tok, seen, output, rep, freq, pres):
-    """Applies the penalties to the tokens `tok` where `seen` (frequency and presence where `output`)."""
-    x = tl.load(row_ptr + tok, mask=seen, other=0.0).to(tl.float32)
-    count = tl.load(counts_row + tok, mask=output, other=0).to(tl.float32)
+def _penalized(x, count, output, rep, freq, pres):
+    """The penalised float32 logits: repetition, then frequency and presence where `output`."""
     x = tl.where(x > 0, tl.math.div_rn(x, rep), x * rep)
-    x = tl.where(output, x - tl.fma(freq, count, pres), x)
-    tl.store(row_ptr + tok, x.to(row_ptr.dtype.element_ty), mask=seen)
+    return tl.where(output, x - tl.fma(freq, count, pres), x)
+
+
+@triton.jit
+def _next_bit(rest, out_words, w, vocab_size):
+    """Takes the lowest set bit of every word of `rest`: (rest without it, its token, seen, output)."""
+    low = rest & (0 - rest)  # 0 when no bit is left
+    # its index: the exponent of the power of two as a float (exact; -2**31 for bit 31)
+    j = ((low.to(tl.float32).to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127
+    tok = w * 32 + j
+    seen = (low != 0) & (tok < vocab_size)
+    return rest ^ low, tl.where(seen, tok, 0), seen, seen & ((out_words & low) != 0)
 
 
 @triton.jit
@@ -111,21 +119,34 @@ def _penalties_kernel(logits_ptr, logits_stride, idx_mapping_ptr,
             in_vocab = tok < vocab_size
             seen = (((seen_words[:, None] >> bit[None, :]) & 1) != 0) & in_vocab
             output = (((out_words[:, None] >> bit[None, :]) & 1) != 0) & in_vocab
-            _penalize(row_ptr, counts_row, tok, seen, output, rep, freq, pres)
+            x = tl.load(row_ptr + tok, mask=seen, other=0.0).to(tl.float32)
+            count = tl.load(counts_row + tok, mask=output, other=0).to(tl.float32)
+            x = _penalized(x, count, output, rep, freq, pres)
+            tl.store(row_ptr + tok, x.to(row_ptr.dtype.element_ty), mask=seen)
         else:
-            # Few bits a word: one set bit of every word per step, lowest first, `most` steps, so
-            # the work follows the history rather than the 32 bits of a word.
+            # Few bits a word: the lowest 4 set bits of every word a step, `ceil(most / 4)` steps,
+            # so the work follows the history rather than the 32 bits of a word. The 8 loads of a
+            # step are issued before its stores: their latencies overlap.
             rest = seen_words
-            for _ in range(0, most):
-                low = rest & (0 - rest)  # lowest set bit (0 when none is left)
-                # its index: the exponent of the power of two as a float (exact; -2**31 for bit 31)
-                j = ((low.to(tl.float32).to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127
-                tok = w * 32 + j
-                seen = (low != 0) & (tok < vocab_size)
-                tok = tl.where(seen, tok, 0)
-                output = seen & ((out_words & low) != 0)
-                _penalize(row_ptr, counts_row, tok, seen, output, rep, freq, pres)
-                rest = rest ^ low
+            for _ in range(0, most, 4):
+                rest, tok0, seen0, out0 = _next_bit(rest, out_words, w, vocab_size)
+                rest, tok1, seen1, out1 = _next_bit(rest, out_words, w, vocab_size)
+                rest, tok2, seen2, out2 = _next_bit(rest, out_words, w, vocab_size)
+                rest, tok3, seen3, out3 = _next_bit(rest, out_words, w, vocab_size)
+                x0 = tl.load(row_ptr + tok0, mask=seen0, other=0.0).to(tl.float32)
+                x1 = tl.load(row_ptr + tok1, mask=seen1, other=0.0).to(tl.float32)
+                x2 = tl.load(row_ptr + tok2, mask=seen2, other=0.0).to(tl.float32)
+                x3 = tl.load(row_ptr + tok3, mask=seen3, other=0.0).to(tl.float32)
+                c0 = tl.load(counts_row + tok0, mask=out0, other=0).to(tl.float32)
+                c1 = tl.load(counts_row + tok1, mask=out1, other=0).to(tl.float32)
+                c2 = tl.load(counts_row + tok2, mask=out2, other=0).to(tl.float32)
+                c3 = tl.load(counts_row + tok3, mask=out3, other=0).to(tl.float32)
+                # Distinct bits of a word are distinct tokens: no store overwrites another's load.
+                dtype = row_ptr.dtype.element_ty
+                tl.store(row_ptr + tok0, _penalized(x0, c0, out0, rep, freq, pres).to(dtype), mask=seen0)
+                tl.store(row_ptr + tok1, _penalized(x1, c1, out1, rep, freq, pres).to(dtype), mask=seen1)
+                tl.store(row_ptr + tok2, _penalized(x2, c2, out2, rep, freq, pres).to(dtype), mask=seen2)
+                tl.store(row_ptr + tok3, _penalized(x3, c3, out3, rep, freq, pres).to(dtype), mask=seen3)
 
 
 @triton.jit
