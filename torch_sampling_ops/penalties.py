@@ -9,9 +9,9 @@ and writes logits, and reads counts, only where a bit is set. Within a block, wi
 largest number of set bits in one of its words: a block with none costs its two mask loads; with
 up to DENSE_POPCOUNT, each of ceil(most / 4) steps takes the 4 lowest remaining set bits of every
 word (its 8 loads issued together), so the instructions, like the traffic, follow the history
-rather than the 32 bits of every word; with more (a dense history), all 32 bits of every word are tested at once and the loads
-coalesce. Traffic is the two mask rows plus one sector per seen token, so the cost grows with the
-history, not with V. A row whose three penalties are off returns before
+rather than the 32 bits of every word; with more (a dense history), all 32 bits of every word are
+tested at once and the loads coalesce. Traffic is the two mask rows plus one sector per seen token,
+so the cost grows with the history, not with V. A row whose three penalties are off returns before
 reading anything; with the repetition penalty at 1.0 the prompt mask is not read either (x / 1.0
 and x * 1.0 are exact, so skipping it changes no bit).
 
