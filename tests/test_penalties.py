@@ -453,6 +453,29 @@ def test_state_helpers_pack_a_request(gen):
     assert torch.isinf(logits).nonzero().tolist() == [[0, 3], [0, 4], [1, 4]]
 
 
+@pytest.mark.cuda
+@pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
+def test_state_helpers_on_cuda(gen):
+    """The helpers on device state: lists copied once, bits packed on the device."""
+    V, R = 5003, 2
+    prompt = torch.randint(0, V, (300,), generator=gen)
+    prompt_mask = torch.full((R, (V + 31) // 32), 7, dtype=INT, device="cuda")
+    counts = torch.ones(R, V, dtype=INT, device="cuda")
+    output_mask = torch.full_like(prompt_mask, -1)
+    state.clear_slot(0, counts, output_mask, prompt_mask)
+    state.set_prompt_mask(prompt_mask, 0, prompt.tolist(), V)
+    state.set_prompt_mask(prompt_mask, 1, prompt.cuda(), V)
+    bits = torch.zeros(1, V, dtype=torch.bool)
+    bits[0, prompt] = True
+    assert torch.equal(prompt_mask.cpu(), reference.pack_bitmask(bits).expand(2, -1))
+    assert int(counts[0].sum()) == 0 and int(counts[1].sum()) == V and int(output_mask[0].abs().sum()) == 0
+    ids = torch.zeros(R, 8, dtype=INT, device="cuda")
+    offsets = torch.zeros(R, 4, dtype=INT, device="cuda")
+    num = torch.zeros(R, dtype=INT, device="cuda")
+    state.set_bad_words(ids, offsets, num, 1, [[3, 4], [9]])
+    assert ids[1, :3].tolist() == [3, 4, 9] and offsets[1].tolist() == [0, 2, 3, 3] and num.tolist() == [0, 2]
+
+
 # ----------------------------------------------------------------------------------------------
 # Argument checks
 
