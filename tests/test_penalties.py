@@ -621,9 +621,9 @@ def test_penalties_cpu_and_triton_agree_bitwise(backend, density, gen):
     """float32: the IEEE division and the fused multiply-add give the C++ kernel's bits."""
     R, T, V = 6, 4, 4099
     rep, freq, pres = penalty_params()
-    state_ = penalty_state(R, V, gen, prompt_density=density, output_density=density / 2)
+    masks_and_counts = penalty_state(R, V, gen, prompt_density=density, output_density=density / 2)
     args = [make_logits(T, V, torch.float32, "cpu", generator=gen), torch.tensor([1, 5, 3, 2], dtype=INT),
-            *state_, rep, freq, pres]
+            *masks_and_counts, rep, freq, pres]
     cpu = [a.clone() for a in args]
     torch.ops.sampling.penalties(*cpu)
     triton_args = [a.to(device_of(backend)) for a in args]
