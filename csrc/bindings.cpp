@@ -8,4 +8,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("temperature", &tso::temperature);
   m.def("min_p", &tso::min_p);
   m.def("top_k_top_p", &tso::top_k_top_p);
+  m.def("penalties", &tso::penalties);
+  m.def("update_output_counts", &tso::update_output_counts);
+  m.def("bad_words", &tso::bad_words);
 }

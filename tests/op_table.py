@@ -12,11 +12,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import test_constraints
+import test_history
 import test_truncation
 import torch
-from conftest import make_logits, tolerance
 
 from torch_sampling_ops import reference
+
+from conftest import make_logits, tolerance
 
 INT = torch.int32
 
@@ -50,6 +52,8 @@ class OpSpec:
     bad_values: list[BadValue] = field(default_factory=list)
     # check(out, original logits, other arguments), all on the CPU: asserts out is the reference's answer
     check: Callable | None = None
+    # a fresh tensor made from the first argument, for the op to write in place inside a compiled step
+    fresh: Callable[[torch.Tensor], torch.Tensor] = lambda first: first * 2.0
 
     @property
     def op(self) -> torch._ops.OpOverload:
@@ -99,6 +103,29 @@ def _top_k_top_p_args(device, gen, T=5, V=3000):
 
 def _top_k_top_p_check(out, original, state):
     test_truncation.assert_matches(out, original, *state)
+
+
+def _penalties_args(device, gen, T=5, V=1000):
+    args = test_history.penalties_args(T, V, gen, device, R=6)
+    args[1] = _slots(T, 6, gen).to(device)
+    return args
+
+
+def _update_output_counts_args(device, gen, T=5, V=1000):
+    return test_history.update_args(T, V, gen, device)
+
+
+def _update_output_counts_check(out, original, state):
+    """The counts the reference computes, and the mask (written in place too) equal to counts > 0."""
+    expected_counts, _ = reference.update_output_counts(original, *state)
+    assert torch.equal(out, expected_counts)
+    assert torch.equal(state[0], reference.pack_bitmask(out > 0))
+
+
+def _bad_words_args(device, gen, T=5, V=1000):
+    args = test_history.bad_words_args(T, V, gen, device)
+    args[1] = _slots(T, 3, gen).to(device)
+    return args
 
 
 def _set(arg_index: int, index, value):
@@ -169,6 +196,40 @@ OPS = [
         check=_top_k_top_p_check,
     ),
 ]
+OPS += [
+    OpSpec(
+        "penalties", _penalties_args, frozenset({"logits", "repetition_penalty"}),
+        bad=[
+            Bad("prompt_mask", "too_few_words", lambda a, d: a[:, :-1], ValueError),
+            Bad("output_counts", "narrower_than_vocabulary", lambda a, d: a[:, :-1], ValueError),
+            Bad("output_mask", "int64", lambda a, d: a.long(), TypeError),
+        ],
+        bad_values=[BadValue("repetition_penalty", "zero", _set(5, 1, 0.0)),
+                    BadValue("repetition_penalty", "nan", _set(5, 1, float("nan"))),
+                    BadValue("frequency_penalty", "inf", _set(6, 1, float("inf"))),
+                    BadValue("presence_penalty", "nan", _set(7, 1, float("nan")))],
+    ),
+    OpSpec(
+        "update_output_counts", _update_output_counts_args, frozenset({"output_counts", "idx_mapping"}),
+        bad=[
+            Bad("output_mask", "too_few_words", lambda a, d: a[:, :-1], ValueError),
+            Bad("output_counts", "no_slots", lambda a, d: a[:0], ValueError),
+        ],
+        bad_values=[BadValue("token_ids", "past_vocabulary", _set(3, 0, 1000))],
+        check=_update_output_counts_check,
+        fresh=lambda counts: counts * 2,
+    ),
+    OpSpec(
+        "bad_words", _bad_words_args, frozenset({"logits", "num_bad_words"}),
+        bad=[
+            Bad("bad_word_offsets", "int64", lambda a, d: a.long(), TypeError),
+            Bad("bad_word_offsets", "no_columns", lambda a, d: a[:, :0], ValueError),
+            Bad("history", "int64", lambda a, d: a.long(), TypeError),
+        ],
+        bad_values=[BadValue("history_lens", "past_history", _set(6, 0, 10**6)),
+                    BadValue("bad_word_offsets", "past_ids", _set(3, (0, 1), 10**6))],
+    ),
+]
 BY_NAME = {spec.name: spec for spec in OPS}
 
 
@@ -196,14 +257,14 @@ def _overlapping_rows(a, d):
     return a.as_strided(a.shape, (a.size(1) // 2, 1))
 
 
-def generic_bad(name: str, value: torch.Tensor, anchor: bool, mutated: bool) -> list[Bad]:
+def generic_bad(name: str, value: torch.Tensor, anchor: bool, mutated: bool, first: bool) -> list[Bad]:
     """The bad inputs every tensor argument has."""
     bad = [Bad(name, "dtype", _other_dtype, TypeError), Bad(name, "rank", lambda a, d: a.unsqueeze(0), ValueError)]
     if not anchor and value.size(0) > 1:
         bad.append(Bad(name, "length", lambda a, d: a[:1], ValueError))
     if value.size(-1) > 1:
         bad.append(Bad(name, "stride", _column_stride, ValueError))
-    if name != "logits":  # the others must be on the device of logits
+    if not first:  # the others must be on the device of the first argument (logits, or the state it updates)
         bad.append(Bad(name, "device", _other_device, ValueError))
     if value.is_floating_point():
         bad.append(Bad(name, "requires_grad", _requires_grad, RuntimeError))
@@ -220,8 +281,8 @@ def bad_inputs(spec: OpSpec) -> list[Bad]:
     """Every bad input of `spec`: the generic ones of each tensor argument, then the entry's own."""
     args = spec.args(torch.device("cpu"), torch.Generator().manual_seed(0))
     bad = []
-    for schema_arg, value in zip(spec.op._schema.arguments, args):
+    for i, (schema_arg, value) in enumerate(zip(spec.op._schema.arguments, args)):
         if isinstance(value, torch.Tensor):
             mutated = schema_arg.alias_info is not None and schema_arg.alias_info.is_write
-            bad += generic_bad(schema_arg.name, value, schema_arg.name in spec.anchors, mutated)
+            bad += generic_bad(schema_arg.name, value, schema_arg.name in spec.anchors, mutated, first=i == 0)
     return bad + spec.bad

@@ -4,11 +4,12 @@ of width 0, out-of-range parameters, and a randomized sweep over magnitudes, dty
 for every op."""
 import pytest
 import torch
-from conftest import BACKENDS, DTYPES, INTERPRET, PAD, SENTINEL, device_of, make_logits, run_op
 from test_constraints import check_logit_bias, logit_bias_state
 from test_truncation import run_and_check
 
 from torch_sampling_ops import reference
+
+from conftest import BACKENDS, DTYPES, INTERPRET, PAD, SENTINEL, device_of, make_logits, run_op
 
 INT = torch.int32
 NEG_INF = float("-inf")

@@ -1,10 +1,19 @@
 """logit_bias and apply_token_bitmask against the float64 reference, on every backend."""
 import pytest
 import torch
-from conftest import (BACKENDS, assert_pad_untouched, device_of, logits_past_2_pow_31, make_logits,
-                      over_backends_dtypes_and_shapes, run_op, tolerance)
 
 from torch_sampling_ops import reference
+
+from conftest import (
+    BACKENDS,
+    assert_pad_untouched,
+    device_of,
+    logits_past_2_pow_31,
+    make_logits,
+    over_backends_dtypes_and_shapes,
+    run_op,
+    tolerance,
+)
 
 INT = torch.int32
 

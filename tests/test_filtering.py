@@ -1,11 +1,21 @@
 """temperature and min_p against the float64 reference, on every backend."""
 import pytest
 import torch
-from conftest import (BACKENDS, DTYPES, assert_pad_untouched, device_of, logits_past_2_pow_31, make_logits,
-                      over_backends_dtypes_and_shapes, run_op, tolerance)
 
 import torch_sampling_ops
 from torch_sampling_ops import filtering, reference
+
+from conftest import (
+    BACKENDS,
+    DTYPES,
+    assert_pad_untouched,
+    device_of,
+    logits_past_2_pow_31,
+    make_logits,
+    over_backends_dtypes_and_shapes,
+    run_op,
+    tolerance,
+)
 
 INT = torch.int32
 NEG_INF = float("-inf")

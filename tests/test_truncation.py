@@ -2,10 +2,19 @@
 at both boundaries, -inf and NaN entries, brackets that need narrowing, batch invariance."""
 import pytest
 import torch
-from conftest import (BACKENDS, OP_BACKENDS, assert_pad_untouched, device_of, logits_past_2_pow_31, make_logits,
-                      over_backends_dtypes_and_shapes, run_op)
 
 from torch_sampling_ops import reference
+
+from conftest import (
+    BACKENDS,
+    OP_BACKENDS,
+    assert_pad_untouched,
+    device_of,
+    logits_past_2_pow_31,
+    make_logits,
+    over_backends_dtypes_and_shapes,
+    run_op,
+)
 
 INT = torch.int32
 NEG_INF = float("-inf")

@@ -4,10 +4,14 @@ Each op is callable as ``torch.ops.sampling.<name>`` and through the wrapper of 
 here; CUDA runs Triton kernels, CPU runs the C++ kernels of csrc/, and every op has a fake
 implementation for torch.compile. ``torch_sampling_ops.reference`` holds the float64 semantics.
 """
-from . import reference
+from . import reference, state
 from .constraints import apply_token_bitmask, logit_bias
 from .filtering import min_p, temperature
+from .history import bad_words, penalties, update_output_counts
 from .truncation import top_k_top_p
 
-__all__ = ["apply_token_bitmask", "logit_bias", "min_p", "reference", "temperature", "top_k_top_p"]
+__all__ = [
+    "apply_token_bitmask", "bad_words", "logit_bias", "min_p", "penalties", "reference", "temperature", "top_k_top_p",
+    "state", "update_output_counts",
+]
 __version__ = "0.1.0"

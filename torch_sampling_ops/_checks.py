@@ -43,14 +43,15 @@ def check_tensor(
     ndim: int,
     device: torch.device | None,
     shape: Sequence[int | None] = (),
+    like: str = "logits",
 ) -> None:
-    """Checks type, dtype, device, rank, sizes (None: any) and a unit last stride."""
+    """Checks type, dtype, device (that of the argument `like`), rank, sizes (None: any) and a unit last stride."""
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"sampling.{op}: '{name}' must be a Tensor, got {type(t).__name__}")
     if t.dtype not in dtypes:
         raise TypeError(f"sampling.{op}: '{name}' must be {_dtype_names(dtypes)}, got {t.dtype}")
     if device is not None and t.device != device:
-        raise ValueError(f"sampling.{op}: '{name}' must be on {device} like 'logits', got {t.device}")
+        raise ValueError(f"sampling.{op}: '{name}' must be on {device} like '{like}', got {t.device}")
     if t.dim() != ndim:
         raise ValueError(f"sampling.{op}: '{name}' must have {ndim} dimension(s), got shape {tuple(t.shape)}")
     for dim, want in enumerate(shape):
@@ -81,7 +82,7 @@ def check_rows_do_not_overlap(op: str, name: str, t: torch.Tensor) -> None:
         return  # the usual [T, V] matrix with its rows apart: no need for the general rule below
     if t.numel() == 0:
         return
-    dims = sorted(((size, abs(stride)) for size, stride in zip(t.shape, t.stride()) if size > 1), key=lambda d: d[1])
+    dims = sorted(((size, abs(stride)) for size, stride in zip(t.shape, t.stride(), strict=True) if size > 1), key=lambda d: d[1])
     extent = 0  # offset of the last element spanned by the dimensions checked so far
     for size, stride in dims:
         if stride <= extent:

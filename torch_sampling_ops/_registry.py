@@ -118,7 +118,7 @@ def define_op(
 
         def checked(body: Callable | None, real: bool) -> Callable:
             def run(*args, **kwargs):
-                named = dict(zip(arg_names, args), **kwargs)
+                named = dict(zip(arg_names, args, strict=False), **kwargs)
                 _checks.check_no_grad(name, named)
                 check(*args, **kwargs)
                 for arg in mutated:

@@ -116,3 +116,76 @@ def top_k_top_p(logits, idx_mapping, top_k, top_p, *, compute_dtype=torch.float6
     threshold = torch.maximum(tau_k, tau_p)
     active = (k_on | p_on) & (row_max > NEG_INF)
     return out.masked_fill_(active.unsqueeze(1) & ~(out >= threshold.unsqueeze(1)), NEG_INF)
+
+
+def pack_bitmask(bits: torch.Tensor) -> torch.Tensor:
+    """bool [rows, V] -> int32 [rows, ceil(V/32)] token bitmask (bit j of word w is token 32 * w + j)."""
+    rows, V = bits.shape
+    words = (V + 31) // 32
+    padded = torch.zeros(rows, words * 32, dtype=torch.int64, device=bits.device)
+    padded[:, :V] = bits.long()
+    packed = (padded.view(rows, words, 32) << torch.arange(32, device=bits.device)).sum(-1)
+    return torch.where(packed >= 2**31, packed - 2**32, packed).to(torch.int32)
+
+
+def penalties(logits, idx_mapping, prompt_mask, output_mask, output_counts, repetition_penalty,
+              frequency_penalty, presence_penalty, *, compute_dtype=torch.float64) -> torch.Tensor:
+    """Dense over [T, V] (the composed-PyTorch form): counts are gathered per row and count only
+    where the output bit is set; rows whose three penalties are off are unchanged."""
+    T, V = logits.shape
+    slots, valid = _slots(idx_mapping, T, repetition_penalty.size(0), logits.device)
+    rep = repetition_penalty[slots].to(compute_dtype).unsqueeze(1)
+    freq = frequency_penalty[slots].to(compute_dtype).unsqueeze(1)
+    pres = presence_penalty[slots].to(compute_dtype).unsqueeze(1)
+    on = valid & ((repetition_penalty[slots] != 1) | (frequency_penalty[slots] != 0) | (presence_penalty[slots] != 0))
+    output = unpack_bitmask(output_mask[slots], V) & on.unsqueeze(1)
+    seen = (unpack_bitmask(prompt_mask[slots], V) & on.unsqueeze(1)) | output
+    counts = torch.where(output, output_counts[slots], 0).to(compute_dtype)
+    out = logits.to(compute_dtype, copy=True)
+    out = torch.where(seen, torch.where(out > 0, out / rep, out * rep), out)
+    return torch.where(output, out - (freq * counts + pres), out)
+
+
+def update_output_counts(output_counts, output_mask, idx_mapping, token_ids) -> tuple[torch.Tensor, torch.Tensor]:
+    """The state after the update: (new output_counts, new output_mask), the inputs untouched."""
+    R, V = output_counts.shape
+    slots, tokens = idx_mapping.long(), token_ids.long()
+    ok = (slots >= 0) & (slots < R) & (tokens >= 0) & (tokens < V)
+    flat = torch.where(ok, slots * V + tokens, R * V)  # entry R * V takes the rows that count nothing
+    added = torch.zeros(R * V + 1, dtype=torch.int64, device=output_counts.device)
+    added.index_add_(0, flat, torch.ones_like(flat))
+    added = added[: R * V].view(R, V)
+    counts = (output_counts.long() + added).to(torch.int32)
+    return counts, output_mask | pack_bitmask(added > 0)
+
+
+def bad_words(logits, idx_mapping, bad_word_ids, bad_word_offsets, num_bad_words, history, history_lens, *,
+              compute_dtype=torch.float64) -> torch.Tensor:
+    """Compares every listed sequence's prefix with the end of the row's history at once ([T, N, W - 1])."""
+    T, V = logits.shape
+    W, N, L = bad_word_ids.size(1), bad_word_offsets.size(1) - 1, history.size(1)
+    out = logits.to(compute_dtype, copy=True)
+    if W == 0 or N == 0:
+        return out
+    slots, valid = _slots(idx_mapping, T, num_bad_words.size(0), logits.device)
+    ids = bad_word_ids[slots].long()  # [T, W]
+    offsets = bad_word_offsets[slots].long().clamp(0, W)  # [T, N + 1]
+    start, end = offsets[:, :-1], offsets[:, 1:]
+    prefix = end - start - 1  # tokens to match; < 0 for an empty sequence
+    hist_len = history_lens.long().clamp(0, L).unsqueeze(1)  # [T, 1]
+    listed = torch.arange(N, device=logits.device) < num_bad_words[slots].long().clamp(0, N).unsqueeze(1)
+    live = valid.unsqueeze(1) & listed & (prefix >= 0) & (prefix <= hist_len)
+    last = ids.gather(1, (end - 1).clamp(0, W - 1))
+    live &= (last >= 0) & (last < V)
+    k = torch.arange(max(W - 1, 1), device=logits.device)  # a prefix is at most W - 1 tokens
+    compared = k < prefix.unsqueeze(2)  # [T, N, K]
+    word_tok = ids.gather(1, (start.unsqueeze(2) + k).clamp(0, W - 1).flatten(1)).view(compared.shape)
+    if L > 0:
+        hist_pos = (hist_len.unsqueeze(2) - prefix.unsqueeze(2) + k).clamp(0, L - 1)
+        hist_tok = history[slots].long().gather(1, hist_pos.flatten(1)).view(compared.shape)
+    else:  # only one-token sequences can match
+        hist_tok = torch.zeros_like(word_tok)
+    matched = live & ~(compared & (word_tok != hist_tok)).any(dim=2)
+    banned = torch.zeros(T, V + 1, dtype=torch.bool, device=logits.device)
+    banned.scatter_(1, torch.where(matched, last, V), True)
+    return out.masked_fill_(banned[:, :V], NEG_INF)

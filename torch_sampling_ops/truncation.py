@@ -1193,7 +1193,7 @@ def _uses_pdl(device: torch.device) -> bool:
     return not _INTERPRET and device.type == "cuda" and _compute_capability(device.index)[0] >= 9
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _compute_capability(index: int) -> tuple:
     return torch.cuda.get_device_capability(index)
 

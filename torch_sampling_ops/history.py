@@ -1,0 +1,438 @@
+"""History-dependent steps of logit processing: `penalties` and `bad_words` (in place on the logits)
+and `update_output_counts` (in place on the per-slot output state).
+
+penalties touches only the tokens a request has seen. Its state is two token bitmasks per slot
+(prompt and output, int32 [R, ceil(V/32)], 19 KB a row at V = 151936) and the output counts
+(int32 [R, V]). One launch over grid (T, word chunks), so that a small T still spreads over the
+GPU: each program walks CHUNK_WORDS mask words of its row's slot, BLOCK_WORDS at a time, and reads
+and writes logits, and reads counts, only where a bit is set. Within a block, with `most` the
+largest number of set bits in one of its words: a block with none costs its two mask loads; with
+up to DENSE_POPCOUNT, each of ceil(most / 4) steps takes the 4 lowest remaining set bits of every
+word (its 8 loads issued together), so the instructions, like the traffic, follow the history
+rather than the 32 bits of every word; with more (a dense history), all 32 bits of every word are
+tested at once and the loads coalesce. Traffic is the two mask rows plus one sector per seen token,
+so the cost grows with the history, not with V. A row whose three penalties are off returns before
+reading anything; with the repetition penalty at 1.0 the prompt mask is not read either (x / 1.0
+and x * 1.0 are exact, so skipping it changes no bit).
+
+Arithmetic is float32: the repetition step divides with an IEEE division (`tl.math.div_rn`, as
+the C++ kernel's `x / p`; Triton's `/` may lower to an approximate divide) and the frequency and
+presence term is one fused multiply-add (`fma(frequency, count, presence)`, `std::fma` in C++),
+so CPU and CUDA agree bitwise in float32.
+
+update_output_counts is one launch over the rows: an atomic add on the count and an atomic OR on
+the mask word per row, so rows that name the same slot and token (speculative decoding) all count.
+
+bad_words is one launch, one program per row: the slot's banned sequences are compared, a block of
+BLOCK_BAD_WORDS sequences at a time, BLOCK_PREFIX tokens at a time, with the end of the row's
+history; a matching sequence's last token becomes -inf. Every offset, count and length is clamped
+in 64 bits before it addresses memory.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from . import _checks
+from ._registry import define_op, launch
+from ._triton_helpers import load_slot
+
+# Mask words (8192 tokens) one penalties program covers: 19 programs a row at V = 151936, so that the
+# dependent loads (mask words, then logits and counts) of many blocks are in flight at once.
+_CHUNK_WORDS = 256
+_BLOCK_WORDS = 128  # mask words one step of a penalties program handles
+_DENSE_POPCOUNT = 12  # above this many set bits in a word of the block, test all 32 bits at once
+_BLOCK_ROWS = 128  # rows one update_output_counts program handles
+_BLOCK_BAD_WORDS = 128  # banned sequences one step of a bad_words program compares
+_BLOCK_PREFIX = 8  # prefix tokens one step of that comparison covers
+
+
+def mask_words(vocab_size: int) -> int:
+    """Words of a token bitmask row: ceil(V / 32)."""
+    return (vocab_size + 31) // 32
+
+
+# ----------------------------------------------------------------------------------------------
+# Triton kernels
+
+
+@triton.jit
+def _popcount(x):
+    """Set bits of each int32 (SWAR: no libdevice call, so the interpreter runs it too)."""
+    x = x - ((x >> 1) & 0x55555555)
+    x = (x & 0x33333333) + ((x >> 2) & 0x33333333)
+    x = (x + (x >> 4)) & 0x0F0F0F0F
+    return (x * 0x01010101) >> 24
+
+
+@triton.jit
+def _penalized(x, count, output, rep, freq, pres):
+    """The penalised float32 logits: repetition, then frequency and presence where `output`."""
+    x = tl.where(x > 0, tl.math.div_rn(x, rep), x * rep)
+    return tl.where(output, x - tl.fma(freq, count, pres), x)
+
+
+@triton.jit
+def _next_bit(rest, out_words, w, vocab_size):
+    """Takes the lowest set bit of every word of `rest`: (rest without it, its token, seen, output)."""
+    low = rest & (0 - rest)  # 0 when no bit is left
+    # its index: the exponent of the power of two as a float (exact; -2**31 for bit 31)
+    j = ((low.to(tl.float32).to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127
+    tok = w * 32 + j
+    seen = (low != 0) & (tok < vocab_size)
+    return rest ^ low, tl.where(seen, tok, 0), seen, seen & ((out_words & low) != 0)
+
+
+@triton.jit
+def _penalties_kernel(logits_ptr, logits_stride, idx_mapping_ptr,
+                      prompt_mask_ptr, prompt_stride, output_mask_ptr, output_stride, counts_ptr, counts_stride,
+                      repetition_ptr, frequency_ptr, presence_ptr, num_slots, vocab_size, num_words,
+                      CHUNK_WORDS: tl.constexpr, BLOCK_WORDS: tl.constexpr, DENSE_POPCOUNT: tl.constexpr):
+    t = tl.program_id(0)
+    slot = load_slot(idx_mapping_ptr, t, num_slots)
+    if slot < 0:
+        return
+    rep = tl.load(repetition_ptr + slot)
+    freq = tl.load(frequency_ptr + slot)
+    pres = tl.load(presence_ptr + slot)
+    if (rep == 1.0) & (freq == 0.0) & (pres == 0.0):  # all three off: the row is not read
+        return
+    row_ptr = logits_ptr + t.to(tl.int64) * logits_stride
+    prompt_row = prompt_mask_ptr + slot * prompt_stride
+    output_row = output_mask_ptr + slot * output_stride
+    counts_row = counts_ptr + slot * counts_stride
+    first = tl.program_id(1) * CHUNK_WORDS
+    for i in range(0, CHUNK_WORDS, BLOCK_WORDS):
+        w = first + i + tl.arange(0, BLOCK_WORDS)
+        in_row = w < num_words
+        out_words = tl.load(output_row + w, mask=in_row, other=0)
+        if rep != 1.0:
+            seen_words = out_words | tl.load(prompt_row + w, mask=in_row, other=0)
+        else:  # repetition off: only output tokens change, and the prompt mask is not read
+            seen_words = out_words
+        most = tl.max(_popcount(seen_words), axis=0)  # 0: no token of the block is touched
+        if most > DENSE_POPCOUNT:
+            # Many bits a word: every bit of the [BLOCK_WORDS, 32] tile tested at once (coalesced).
+            bit = tl.arange(0, 32)
+            tok = w[:, None] * 32 + bit[None, :]  # < 2**31: V is an int32 token id range
+            in_vocab = tok < vocab_size
+            seen = (((seen_words[:, None] >> bit[None, :]) & 1) != 0) & in_vocab
+            output = (((out_words[:, None] >> bit[None, :]) & 1) != 0) & in_vocab
+            x = tl.load(row_ptr + tok, mask=seen, other=0.0).to(tl.float32)
+            count = tl.load(counts_row + tok, mask=output, other=0).to(tl.float32)
+            x = _penalized(x, count, output, rep, freq, pres)
+            tl.store(row_ptr + tok, x.to(row_ptr.dtype.element_ty), mask=seen)
+        else:
+            # Few bits a word: the lowest 4 set bits of every word a step, `ceil(most / 4)` steps,
+            # so the work follows the history rather than the 32 bits of a word. The 8 loads of a
+            # step are issued before its stores: their latencies overlap.
+            rest = seen_words
+            for _ in range(0, most, 4):
+                rest, tok0, seen0, out0 = _next_bit(rest, out_words, w, vocab_size)
+                rest, tok1, seen1, out1 = _next_bit(rest, out_words, w, vocab_size)
+                rest, tok2, seen2, out2 = _next_bit(rest, out_words, w, vocab_size)
+                rest, tok3, seen3, out3 = _next_bit(rest, out_words, w, vocab_size)
+                x0 = tl.load(row_ptr + tok0, mask=seen0, other=0.0).to(tl.float32)
+                x1 = tl.load(row_ptr + tok1, mask=seen1, other=0.0).to(tl.float32)
+                x2 = tl.load(row_ptr + tok2, mask=seen2, other=0.0).to(tl.float32)
+                x3 = tl.load(row_ptr + tok3, mask=seen3, other=0.0).to(tl.float32)
+                c0 = tl.load(counts_row + tok0, mask=out0, other=0).to(tl.float32)
+                c1 = tl.load(counts_row + tok1, mask=out1, other=0).to(tl.float32)
+                c2 = tl.load(counts_row + tok2, mask=out2, other=0).to(tl.float32)
+                c3 = tl.load(counts_row + tok3, mask=out3, other=0).to(tl.float32)
+                # Distinct bits of a word are distinct tokens: no store overwrites another's load.
+                dtype = row_ptr.dtype.element_ty
+                tl.store(row_ptr + tok0, _penalized(x0, c0, out0, rep, freq, pres).to(dtype), mask=seen0)
+                tl.store(row_ptr + tok1, _penalized(x1, c1, out1, rep, freq, pres).to(dtype), mask=seen1)
+                tl.store(row_ptr + tok2, _penalized(x2, c2, out2, rep, freq, pres).to(dtype), mask=seen2)
+                tl.store(row_ptr + tok3, _penalized(x3, c3, out3, rep, freq, pres).to(dtype), mask=seen3)
+
+
+@triton.jit
+def _update_output_counts_kernel(counts_ptr, counts_stride, mask_ptr, mask_stride, idx_mapping_ptr, token_ids_ptr,
+                                 num_rows, num_slots, vocab_size, BLOCK_ROWS: tl.constexpr):
+    t = tl.program_id(0) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
+    in_batch = t < num_rows
+    slot = tl.load(idx_mapping_ptr + t, mask=in_batch, other=-1).to(tl.int64)
+    tok = tl.load(token_ids_ptr + t, mask=in_batch, other=-1).to(tl.int64)
+    ok = in_batch & (slot >= 0) & (slot < num_slots) & (tok >= 0) & (tok < vocab_size)
+    slot = tl.where(ok, slot, 0)
+    tok = tl.where(ok, tok, 0)
+    tl.atomic_add(counts_ptr + slot * counts_stride + tok, tl.full([BLOCK_ROWS], 1, tl.int32), mask=ok, sem="relaxed")
+    word_bit = tl.full([BLOCK_ROWS], 1, tl.int32) << (tok & 31).to(tl.int32)
+    tl.atomic_or(mask_ptr + slot * mask_stride + (tok >> 5), word_bit, mask=ok, sem="relaxed")
+
+
+@triton.jit
+def _bad_words_kernel(logits_ptr, logits_stride, idx_mapping_ptr,
+                      ids_ptr, ids_stride, ids_width, offsets_ptr, offsets_stride, max_words, num_words_ptr,
+                      history_ptr, history_stride, history_width, history_lens_ptr, num_slots, vocab_size,
+                      BLOCK_BAD_WORDS: tl.constexpr, BLOCK_PREFIX: tl.constexpr):
+    t = tl.program_id(0)
+    slot = load_slot(idx_mapping_ptr, t, num_slots)
+    if slot < 0:
+        return
+    n_words = tl.minimum(tl.maximum(tl.load(num_words_ptr + slot).to(tl.int64), 0), max_words)
+    hist_len = tl.minimum(tl.maximum(tl.load(history_lens_ptr + t).to(tl.int64), 0), history_width)
+    ids_row = ids_ptr + slot * ids_stride
+    offsets_row = offsets_ptr + slot * offsets_stride
+    history_row = history_ptr + slot * history_stride
+    row_ptr = logits_ptr + t.to(tl.int64) * logits_stride
+    for i in range(0, n_words, BLOCK_BAD_WORDS):
+        k = i + tl.arange(0, BLOCK_BAD_WORDS)
+        listed = k < n_words
+        start = tl.load(offsets_row + k, mask=listed, other=0).to(tl.int64)
+        end = tl.load(offsets_row + k + 1, mask=listed, other=0).to(tl.int64)
+        start = tl.minimum(tl.maximum(start, 0), ids_width)
+        end = tl.minimum(tl.maximum(end, 0), ids_width)
+        prefix = end - start - 1  # tokens to match; < 0 for an empty sequence
+        # A sequence longer than the history + 1 cannot match.
+        live = listed & (prefix >= 0) & (prefix <= hist_len)
+        last = tl.load(ids_row + tl.where(live, end - 1, 0), mask=live, other=-1).to(tl.int64)
+        live = live & (last >= 0) & (last < vocab_size)
+        longest = tl.max(tl.where(live, prefix, 0), axis=0)
+        history_from = hist_len - prefix  # >= 0 where live
+        for j in range(0, longest, BLOCK_PREFIX):
+            p = j + tl.arange(0, BLOCK_PREFIX)
+            compared = live[:, None] & (p[None, :] < prefix[:, None])
+            word_tok = tl.load(ids_row + tl.where(compared, start[:, None] + p[None, :], 0), mask=compared, other=0)
+            hist_tok = tl.load(history_row + tl.where(compared, history_from[:, None] + p[None, :], 0),
+                               mask=compared, other=0)
+            differs = compared & (word_tok.to(tl.int64) != hist_tok.to(tl.int64))
+            live = live & (tl.max(differs.to(tl.int32), axis=1) == 0)
+        tl.store(row_ptr + tl.where(live, last, 0), tl.full([BLOCK_BAD_WORDS], float("-inf"), tl.float32)
+                 .to(row_ptr.dtype.element_ty), mask=live)
+
+
+# ----------------------------------------------------------------------------------------------
+# penalties
+
+
+def _check_penalties(logits, idx_mapping, prompt_mask, output_mask, output_counts, repetition_penalty,
+                     frequency_penalty, presence_penalty) -> None:
+    op = "penalties"
+    T, V = _checks.check_logits(op, logits)
+    dev = logits.device
+    _checks.check_tensor(op, "idx_mapping", idx_mapping, _checks.INDEX_DTYPES, ndim=1, device=dev, shape=(T,))
+    R = _checks.check_slot_vector(op, "repetition_penalty", repetition_penalty, (torch.float32,), dev)
+    for name, t in (("frequency_penalty", frequency_penalty), ("presence_penalty", presence_penalty)):
+        _checks.check_tensor(op, name, t, (torch.float32,), ndim=1, device=dev, shape=(R,))
+    words = mask_words(V)
+    for name, t in (("prompt_mask", prompt_mask), ("output_mask", output_mask)):
+        _checks.check_tensor(op, name, t, (torch.int32,), ndim=2, device=dev, shape=(R, words))
+    _checks.check_tensor(op, "output_counts", output_counts, (torch.int32,), ndim=2, device=dev, shape=(R, V))
+
+
+def _check_penalties_values(logits, idx_mapping, prompt_mask, output_mask, output_counts, repetition_penalty,
+                            frequency_penalty, presence_penalty) -> None:
+    op = "penalties"
+    _checks.check_values(op, "repetition_penalty", torch.isfinite(repetition_penalty) & (repetition_penalty > 0),
+                         "finite values > 0")
+    _checks.check_values(op, "frequency_penalty", torch.isfinite(frequency_penalty), "finite values")
+    _checks.check_values(op, "presence_penalty", torch.isfinite(presence_penalty), "finite values")
+
+
+def _penalties_triton(logits, idx_mapping, prompt_mask, output_mask, output_counts, repetition_penalty,
+                      frequency_penalty, presence_penalty) -> None:
+    T, V = logits.shape
+    if T == 0:
+        return
+    words = mask_words(V)
+    launch(
+        _penalties_kernel, (T, triton.cdiv(words, _CHUNK_WORDS)),
+        logits, logits.stride(0), idx_mapping,
+        prompt_mask, prompt_mask.stride(0), output_mask, output_mask.stride(0), output_counts, output_counts.stride(0),
+        repetition_penalty, frequency_penalty, presence_penalty, repetition_penalty.size(0), V, words,
+        CHUNK_WORDS=_CHUNK_WORDS, BLOCK_WORDS=_BLOCK_WORDS, DENSE_POPCOUNT=_DENSE_POPCOUNT, num_warps=4,
+    )
+
+
+@define_op(
+    mutates_args=("logits",), check=_check_penalties, check_values=_check_penalties_values,
+    triton=_penalties_triton,
+)
+def penalties(
+    logits: torch.Tensor,
+    idx_mapping: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    output_mask: torch.Tensor,
+    output_counts: torch.Tensor,
+    repetition_penalty: torch.Tensor,
+    frequency_penalty: torch.Tensor,
+    presence_penalty: torch.Tensor,
+) -> None:
+    """Applies repetition, frequency and presence penalties in place, to the seen tokens only.
+
+    Per row ``t`` with slot ``r = idx_mapping[t]`` and per token with ``seen`` = its bit in
+    ``prompt_mask[r]`` or in ``output_mask[r]`` and ``c = output_counts[r, token]``:
+
+    1. repetition (``1.0`` is off): if ``seen``, a logit ``> 0`` is divided by the penalty, any other
+       multiplied by it;
+    2. then, if its ``output_mask`` bit is set, ``logit -= fma(frequency, c, presence)`` (``0.0`` is off).
+
+    A token with neither bit set keeps its exact bits (the CUDA kernel never reads or writes it);
+    a token whose output bit is 0 counts 0, whatever ``output_counts`` holds there (the count is
+    read only where the bit is set). A row whose three penalties are off is not read; penalties of
+    ``1.0`` / ``0.0`` change no bit.
+
+    Args:
+        logits: ``[T, V]`` float32/float16/bfloat16, unit column stride (any row stride); modified in place.
+        idx_mapping: ``[T]`` int32/int64, the slot of each row. A row whose slot is outside ``[0, R)`` is untouched.
+        prompt_mask, output_mask: int32 ``[R, ceil(V / 32)]`` token bitmasks (bit ``j`` of word ``w`` is
+            token ``32 * w + j``; bits past ``V`` are ignored).
+        output_counts: int32 ``[R, V]``, how often each token was generated.
+        repetition_penalty: float32 ``[R]``, ``> 0``; frequency_penalty, presence_penalty: float32 ``[R]``
+            (checked with TORCH_SAMPLING_OPS_DEBUG=1).
+
+    Arithmetic is float32 (IEEE division, one fused multiply-add), stored in the logits dtype. NaN stays NaN.
+    """
+
+
+# ----------------------------------------------------------------------------------------------
+# update_output_counts
+
+
+def _check_update_output_counts(output_counts, output_mask, idx_mapping, token_ids) -> None:
+    op = "update_output_counts"
+    _checks.check_tensor(op, "output_counts", output_counts, (torch.int32,), ndim=2, device=None)
+    R, V = output_counts.shape
+    dev = output_counts.device
+    if R < 1 or V < 1:
+        raise ValueError(f"sampling.{op}: 'output_counts' must have R >= 1 slots and V >= 1 tokens, "
+                         f"got shape {tuple(output_counts.shape)}")
+    _checks.check_tensor(op, "output_mask", output_mask, (torch.int32,), ndim=2, device=dev, shape=(R, mask_words(V)),
+                         like="output_counts")
+    _checks.check_tensor(op, "idx_mapping", idx_mapping, _checks.INDEX_DTYPES, ndim=1, device=dev,
+                         like="output_counts")
+    T = idx_mapping.size(0)
+    _checks.check_tensor(op, "token_ids", token_ids, _checks.INDEX_DTYPES, ndim=1, device=dev, shape=(T,),
+                         like="output_counts")
+
+
+def _check_update_output_counts_values(output_counts, output_mask, idx_mapping, token_ids) -> None:
+    V = output_counts.size(1)
+    _checks.check_values("update_output_counts", "token_ids", (token_ids >= -1) & (token_ids < V),
+                         f"token ids in [0, {V}) or -1")
+
+
+def _update_output_counts_triton(output_counts, output_mask, idx_mapping, token_ids) -> None:
+    T = idx_mapping.size(0)
+    if T == 0:
+        return
+    R, V = output_counts.shape
+    launch(
+        _update_output_counts_kernel, (triton.cdiv(T, _BLOCK_ROWS),),
+        output_counts, output_counts.stride(0), output_mask, output_mask.stride(0), idx_mapping, token_ids,
+        T, R, V, BLOCK_ROWS=_BLOCK_ROWS, num_warps=4,
+    )
+
+
+@define_op(
+    mutates_args=("output_counts", "output_mask"), check=_check_update_output_counts,
+    check_values=_check_update_output_counts_values,
+    triton=_update_output_counts_triton,
+)
+def update_output_counts(
+    output_counts: torch.Tensor, output_mask: torch.Tensor, idx_mapping: torch.Tensor, token_ids: torch.Tensor
+) -> None:
+    """Records the tokens generated this step, in place: counts and the output bitmask.
+
+    For every row ``t`` with slot ``r = idx_mapping[t]`` in ``[0, R)`` and ``token_ids[t]`` in
+    ``[0, V)``: ``output_counts[r, token] += 1`` and the token's bit of ``output_mask[r]`` is set.
+    Several rows may name the same slot and token (speculative decoding): each counts. A ``-1`` (a
+    rejected or invalid row) or any id or slot out of range counts nothing. Starting from zeroed
+    state, ``output_mask`` stays equal to ``output_counts > 0``.
+
+    Args:
+        output_counts: int32 ``[R, V]``; modified in place.
+        output_mask: int32 ``[R, ceil(V / 32)]`` token bitmask; modified in place.
+        idx_mapping: ``[T]`` int32/int64, the slot of each row.
+        token_ids: ``[T]`` int32/int64, the token each row generated, or ``-1``.
+    """
+
+
+# ----------------------------------------------------------------------------------------------
+# bad_words
+
+
+def _check_bad_words(logits, idx_mapping, bad_word_ids, bad_word_offsets, num_bad_words, history,
+                     history_lens) -> None:
+    op = "bad_words"
+    T, _ = _checks.check_logits(op, logits)
+    dev = logits.device
+    _checks.check_tensor(op, "idx_mapping", idx_mapping, _checks.INDEX_DTYPES, ndim=1, device=dev, shape=(T,))
+    R = _checks.check_slot_vector(op, "num_bad_words", num_bad_words, _checks.INDEX_DTYPES, dev)
+    _checks.check_tensor(op, "bad_word_ids", bad_word_ids, _checks.INDEX_DTYPES, ndim=2, device=dev, shape=(R, None))
+    _checks.check_tensor(op, "bad_word_offsets", bad_word_offsets, (torch.int32,), ndim=2, device=dev, shape=(R, None))
+    if bad_word_offsets.size(1) < 1:
+        raise ValueError(f"sampling.{op}: 'bad_word_offsets' must have shape (R, N + 1) with N >= 0, "
+                         f"got {tuple(bad_word_offsets.shape)}")
+    _checks.check_tensor(op, "history", history, (torch.int32,), ndim=2, device=dev, shape=(R, None))
+    _checks.check_tensor(op, "history_lens", history_lens, _checks.INDEX_DTYPES, ndim=1, device=dev, shape=(T,))
+
+
+def _check_bad_words_values(logits, idx_mapping, bad_word_ids, bad_word_offsets, num_bad_words, history,
+                            history_lens) -> None:
+    op = "bad_words"
+    W, N, L = bad_word_ids.size(1), bad_word_offsets.size(1) - 1, history.size(1)
+    offsets = bad_word_offsets.long()
+    used = torch.arange(N + 1, device=offsets.device) <= num_bad_words.long().clamp(0, N).unsqueeze(1)
+    ordered = torch.ones_like(used)
+    ordered[:, 1:] = offsets[:, 1:] >= offsets[:, :-1]
+    _checks.check_values(op, "bad_word_offsets", ((offsets >= 0) & (offsets <= W) & ordered) | ~used,
+                         f"non-decreasing offsets in [0, {W}]")
+    _checks.check_values(op, "history_lens", (history_lens >= 0) & (history_lens <= L), f"lengths in [0, {L}]")
+
+
+def _bad_words_triton(logits, idx_mapping, bad_word_ids, bad_word_offsets, num_bad_words, history,
+                      history_lens) -> None:
+    T, V = logits.shape
+    W, N, L = bad_word_ids.size(1), bad_word_offsets.size(1) - 1, history.size(1)
+    if T == 0 or W == 0 or N == 0:  # no sequence can be listed
+        return
+    # An empty history is never read (only one-token sequences can match); any int32 tensor stands in for its pointer.
+    history_arg = history if history.numel() > 0 else bad_word_offsets
+    launch(
+        _bad_words_kernel, (T,),
+        logits, logits.stride(0), idx_mapping,
+        bad_word_ids, bad_word_ids.stride(0), W, bad_word_offsets, bad_word_offsets.stride(0), N, num_bad_words,
+        history_arg, history.stride(0), L, history_lens, num_bad_words.size(0), V,
+        BLOCK_BAD_WORDS=_BLOCK_BAD_WORDS, BLOCK_PREFIX=_BLOCK_PREFIX, num_warps=4,
+    )
+
+
+@define_op(
+    mutates_args=("logits",), check=_check_bad_words, check_values=_check_bad_words_values,
+    triton=_bad_words_triton,
+)
+def bad_words(
+    logits: torch.Tensor,
+    idx_mapping: torch.Tensor,
+    bad_word_ids: torch.Tensor,
+    bad_word_offsets: torch.Tensor,
+    num_bad_words: torch.Tensor,
+    history: torch.Tensor,
+    history_lens: torch.Tensor,
+) -> None:
+    """Bans, in place, the token that would complete a banned sequence (sets it to -inf).
+
+    Slot ``r`` has ``num_bad_words[r]`` sequences; sequence ``i`` is
+    ``bad_word_ids[r, bad_word_offsets[r, i] : bad_word_offsets[r, i + 1]]``. For row ``t`` with slot
+    ``r = idx_mapping[t]``, a sequence of length ``n >= 1`` sets ``logits[t, last token] = -inf``
+    when its first ``n - 1`` tokens equal the last ``n - 1`` tokens of
+    ``history[r, :history_lens[t]]`` (a one-token sequence is always banned; one longer than the
+    history + 1 never matches).
+
+    Args:
+        logits: ``[T, V]`` float32/float16/bfloat16, unit column stride (any row stride); modified in place.
+        idx_mapping: ``[T]`` int32/int64, the slot of each row. A row whose slot is outside ``[0, R)`` is untouched.
+        bad_word_ids: ``[R, W]`` int32/int64, the sequences of each slot back to back.
+        bad_word_offsets: int32 ``[R, N + 1]``, where each sequence starts (and the last one ends).
+        num_bad_words: ``[R]`` int32/int64, sequences per slot, clamped to ``[0, N]``.
+        history: int32 ``[R, L]``, each slot's past tokens (prompt and output).
+        history_lens: ``[T]`` int32/int64, how many of them precede row ``t``, clamped to ``[0, L]``.
+
+    Offsets are clamped to ``[0, W]`` (an end before its start is an empty sequence, which bans
+    nothing); a last token outside ``[0, V)`` is ignored. Nothing is ever read out of bounds.
+    """
