@@ -25,7 +25,7 @@ import torch
 from torch._subclasses.functional_tensor import FunctionalTensorMode
 from torch.library import wrap_triton
 
-from . import _checks
+from . import _checks, _launch
 
 LIB = torch.library.Library("sampling", "DEF")
 
@@ -34,11 +34,12 @@ _trace_triton = False
 
 
 def launch(kernel, grid, *args, **meta) -> None:
-    """Launches a Triton kernel, as a traceable graph node while torch.compile traces the op."""
+    """Launches a Triton kernel, as a traceable graph node while torch.compile traces the op; in eager
+    mode through the launcher cache of `_launch`, which binds each kernel specialisation once."""
     if _trace_triton:
         wrap_triton(kernel)[grid](*args, **meta)
     else:
-        kernel[grid](*args, **meta)
+        _launch.launch(kernel, grid, args, meta)
 
 
 @contextlib.contextmanager
