@@ -67,14 +67,19 @@ def _functional_rule(mode, op, types, args, kwargs):
 
 
 def _cpu_kernel(name: str) -> Callable:
+    kernel = None  # the C++ function, looked up on the first call (the extension may be missing)
+
     def run(*args, **kwargs):
-        try:
-            from . import _C
-        except ImportError as e:
-            raise RuntimeError(
-                "torch_sampling_ops: the C++ CPU kernels are not built; reinstall with "
-                "`pip install --no-build-isolation -e .`") from e
-        return getattr(_C, name)(*args, **kwargs)
+        nonlocal kernel
+        if kernel is None:
+            try:
+                from . import _C
+            except ImportError as e:
+                raise RuntimeError(
+                    "torch_sampling_ops: the C++ CPU kernels are not built; reinstall with "
+                    "`pip install --no-build-isolation -e .`") from e
+            kernel = getattr(_C, name)
+        return kernel(*args, **kwargs)
 
     run.__name__ = "cpu"
     return run
