@@ -5,9 +5,10 @@ here; CUDA runs Triton kernels, CPU runs the C++ kernels of csrc/, and every op 
 implementation for torch.compile. ``torch_sampling_ops.reference`` holds the float64 semantics.
 """
 from . import reference
+from ._warmup import warmup
 from .constraints import apply_token_bitmask, logit_bias
 from .filtering import min_p, temperature
 from .truncation import top_k_top_p
 
-__all__ = ["apply_token_bitmask", "logit_bias", "min_p", "reference", "temperature", "top_k_top_p"]
+__all__ = ["apply_token_bitmask", "logit_bias", "min_p", "reference", "temperature", "top_k_top_p", "warmup"]
 __version__ = "0.1.0"

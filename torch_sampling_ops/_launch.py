@@ -36,7 +36,9 @@ both take the plain path and store equal entries; lookups need no lock.
 """
 from __future__ import annotations
 
+import contextlib
 import os
+import threading
 
 import torch
 
@@ -198,8 +200,28 @@ def _entry(kernel, compiled, nargs: int, meta: dict):
     return (run, compiled.function, packed, tuple(tail), kernel)
 
 
+# Set by `compiling_only` for one thread: its launches compile their kernel and launch nothing.
+_compiling = False
+_compiling_thread: int | None = None
+
+
+@contextlib.contextmanager
+def compiling_only():
+    """In this thread, `launch` compiles (Triton's `run(..., warmup=True)`) instead of launching."""
+    global _compiling, _compiling_thread
+    if _compiling:
+        raise RuntimeError("torch_sampling_ops: compiling_only() is already active")
+    _compiling, _compiling_thread = True, threading.get_ident()
+    try:
+        yield
+    finally:
+        _compiling, _compiling_thread = False, None
+
+
 def launch(kernel, grid, args: tuple, meta: dict):
     """`kernel[grid](*args, **meta)`, through the cached launcher when the specialisation was bound."""
+    if _compiling and _compiling_thread == threading.get_ident():
+        return kernel.run(*args, grid=grid, warmup=True, **meta)
     if not _ENABLED or type(grid) is not tuple or _hooks_installed():
         return kernel[grid](*args, **meta)
     bound = _bind_args(args)
