@@ -40,7 +40,7 @@ def ops_table(T: int, V: int, threads: int, repeats: int) -> str:
     rows = []
     for case in CASES:
         sets = [case.make(T, V, "cpu", seed) for seed in range(N_SETS)]
-        timer = lambda fn, s: median_us(fn, s, repeats)  # noqa: E731
+        timer = lambda fn, s: median_us(fn, s, repeats)
         ours = _time_ours(case, sets, timer)
         base = timer(case.baseline, [[s[0].clone()] + list(s[1:]) for s in sets])
         rows.append([case.name, ours, base, base / ours])
@@ -61,7 +61,7 @@ def call_cost_table(repeats: int) -> str:
     rows = [["x.mul_(1.0)", base, 1.0]]
     for case in CASES:
         inputs = case.make(T, V, "cpu", 0)
-        us = per_call(lambda: case.ours(*inputs))
+        us = per_call(lambda case=case, inputs=inputs: case.ours(*inputs))
         rows.append([case.name, us, us / base])
     return print_table(f"CPU call cost on a [{T}, {V}] input, 1 thread, µs per call (best of {repeats} x 1000 calls)",
                        ["call", "µs", "x mul_"], rows)

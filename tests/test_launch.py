@@ -98,7 +98,7 @@ def test_plain_path_on_every_call(toy, monkeypatch, case):
     if case == "subclass":
         args = (torch.nn.Parameter(x), 100, y)
     elif case == "callable grid":
-        grid = lambda meta: (1,)  # noqa: E731
+        grid = lambda meta: (1,)
     elif case == "keyword argument":
         args, meta = (x, 100), {"y_ptr": y, "BLOCK": 128}
     elif case == "hook":

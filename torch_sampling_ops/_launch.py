@@ -112,7 +112,7 @@ def _make_binder(pattern: tuple):
         else:
             return None
     pointers = "".join(f"    p{i} = a[{i}].data_ptr()\n" for i, t in enumerate(pattern) if t is _Tensor)
-    as_tuple = lambda items: "(" + "".join(f"{x}, " for x in items) + ")"  # noqa: E731
+    as_tuple = lambda items: "(" + "".join(f"{x}, " for x in items) + ")"
     src = f"def bind(a):\n{pointers}    return {as_tuple(tokens)}, {as_tuple(call)}\n"
     namespace: dict = {}
     exec(src, namespace)  # noqa: S102 - generated from the types above only
