@@ -1,5 +1,9 @@
 #include "ops.h"
 
+namespace tso {
+pybind11::object bind_launch_args(const pybind11::tuple& args);  // launch_args.cpp
+}  // namespace tso
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "CPU kernels of torch_sampling_ops";
   m.def("logit_bias", &tso::logit_bias);
@@ -8,4 +12,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("temperature", &tso::temperature);
   m.def("min_p", &tso::min_p);
   m.def("top_k_top_p", &tso::top_k_top_p);
+  m.def("bind_launch_args", &tso::bind_launch_args);
 }

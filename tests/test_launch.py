@@ -16,6 +16,10 @@ def _toy_kernel(x_ptr, n, y_ptr, BLOCK: tl.constexpr, FLAG: tl.constexpr = True)
     pass  # never compiled: the tests replace JITFunction.run
 
 
+class _TensorSubclass(torch.Tensor):
+    pass
+
+
 class _Compiled:
     """What `kernel[grid](...)` returns: a compiled kernel with its launcher."""
 
@@ -25,9 +29,16 @@ class _Compiled:
         self.run = lambda *a: launches.append(a)
 
 
-@pytest.fixture
-def toy(monkeypatch):
-    """A JITFunction whose plain path records its calls, with the cache enabled as on CUDA."""
+@pytest.fixture(params=["native", "python"])
+def toy(monkeypatch, request):
+    """A JITFunction whose plain path records its calls, with the cache enabled as on CUDA, with
+    the C++ argument binder or the Python one."""
+    if request.param == "native":
+        if _launch._native_binder() is None:
+            pytest.skip("the C++ extension is not built")
+        monkeypatch.setattr(_launch, "_bind_args", _launch._native_binder())
+    else:
+        monkeypatch.setattr(_launch, "_bind_args", _launch._bind_args_python)
     kernel = JITFunction(_toy_kernel)
     plain, launches = [], []
 
@@ -74,6 +85,7 @@ def test_new_specialisations_take_the_plain_path_once(toy):
         ((x, 2**40 + 1, y), {"BLOCK": 128}),
         ((x, 2**63 + 16, y), {"BLOCK": 128}),  # uint64
         ((x, 100, None), {"BLOCK": 128}),  # None
+        ((x, 100, y.view(torch.float32)), {"BLOCK": 128}),  # dtype of another pointer
         ((x, 0.5, y), {"BLOCK": 128}),  # float
         ((x, True, y), {"BLOCK": 128}),  # bool
     ]
@@ -96,7 +108,7 @@ def test_plain_path_on_every_call(toy, monkeypatch, case):
     x, y = torch.empty(64), torch.empty(64, dtype=torch.int32)
     args, meta, grid = (x, 100, y), {"BLOCK": 128}, (1,)
     if case == "subclass":
-        args = (torch.nn.Parameter(x), 100, y)
+        args = (x.as_subclass(_TensorSubclass), 100, y)
     elif case == "callable grid":
         grid = lambda meta: (1,)
     elif case == "keyword argument":

@@ -10,11 +10,12 @@ as fine as Triton's specialisation. Later calls with the same key build the key,
 launcher directly with the tensors' data pointers as integers (which the launcher passes through
 without a driver query); on the Triton releases read for it, the C launch function under the
 launcher is called directly (`_direct_launch`). The key of a call is computed by a binder
-generated once per pattern of argument types (`_make_binder`).
+computed in C++ (`bind_launch_args` of the extension, csrc/launch_args.cpp) or, without the
+extension, by a binder generated once per pattern of argument types (`_make_binder`).
 
 The key: the kernel, the current device, `meta` (constexprs and compile options, in call order)
 and per positional argument what Triton specialises on:
-- a tensor: its dtype and whether its data pointer is 16-byte aligned;
+- a tensor: its dtype, its device and whether its data pointer is 16-byte aligned;
 - an int: its type class (int32, int64, uint64 range), whether it equals 1 (specialised to a
   constexpr) and whether it is divisible by 16;
 - a bool, a float, None: their type.
@@ -82,7 +83,7 @@ if _ENABLED:
     _get_stream = torch._C._cuda_getCurrentRawStream
 
 # Per positional argument, a generated binder computes a key token and the launcher argument: a
-# tensor gives (dtype, aligned) and its data pointer; an int a token that separates what Triton
+# tensor gives (dtype, device index, aligned) and its data pointer; an int a token that separates what Triton
 # specialises (== 1, divisible by 16, int32 / int64 / uint64 range) and itself; None, a bool or a
 # float nothing beyond its type, which the type pattern of the call already holds.
 _INT_TOKEN = ("(({a} == 1) + 2 * (not {a} & 15) + 4 * (-2147483648 <= {a} <= 2147483647)"
@@ -102,7 +103,7 @@ def _make_binder(pattern: tuple):
     for i, t in enumerate(pattern):
         a = f"a[{i}]"
         if t is _Tensor:
-            tokens += [f"{a}.dtype", f"not p{i} & 15"]
+            tokens += [f"{a}.dtype", f"{a}.get_device()", f"not p{i} & 15"]
             call.append(f"p{i}")
         elif t is int:
             tokens.append(_INT_TOKEN.format(a=a))
@@ -119,15 +120,28 @@ def _make_binder(pattern: tuple):
     return namespace["bind"]
 
 
-def _bind_args(args: tuple):
-    """(type pattern, key tokens, launcher arguments) of the positional arguments, or None."""
+def _bind_args_python(args: tuple):
+    """(key of the positional arguments, launcher arguments), or None for an unhandled type."""
     pattern = tuple(map(type, args))
     binder = _BINDERS.get(pattern, False)
     if binder is False:
         binder = _BINDERS[pattern] = _make_binder(pattern)
     if binder is None:
         return None
-    return (pattern, *binder(args))
+    tokens, call = binder(args)
+    return (pattern, tokens), call
+
+
+def _native_binder():
+    """The C++ version of _bind_args_python (csrc/launch_args.cpp), if the extension is built."""
+    try:
+        from ._C import bind_launch_args
+    except ImportError:
+        return None
+    return bind_launch_args
+
+
+_bind_args = _native_binder() or _bind_args_python
 
 
 def _hooks_installed() -> bool:
@@ -227,10 +241,10 @@ def launch(kernel, grid, args: tuple, meta: dict):
     bound = _bind_args(args)
     if bound is None:
         return kernel[grid](*args, **meta)
-    pattern, tokens, call = bound
+    args_key, call = bound
     device = _get_device()
     try:
-        key = (id(kernel), device, pattern, tuple(meta.items()), tokens)
+        key = (id(kernel), device, tuple(meta.items()), args_key)
         entry = _BOUND.get(key, False)
     except TypeError:  # an unhashable meta value
         return kernel[grid](*args, **meta)
