@@ -1,6 +1,7 @@
 """Cold start: what the first calls of a process cost in Triton JIT, and what `warmup()` removes.
 
     python benchmarks/bench_cold_start.py [--V 151936] [--max-num-tokens 256] [--out results.md]
+    python benchmarks/bench_cold_start.py --runs 0,1,4   # a subset of the processes below (by index)
 
 Every measurement runs in a fresh subprocess with its own TRITON_CACHE_DIR: empty ("cold") or
 filled by an earlier subprocess ("cache filled"). Measured:
@@ -84,6 +85,7 @@ def main():
     parser.add_argument("--max-num-tokens", type=int, default=256)
     parser.add_argument("--warmup", default="none")
     parser.add_argument("--worker", action="store_true")
+    parser.add_argument("--runs", help="comma-separated indices of the processes to run (default: all)")
     parser.add_argument("--out")
     args = parser.parse_args()
     if args.worker:
@@ -91,16 +93,19 @@ def main():
         return
     from timing import environment, print_table
 
+    processes = [  # (label, warmup, cache dir): the "cache filled" ones reuse an earlier one's cache
+        ("cold, no warmup", "none", "a"),
+        ("cold, warmup serial", "serial", "b"),
+        ("cold, warmup parallel", "parallel", "c"),
+        ("cold, warmup parallel fp32+bf16", "parallel+bf16", "d"),
+        ("cache filled, no warmup", "none", "a"),
+        ("cache filled, warmup parallel", "parallel", "c"),
+    ]
+    if args.runs:
+        processes = [processes[int(i)] for i in args.runs.split(",")]
     runs = {}
     with tempfile.TemporaryDirectory() as root:
-        for label, warmup, cache in [
-            ("cold, no warmup", "none", "a"),
-            ("cold, warmup serial", "serial", "b"),
-            ("cold, warmup parallel", "parallel", "c"),
-            ("cold, warmup parallel fp32+bf16", "parallel+bf16", "d"),
-            ("cache filled, no warmup", "none", "a"),
-            ("cache filled, warmup parallel", "parallel", "c"),
-        ]:
+        for label, warmup, cache in processes:
             runs[label] = run(args.V, args.max_num_tokens, warmup, os.path.join(root, cache))
             print(label, runs[label], flush=True)
     columns = ["warmup"] + [f"{n} T={t} {d}" for n, t, d in FIRST_CALLS]
