@@ -9,9 +9,9 @@ returns the compiled kernel, whose launcher and CUfunction are kept under a key 
 as fine as Triton's specialisation. Later calls with the same key build the key, then call that
 launcher directly with the tensors' data pointers as integers (which the launcher passes through
 without a driver query); on the Triton releases read for it, the C launch function under the
-launcher is called directly (`_direct_launch`). The key of a call is computed by a binder
-computed in C++ (`bind_launch_args` of the extension, csrc/launch_args.cpp) or, without the
-extension, by a binder generated once per pattern of argument types (`_make_binder`).
+launcher is called directly (`_direct_launch`). The key of a call is computed in C++
+(`bind_launch_args` of the extension, csrc/launch_args.cpp) or, without the extension, by a
+Python binder generated once per pattern of argument types (`_make_binder`).
 
 The key: the kernel, the current device, `meta` (constexprs and compile options, in call order)
 and per positional argument what Triton specialises on:
@@ -82,15 +82,15 @@ if _ENABLED:
     _get_device = torch._C._cuda_getDevice
     _get_stream = torch._C._cuda_getCurrentRawStream
 
-# Per positional argument, a generated binder computes a key token and the launcher argument: a
-# tensor gives (dtype, device index, aligned) and its data pointer; an int a token that separates what Triton
-# specialises (== 1, divisible by 16, int32 / int64 / uint64 range) and itself; None, a bool or a
-# float nothing beyond its type, which the type pattern of the call already holds.
+# Per positional argument, a generated binder computes key tokens and the launcher argument: a
+# tensor gives (dtype, device index, aligned) and its data pointer; an int a token that separates
+# what Triton specialises (== 1, divisible by 16, int32 / int64 / uint64 range) and itself; None,
+# a bool or a float nothing beyond its type, which the type pattern of the call already holds.
 _INT_TOKEN = ("(({a} == 1) + 2 * (not {a} & 15) + 4 * (-2147483648 <= {a} <= 2147483647)"
               " + 8 * ({a} > 9223372036854775807))")
 
-# key -> (launcher, CUfunction handle, packed metadata, constexpr values after the positional
-# arguments, the kernel) or _PLAIN: this key always takes the plain path.
+# key -> an `_entry` tuple (launch function, CUfunction handle, packed metadata, constexpr values
+# after the positional arguments, the kernel), or _PLAIN: this key always takes the plain path.
 _BOUND: dict[tuple, tuple | None] = {}
 _PLAIN = None
 # type pattern of the positional arguments -> its binder, or None when a type is not handled.
