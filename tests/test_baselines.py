@@ -9,7 +9,7 @@ import torch
 from torch_sampling_ops import reference
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
-import baselines  # noqa: E402
+import baselines
 
 T, V, R = 6, 3001, 4
 
