@@ -1,5 +1,5 @@
 """Benchmark of the filtering family (temperature, min_p) against the composed-PyTorch baseline
-(torch_sampling_ops.reference in float32) and the bandwidth floor.
+(benchmarks/baselines.py) and the bandwidth floor.
 
     python benchmarks/bench_filtering.py            # GPU tables if CUDA is present, CPU table always
     python benchmarks/bench_filtering.py --out results.md
@@ -13,10 +13,10 @@ traffic per call is the same, since every block is read twice and written whole.
 """
 from __future__ import annotations
 
+import baselines
 import torch
 
 import torch_sampling_ops as tso
-from torch_sampling_ops import reference
 
 from timing import Case, main
 
@@ -30,9 +30,9 @@ def filter_inputs(T, V, device, value, seed=0):
 
 CASES = [
     Case("temperature", lambda T, V, dev, s: filter_inputs(T, V, dev, 1.0, seed=s), tso.temperature,
-         lambda *a: reference.temperature(*a, compute_dtype=torch.float32)),
+         baselines.temperature),
     Case("min_p (0.05)", lambda T, V, dev, s: filter_inputs(T, V, dev, 0.05, seed=s), tso.min_p,
-         lambda *a: reference.min_p(*a, compute_dtype=torch.float32)),
+         baselines.min_p),
 ]
 
 if __name__ == "__main__":

@@ -1,15 +1,16 @@
 """Benchmark of the constraints family (logit_bias, apply_token_bitmask) against the composed-PyTorch
-baseline (torch_sampling_ops.reference in float32) and the bandwidth floor.
+baseline (benchmarks/baselines.py) and the bandwidth floor.
 
     python benchmarks/bench_logit_bias.py            # GPU tables if CUDA is present, CPU table always
     python benchmarks/bench_logit_bias.py --out results.md
 """
 from __future__ import annotations
 
+import baselines
 import torch
 
 import torch_sampling_ops as tso
-from torch_sampling_ops import constraints, reference
+from torch_sampling_ops import constraints
 
 from timing import Case, eager_overhead_us, main, print_table, record
 
@@ -40,18 +41,13 @@ def bitmask_inputs(T, V, device, seed=0):
     return [(torch.randn(T, V, generator=g) * 3).to(device), bitmask.to(device)]
 
 
-def _reference(name):
-    return lambda *a: getattr(reference, name)(*a, compute_dtype=torch.float32)
-
-
 CASES = [
-    Case("logit_bias (1024 allowed, 1024 bias, 8 stops), fp32",
-         lambda T, V, dev, s: logit_bias_inputs(T, V, dev, seed=s), tso.logit_bias, _reference("logit_bias")),
+    Case("logit_bias (1024 allowed, 1024 bias, 8 stops), fp32", lambda T, V, dev, s: logit_bias_inputs(T, V, dev, seed=s),
+         tso.logit_bias, baselines.logit_bias),
     Case("logit_bias (1024 bias, 8 stops, no allowed list), fp32",
-         lambda T, V, dev, s: logit_bias_inputs(T, V, dev, allowed=0, seed=s), tso.logit_bias,
-         _reference("logit_bias")),
+         lambda T, V, dev, s: logit_bias_inputs(T, V, dev, allowed=0, seed=s), tso.logit_bias, baselines.logit_bias),
     Case("apply_token_bitmask, fp32", lambda T, V, dev, s: bitmask_inputs(T, V, dev, seed=s), tso.apply_token_bitmask,
-         _reference("apply_token_bitmask")),
+         baselines.apply_token_bitmask),
 ]
 
 

@@ -1,5 +1,5 @@
 """Benchmark of top_k_top_p against the sort-based composed-PyTorch baseline
-(torch_sampling_ops.reference in float32) and the bandwidth floor.
+(benchmarks/baselines.py) and the bandwidth floor.
 
     python benchmarks/bench_truncation.py [--out results.md] [--cpu-only]
 
@@ -8,10 +8,11 @@ logits (randn * 3) into a work buffer; the copy's own time is measured alone and
 """
 from __future__ import annotations
 
+import baselines
 import torch
 
 import torch_sampling_ops as tso
-from torch_sampling_ops import reference, truncation
+from torch_sampling_ops import truncation
 
 from timing import Case, kernel_breakdown, main, print_table, record
 
@@ -24,7 +25,7 @@ def truncation_inputs(T, V, device, top_k, top_p, seed=0):
 
 def _case(name, top_k, top_p):
     return Case(f"top_k_top_p ({name}), fp32", lambda T, V, dev, s: truncation_inputs(T, V, dev, top_k, top_p, seed=s),
-                tso.top_k_top_p, lambda *a: reference.top_k_top_p(*a, compute_dtype=torch.float32), fresh_logits=True)
+                tso.top_k_top_p, baselines.top_k_top_p, fresh_logits=True)
 
 
 SETTINGS = [("k=50, p=0.9", 50, 0.9), ("p=0.9", 0, 0.9), ("k=50", 50, 1.0)]

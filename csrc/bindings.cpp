@@ -1,5 +1,9 @@
 #include "ops.h"
 
+namespace tso {
+pybind11::object bind_launch_args(const pybind11::tuple& args);  // launch_args.cpp
+}  // namespace tso
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "CPU kernels of torch_sampling_ops";
   m.def("logit_bias", &tso::logit_bias);
@@ -11,4 +15,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("penalties", &tso::penalties);
   m.def("update_output_counts", &tso::update_output_counts);
   m.def("bad_words", &tso::bad_words);
+  m.def("bind_launch_args", &tso::bind_launch_args);
 }

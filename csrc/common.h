@@ -11,8 +11,13 @@
 
 namespace tso {
 
-// Index-like inputs may be int32 or int64; the CPU kernels read them as contiguous int64.
-inline at::Tensor as_int64(const at::Tensor& t) { return t.to(at::kLong).contiguous(); }
+// Index-like inputs may be int32 or int64; the CPU kernels read them as contiguous int64. An int64
+// contiguous input is returned as it is without a round trip through the dispatcher (`to` and
+// `contiguous` would return it too, at the cost of two operator calls).
+inline at::Tensor as_int64(const at::Tensor& t) {
+  if (t.scalar_type() == at::kLong && t.is_contiguous()) return t;
+  return t.to(at::kLong).contiguous();
+}
 
 // A ragged per-slot list: slot r holds ids[r, :clamp(num[r], 0, W)].
 class RaggedList {

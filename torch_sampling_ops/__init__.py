@@ -5,6 +5,7 @@ here; CUDA runs Triton kernels, CPU runs the C++ kernels of csrc/, and every op 
 implementation for torch.compile. ``torch_sampling_ops.reference`` holds the float64 semantics.
 """
 from . import reference, state
+from ._warmup import warmup
 from .constraints import apply_token_bitmask, logit_bias
 from .filtering import min_p, temperature
 from .history import bad_words, penalties, update_output_counts
@@ -12,6 +13,6 @@ from .truncation import top_k_top_p
 
 __all__ = [
     "apply_token_bitmask", "bad_words", "logit_bias", "min_p", "penalties", "reference", "temperature", "top_k_top_p",
-    "state", "update_output_counts",
+    "state", "update_output_counts", "warmup",
 ]
 __version__ = "0.1.0"

@@ -36,7 +36,7 @@ import torch
 from torch._subclasses.functional_tensor import FunctionalTensorMode
 from torch.library import wrap_triton
 
-from . import _checks
+from . import _checks, _launch
 
 LIB = torch.library.Library("sampling", "DEF")
 
@@ -45,11 +45,12 @@ _trace_triton = False
 
 
 def launch(kernel, grid, *args, **meta) -> None:
-    """Launches a Triton kernel, as a traceable graph node while torch.compile traces the op."""
+    """Launches a Triton kernel, as a traceable graph node while torch.compile traces the op; in eager
+    mode through the launcher cache of `_launch`, which binds each kernel specialisation once."""
     if _trace_triton:
         wrap_triton(kernel)[grid](*args, **meta)
     else:
-        kernel[grid](*args, **meta)
+        _launch.launch(kernel, grid, args, meta)
 
 
 @contextlib.contextmanager
@@ -77,14 +78,19 @@ def _functional_rule(mode, op, types, args, kwargs):
 
 
 def _cpu_kernel(name: str) -> Callable:
+    kernel = None  # the C++ function, looked up on the first call (the extension may be missing)
+
     def run(*args, **kwargs):
-        try:
-            from . import _C
-        except ImportError as e:
-            raise RuntimeError(
-                "torch_sampling_ops: the C++ CPU kernels are not built; reinstall with "
-                "`pip install --no-build-isolation -e .`") from e
-        return getattr(_C, name)(*args, **kwargs)
+        nonlocal kernel
+        if kernel is None:
+            try:
+                from . import _C
+            except ImportError as e:
+                raise RuntimeError(
+                    "torch_sampling_ops: the C++ CPU kernels are not built; reinstall with "
+                    "`pip install --no-build-isolation -e .`") from e
+            kernel = getattr(_C, name)
+        return kernel(*args, **kwargs)
 
     run.__name__ = "cpu"
     return run

@@ -1198,15 +1198,23 @@ def _compute_capability(index: int) -> tuple:
     return torch.cuda.get_device_capability(index)
 
 
+@functools.lru_cache(maxsize=4096)
+def _launch_setup(T: int, V: int, pdl: bool) -> tuple:
+    """(segments, workspace words per row, launch plan) of a [T, V] batch, computed once per shape:
+    building the plan costs more host time than a launch."""
+    num_segments = triton.cdiv(V, _SEGMENT)
+    return num_segments, _workspace_words(num_segments), _launch_plan(T, V, pdl)
+
+
 def _top_k_top_p_triton(logits, idx_mapping, top_k, top_p) -> None:
     T, V = logits.shape
     if T == 0:
         return
-    num_segments = triton.cdiv(V, _SEGMENT)
-    ws_stride = _workspace_words(num_segments)
+    setup = _launch_setup if type(T) is int and type(V) is int else _launch_setup.__wrapped__  # SymInts: no cache
+    num_segments, ws_stride, plan = setup(T, V, _uses_pdl(logits.device))
     ws = logits.new_empty((T, ws_stride), dtype=torch.float32)
-    args = (logits, logits.stride(0), idx_mapping, top_k, top_p, ws, ws_stride, top_k.size(0), V, num_segments)
-    for kernel, grid, meta in _launch_plan(T, V, _uses_pdl(logits.device)):
+    args = (logits, logits.stride()[0], idx_mapping, top_k, top_p, ws, ws_stride, top_k.shape[0], V, num_segments)
+    for kernel, grid, meta in plan:
         launch(kernel, grid, *args, **meta)
 
 

@@ -1,0 +1,85 @@
+"""Composed-PyTorch versions of each step, as a competent user writes them (in place, in the logits
+dtype, no float64, no Python loops): the baselines every benchmark compares with.
+
+They follow the op contracts on valid inputs (slots in range, ids in [0, V), counts in [0, W]) and
+skip the corner rules a user would skip too: logit_bias does not restore the stop tokens of a row
+that masking would leave without a finite logit, and duplicated stop ids may race in scatter_.
+"""
+from __future__ import annotations
+
+import torch
+
+
+def _listed(ids: torch.Tensor, num: torch.Tensor, idx_mapping: torch.Tensor):
+    """Per row: the row's slot's ids (int64 [T, W]) and which of them are listed ([T, W] bool)."""
+    slots = idx_mapping.long()
+    ids = ids[slots].long()
+    listed = torch.arange(ids.size(1), device=ids.device) < num[slots].unsqueeze(1)
+    return ids, listed
+
+
+def temperature(logits, idx_mapping, temperature):
+    t = temperature[idx_mapping.long()]
+    logits.div_(torch.where(t == 0, 1.0, t).unsqueeze(1).to(logits.dtype))
+
+
+def min_p(logits, idx_mapping, min_p):
+    threshold = logits.amax(dim=1, keepdim=True).float() + min_p[idx_mapping.long()].log().unsqueeze(1)
+    logits.masked_fill_(logits < threshold, float("-inf"))
+
+
+def top_k_top_p(logits, idx_mapping, top_k, top_p):
+    """The sort-based step of the serving stacks: sort ascending, cut top-k, then top-p on the
+    softmax's cumulative sum, and scatter back."""
+    slots = idx_mapping.long()
+    V = logits.size(1)
+    k = top_k[slots].long()
+    k = torch.where((k <= 0) | (k >= V), V, k)
+    p = top_p[slots]
+    sorted_logits, order = logits.sort(dim=1)
+    kth = sorted_logits.gather(1, (V - k).unsqueeze(1))
+    sorted_logits.masked_fill_(sorted_logits < kth, float("-inf"))
+    cumulative = sorted_logits.softmax(dim=1, dtype=torch.float32).cumsum(dim=1)
+    drop = cumulative <= (1 - p).unsqueeze(1)
+    drop[:, -1] = False
+    sorted_logits.masked_fill_(drop, float("-inf"))
+    logits.scatter_(1, order, sorted_logits)
+
+
+def logit_bias(logits, idx_mapping, output_lens, allowed_ids, num_allowed, bias_ids, bias_values, num_bias,
+               stop_ids, num_stop, min_tokens):
+    """A bool mask scattered from the allowed ids + masked_fill_, scatter_add_ of the bias, and a
+    gather / scatter of the stop ids."""
+    T, V = logits.shape
+    slots = idx_mapping.long()
+    if allowed_ids.size(1) > 0:
+        ids, listed = _listed(allowed_ids, num_allowed, idx_mapping)
+        keep = torch.zeros(T, V + 1, dtype=torch.bool, device=logits.device)  # column V: unlisted entries
+        keep.scatter_(1, torch.where(listed, ids, V), True)
+        keep = keep[:, :V] | (num_allowed[slots] <= 0).unsqueeze(1)
+        logits.masked_fill_(~keep, float("-inf"))
+    if bias_ids.size(1) > 0:
+        ids, listed = _listed(bias_ids, num_bias, idx_mapping)
+        values = torch.where(listed, bias_values[slots], 0.0).to(logits.dtype)
+        logits.scatter_add_(1, torch.where(listed, ids, 0), values)
+    if stop_ids.size(1) > 0:
+        ids, listed = _listed(stop_ids, num_stop, idx_mapping)
+        active = listed & (output_lens < min_tokens[slots]).unsqueeze(1)
+        ids = torch.where(listed, ids, 0)
+        logits.scatter_(1, ids, torch.where(active, float("-inf"), logits.gather(1, ids)))
+
+
+def apply_token_bitmask(logits, bitmask, idx_mapping=None):
+    T, V = logits.shape
+    rows = bitmask if idx_mapping is None else bitmask[idx_mapping.long()]
+    bits = (rows.unsqueeze(2) >> torch.arange(32, device=rows.device, dtype=torch.int32)) & 1
+    logits.masked_fill_(bits.reshape(T, -1)[:, :V] == 0, float("-inf"))
+
+
+BASELINES = {
+    "temperature": temperature,
+    "min_p": min_p,
+    "top_k_top_p": top_k_top_p,
+    "logit_bias": logit_bias,
+    "apply_token_bitmask": apply_token_bitmask,
+}

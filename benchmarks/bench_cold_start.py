@@ -1,0 +1,122 @@
+"""Cold start: what the first calls of a process cost in Triton JIT, and what `warmup()` removes.
+
+    python benchmarks/bench_cold_start.py [--V 151936] [--max-num-tokens 256] [--out results.md]
+    python benchmarks/bench_cold_start.py --runs 0,1,4   # a subset of the processes below (by index)
+
+Every measurement runs in a fresh subprocess with its own TRITON_CACHE_DIR: empty ("cold") or
+filled by an earlier subprocess ("cache filled"). Measured:
+- the first call of each op (fp32, T = 1), then top_k_top_p's first call at T = 256 and in bf16;
+- warmup(V, (fp32,)) serial and on a thread pool, then the same first calls (now loading nothing);
+- warmup(V, (fp32, bf16)) on a thread pool;
+- with the cache filled: warmup() and the first calls without warmup.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def _inputs(name, T, V, dtype):
+    import bench_filtering
+    import bench_logit_bias
+    import bench_truncation
+
+    if name == "temperature":
+        args = bench_filtering.filter_inputs(T, V, "cuda", 1.0)
+    elif name == "min_p":
+        args = bench_filtering.filter_inputs(T, V, "cuda", 0.05)
+    elif name == "top_k_top_p":
+        args = bench_truncation.truncation_inputs(T, V, "cuda", 50, 0.9)
+    elif name == "logit_bias":
+        args = bench_logit_bias.logit_bias_inputs(T, V, "cuda")
+    else:
+        args = bench_logit_bias.bitmask_inputs(T, V, "cuda")
+    args[0] = args[0].to(dtype)
+    return args
+
+
+FIRST_CALLS = [("temperature", 1, "float32"), ("min_p", 1, "float32"), ("apply_token_bitmask", 1, "float32"),
+               ("logit_bias", 1, "float32"), ("top_k_top_p", 1, "float32"), ("top_k_top_p", 256, "float32"),
+               ("top_k_top_p", 1, "bfloat16")]
+
+
+def worker(V: int, max_num_tokens: int, warmup: str) -> dict:
+    """Runs in the subprocess: optional warmup, then the first calls; seconds of each."""
+    import torch
+
+    import torch_sampling_ops as tso
+
+    torch.cuda.init()
+    torch.empty(1, device="cuda")
+    result = {}
+    if warmup != "none":
+        dtypes = (torch.float32, torch.bfloat16) if warmup.endswith("+bf16") else (torch.float32,)
+        start = time.perf_counter()
+        tso.warmup(V, dtypes=dtypes, max_num_tokens=max_num_tokens, parallel=warmup.startswith("parallel"))
+        result["warmup"] = time.perf_counter() - start
+    for name, T, dtype in FIRST_CALLS:
+        args = _inputs(name, T, V, getattr(torch, dtype))
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        getattr(torch.ops.sampling, name)(*args)
+        torch.cuda.synchronize()
+        result[f"{name} T={T} {dtype}"] = time.perf_counter() - start
+    return result
+
+
+def run(V: int, max_num_tokens: int, warmup: str, cache_dir: str) -> dict:
+    env = dict(os.environ, TRITON_CACHE_DIR=cache_dir)
+    env["PYTHONPATH"] = os.pathsep.join([HERE, os.path.dirname(HERE), env.get("PYTHONPATH", "")])
+    out = subprocess.run([sys.executable, __file__, "--worker", "--V", str(V), "--max-num-tokens", str(max_num_tokens),
+                          "--warmup", warmup], env=env, capture_output=True, text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--V", type=int, default=151936)
+    parser.add_argument("--max-num-tokens", type=int, default=256)
+    parser.add_argument("--warmup", default="none")
+    parser.add_argument("--worker", action="store_true")
+    parser.add_argument("--runs", help="comma-separated indices of the processes to run (default: all)")
+    parser.add_argument("--out")
+    args = parser.parse_args()
+    if args.worker:
+        print(json.dumps(worker(args.V, args.max_num_tokens, args.warmup)))
+        return
+    from timing import environment, print_table
+
+    processes = [  # (label, warmup, cache dir): the "cache filled" ones reuse an earlier one's cache
+        ("cold, no warmup", "none", "a"),
+        ("cold, warmup serial", "serial", "b"),
+        ("cold, warmup parallel", "parallel", "c"),
+        ("cold, warmup parallel fp32+bf16", "parallel+bf16", "d"),
+        ("cache filled, no warmup", "none", "a"),
+        ("cache filled, warmup parallel", "parallel", "c"),
+    ]
+    if args.runs:
+        processes = [processes[int(i)] for i in args.runs.split(",")]
+    runs = {}
+    with tempfile.TemporaryDirectory() as root:
+        for label, warmup, cache in processes:
+            runs[label] = run(args.V, args.max_num_tokens, warmup, os.path.join(root, cache))
+            print(label, runs[label], flush=True)
+    columns = ["warmup"] + [f"{n} T={t} {d}" for n, t, d in FIRST_CALLS]
+    rows = [[label] + [r.get(c, float("nan")) for c in columns] for label, r in runs.items()]
+    out = [f"Environment: {environment()}",
+           print_table(f"Cold start, V = {args.V}, max_num_tokens = {args.max_num_tokens}, seconds",
+                       ["process"] + [c.replace(" float32", "").replace("bfloat16", "bf16") for c in columns], rows)]
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write("\n".join(out) + "\n")
+
+
+if __name__ == "__main__":
+    main()

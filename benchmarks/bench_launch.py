@@ -1,0 +1,105 @@
+"""Host cost of the ops' eager calls on the GPU, and eager against CUDA-graph time.
+
+    python benchmarks/bench_launch.py [--out results.md] [--V 151936]
+
+1. Host µs per call (a loop of 2000 calls on a tiny input, wall time per call, synchronised at the
+   end) of: a bare Triton launch of an empty kernel, one of our kernels through `kernel[grid]`, the
+   same kernel through the bound launcher of `_launch`, every op with the launch cache on and off,
+   and `torch.empty` of the workspace sizes the launchers allocate.
+2. Device µs per call of every op (V = 151936 fp32), eager and replayed from a CUDA graph, at
+   T = 1, 32, 256 (`timing.bench_gpu`: do_bench medians rotating over input sets).
+"""
+from __future__ import annotations
+
+import argparse
+import functools
+
+import bench_filtering
+import bench_logit_bias
+import bench_truncation
+import torch
+import triton
+import triton.language as tl
+
+from torch_sampling_ops import _launch, constraints, truncation
+
+from timing import (
+    N_SETS,
+    _time_ours,
+    bench_gpu,
+    eager_overhead_us,
+    environment,
+    print_table,
+)
+
+CASES = bench_filtering.CASES + bench_truncation.CASES + bench_logit_bias.CASES
+
+
+@triton.jit
+def _empty_kernel(x_ptr, n, BLOCK: tl.constexpr):
+    pass
+
+
+def host_cost_table(calls: int = 2000) -> str:
+    rows = []
+    x = torch.empty(16, device="cuda")
+    rows.append(["bare Triton launch, empty kernel (kernel[grid])",
+                 eager_overhead_us(lambda: _empty_kernel[(1,)](x, 16, BLOCK=16), calls)])
+    rows.append(["bare launch, empty kernel, bound launcher (_launch)",
+                 eager_overhead_us(lambda: _launch.launch(_empty_kernel, (1,), (x, 16), {"BLOCK": 16}), calls)])
+    logits, bitmask = bench_logit_bias.bitmask_inputs(1, 1000, "cuda")
+    kernel_args = (logits, logits.stride(0), bitmask, bitmask.stride(0), None, 1, 1000)
+    meta = {"HAS_IDX_MAPPING": False, "BLOCK_V": 4096, "num_warps": 8}
+    rows.append(["_token_bitmask_kernel, kernel[grid]",
+                 eager_overhead_us(lambda: constraints._token_bitmask_kernel[(1, 1)](*kernel_args, **meta), calls)])
+    rows.append(["_token_bitmask_kernel, bound launcher",
+                 eager_overhead_us(lambda: _launch.launch(constraints._token_bitmask_kernel, (1, 1), kernel_args, meta),
+                                   calls)])
+    for case in CASES:
+        inputs = case.make(1, 1000 if "logit_bias" not in case.name else 4096, "cuda", 0)
+        for enabled in (True, False):
+            _launch._ENABLED = enabled and _launch._fast_path_supported()
+            us = eager_overhead_us(lambda case=case, inputs=inputs: case.ours(*inputs), calls)
+            rows.append([f"{case.name}, T = 1, launch cache {'on' if enabled else 'off'}", us])
+    _launch._ENABLED = _launch._fast_path_supported()
+    # The allocations the launchers make per call (caching allocator, warm).
+    V = 151936
+    ws_words = truncation._workspace_words(triton.cdiv(V, truncation._SEGMENT))
+    for T in (1, 256):
+        rows.append([f"torch.empty of top_k_top_p's workspace [{T}, {ws_words}] fp32",
+                     eager_overhead_us(lambda T=T: torch.empty((T, ws_words), device="cuda"), calls)])
+    rows.append(["torch.empty of min_p's partial maxima [1, 38] fp32",
+                 eager_overhead_us(lambda: torch.empty((1, 38), device="cuda"), calls)])
+    return print_table(f"Host cost per eager call (µs; loop of {calls} calls, wall time, tiny inputs)",
+                       ["call", "µs / call"], rows)
+
+
+def eager_vs_graph_table(V: int, Ts=(1, 32, 256)) -> str:
+    rows = []
+    for case in CASES:
+        for T in Ts:
+            sets = [case.make(T, V, "cuda", seed) for seed in range(N_SETS)]
+            eager = _time_ours(case, sets, bench_gpu)
+            graph = _time_ours(case, sets, functools.partial(bench_gpu, graph=True))
+            rows.append([case.name, T, eager, graph, eager - graph])
+            del sets
+    return print_table(f"Eager against CUDA graph, V = {V}, µs per call (median)",
+                       ["op", "T", "eager", "graph", "eager - graph"], rows)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--V", type=int, default=151936)
+    parser.add_argument("--out")
+    args = parser.parse_args()
+    out = [f"Environment: {environment()}; launch cache: {'on' if _launch.enabled() else 'off'}"]
+    print(out[0])
+    out.append(host_cost_table())
+    out.append(eager_vs_graph_table(args.V))
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write("\n".join(out) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,45 @@
+"""The composed-PyTorch baselines of the benchmarks (benchmarks/baselines.py) compute the ops'
+results on valid inputs, so the speed-ups are measured against working code."""
+import os
+import sys
+
+import pytest
+import torch
+
+from torch_sampling_ops import reference
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
+import baselines
+
+T, V, R = 6, 3001, 4
+
+
+def _inputs(name, gen):
+    logits = torch.randn(T, V, generator=gen) * 3
+    idx = torch.randint(0, R, (T,), generator=gen, dtype=torch.int32)
+    if name == "temperature":
+        return [logits, idx, torch.tensor([0.5, 0.0, 2.0, 1.3])]
+    if name == "min_p":
+        return [logits, idx, torch.tensor([0.05, 0.0, 1.0, 0.3])]
+    if name == "top_k_top_p":
+        return [logits, idx, torch.tensor([50, 0, V, 1], dtype=torch.int32), torch.tensor([0.9, 0.5, 1.0, 0.3])]
+    if name == "apply_token_bitmask":
+        bitmask = torch.randint(-2**31, 2**31 - 1, (R, (V + 31) // 32), generator=gen, dtype=torch.int64)
+        return [logits, bitmask.to(torch.int32), idx]
+
+    def ids(width):  # unique ids per slot, so duplicated ids (unspecified order) never occur
+        return torch.stack([torch.randperm(V, generator=gen)[:width] for _ in range(R)]).to(torch.int32)
+
+    counts = torch.tensor([0, 3, 17, 40], dtype=torch.int32)
+    return [logits, idx, torch.randint(0, 6, (T,), generator=gen, dtype=torch.int32),
+            ids(40), counts, ids(40), torch.randn(R, 40, generator=gen), counts.flip(0),
+            ids(8), torch.tensor([8, 0, 3, 5], dtype=torch.int32), torch.tensor([3, 3, 0, 9], dtype=torch.int32)]
+
+
+@pytest.mark.parametrize("name", sorted(baselines.BASELINES))
+def test_baseline_matches_reference(name, gen):
+    args = _inputs(name, gen)
+    expected = getattr(reference, name)(args[0].clone(), *args[1:])
+    got = args[0].clone()
+    baselines.BASELINES[name](got, *args[1:])
+    torch.testing.assert_close(got.double(), expected, atol=1e-5, rtol=1e-5)

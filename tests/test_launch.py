@@ -1,0 +1,216 @@
+"""The eager launch cache (`torch_sampling_ops._launch`): which calls reuse a bound launcher, which
+take Triton's plain path, and (on CUDA) that both paths give the same results, in and out of graphs."""
+import threading
+
+import pytest
+import torch
+import triton
+import triton.language as tl
+from triton.runtime.jit import JITFunction
+
+from torch_sampling_ops import _launch
+
+from conftest import HAS_CUDA
+
+
+def _toy_kernel(x_ptr, n, y_ptr, BLOCK: tl.constexpr, FLAG: tl.constexpr = True):
+    pass  # never compiled: the tests replace JITFunction.run
+
+
+class _TensorSubclass(torch.Tensor):
+    pass
+
+
+class _Compiled:
+    """What `kernel[grid](...)` returns: a compiled kernel with its launcher."""
+
+    def __init__(self, launches):
+        self.function = 0xF00
+        self.packed_metadata = (4, 1, 0)
+        self.run = lambda *a: launches.append(a)
+
+
+@pytest.fixture(params=["native", "python"])
+def toy(monkeypatch, request):
+    """A JITFunction whose plain path records its calls, with the cache enabled as on CUDA, with
+    the C++ argument binder or the Python one."""
+    if request.param == "native":
+        if _launch._native_binder() is None:
+            pytest.skip("the C++ extension is not built")
+        monkeypatch.setattr(_launch, "_bind_args", _launch._native_binder())
+    else:
+        monkeypatch.setattr(_launch, "_bind_args", _launch._bind_args_python)
+    kernel = JITFunction(_toy_kernel)
+    plain, launches = [], []
+
+    def run(*args, grid, warmup, **kwargs):
+        plain.append((grid, args, kwargs))
+        return _Compiled(launches)
+
+    monkeypatch.setattr(kernel, "run", run)
+    monkeypatch.setattr(_launch, "_ENABLED", True)
+    monkeypatch.setattr(_launch, "_get_device", lambda: 0, raising=False)
+    monkeypatch.setattr(_launch, "_get_stream", lambda device: 77, raising=False)
+    monkeypatch.setattr(_launch, "_runtime_knobs", triton.knobs.runtime, raising=False)
+    monkeypatch.setattr(_launch, "_HookChain", getattr(triton.knobs, "HookChain", None), raising=False)
+    monkeypatch.setattr(_launch, "_BOUND", {})
+    return kernel, plain, launches
+
+
+def test_second_call_uses_the_bound_launcher(toy):
+    kernel, plain, launches = toy
+    x, y = torch.empty(64), torch.empty(64, dtype=torch.int32)
+    _launch.launch(kernel, (3, 2), (x, 100, y), {"BLOCK": 128, "num_warps": 4})
+    assert len(plain) == 1 and not launches
+    _launch.launch(kernel, (3, 2), (x, 100, y), {"BLOCK": 128, "num_warps": 4})
+    assert len(plain) == 1
+    # grid padded to 3 dims, current stream, handle, metadata, no launch metadata or hooks, pointers
+    # as integers, then the constexprs (FLAG from its default).
+    assert launches == [(3, 2, 1, 77, 0xF00, (4, 1, 0), None, None, None, x.data_ptr(), 100, y.data_ptr(), 128, True)]
+    assert _launch.cache_size() == 1
+
+
+def test_new_specialisations_take_the_plain_path_once(toy):
+    kernel, plain, launches = toy
+    x = torch.empty(64)
+    y = torch.empty(64, dtype=torch.int32)
+    variants = [
+        ((x, 100, y), {"BLOCK": 128}),
+        ((x, 100, y), {"BLOCK": 256}),  # constexpr
+        ((x, 100, y), {"BLOCK": 128, "num_warps": 8}),  # compile option
+        ((x[1:], 100, y), {"BLOCK": 128}),  # pointer not 16-byte aligned
+        ((x.half(), 100, y), {"BLOCK": 128}),  # dtype
+        ((x, 96, y), {"BLOCK": 128}),  # divisible by 16
+        ((x, 1, y), {"BLOCK": 128}),  # == 1: a constexpr for Triton
+        ((x, 2**40, y), {"BLOCK": 128}),  # int64
+        ((x, 2**40 + 1, y), {"BLOCK": 128}),
+        ((x, 2**63 + 16, y), {"BLOCK": 128}),  # uint64
+        ((x, 100, None), {"BLOCK": 128}),  # None
+        ((x, 100, y.view(torch.float32)), {"BLOCK": 128}),  # dtype of another pointer
+        ((x, 0.5, y), {"BLOCK": 128}),  # float
+        ((x, True, y), {"BLOCK": 128}),  # bool
+    ]
+    for args, meta in variants:
+        _launch.launch(kernel, (1,), args, meta)
+    assert len(plain) == len(variants) and not launches
+    for args, meta in variants:
+        _launch.launch(kernel, (1,), args, meta)
+    assert len(plain) == len(variants) and len(launches) == len(variants)
+    # Same specialisation, other values: the bound launcher with the new values.
+    _launch.launch(kernel, (5,), (x[4:], 113, y), {"BLOCK": 128})
+    assert len(plain) == len(variants)
+    assert launches[-1][:1] == (5,) and launches[-1][9:12] == (x[4:].data_ptr(), 113, y.data_ptr())
+
+
+@pytest.mark.parametrize("case", ["subclass", "callable grid", "keyword argument", "hook", "not a JITFunction",
+                                  "pre-run hook"])
+def test_plain_path_on_every_call(toy, monkeypatch, case):
+    kernel, plain, launches = toy
+    x, y = torch.empty(64), torch.empty(64, dtype=torch.int32)
+    args, meta, grid = (x, 100, y), {"BLOCK": 128}, (1,)
+    if case == "subclass":
+        args = (x.as_subclass(_TensorSubclass), 100, y)
+    elif case == "callable grid":
+        def grid(meta):
+            return (1,)
+    elif case == "keyword argument":
+        args, meta = (x, 100), {"y_ptr": y, "BLOCK": 128}
+    elif case == "hook":
+        monkeypatch.setattr(triton.knobs.runtime, "launch_enter_hook", lambda metadata: None)
+    elif case == "not a JITFunction":
+        jit = kernel
+
+        class Wrapped:
+            def __getitem__(self, grid):
+                return lambda *a, **k: jit.run(*a, grid=grid, warmup=False, **k)
+        kernel = Wrapped()
+    elif case == "pre-run hook":
+        kernel.pre_run_hooks.append(lambda *a, **k: None)
+    for _ in range(3):
+        _launch.launch(kernel, grid, args, meta)
+    assert len(plain) == 3 and not launches
+
+
+def test_concurrent_first_calls(toy):
+    kernel, plain, launches = toy
+    x, y = torch.empty(64), torch.empty(64, dtype=torch.int32)
+    errors = []
+
+    def work():
+        try:
+            for i in range(200):
+                _launch.launch(kernel, (1,), (x, 100 + 16 * (i % 4), y), {"BLOCK": 128})
+        except Exception as e:  # noqa: BLE001
+            errors.append(e)
+
+    threads = [threading.Thread(target=work) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    assert len(plain) + len(launches) == 800 and len(plain) <= 8  # one key, at most a first call per thread
+
+
+def test_disabled_under_the_interpreter():
+    from conftest import INTERPRET
+    if INTERPRET:
+        assert not _launch.enabled()
+
+
+# ----------------------------------------------------------------------------------------------
+# CUDA: the bound launchers against Triton's plain path, op by op.
+
+
+def _op_examples(device, gen):
+    from test_dispatch import EXAMPLES
+    return {name: make(device, gen) for name, make in EXAMPLES.items()}
+
+
+def _logits_copy(logits, aligned: bool):
+    """A copy of logits, starting 16-byte aligned or 4 bytes past (another specialisation)."""
+    T, V = logits.shape
+    shift = 0 if aligned else 4 // logits.element_size()
+    buf = torch.empty(T, V + 8, dtype=logits.dtype, device=logits.device)
+    out = buf[:, shift:shift + V]
+    out.copy_(logits)
+    assert (out.data_ptr() % 16 == 0) == aligned
+    return out
+
+
+def _run_all(examples, graph: bool, aligned: bool):
+    outs = {}
+    for name, args in examples.items():
+        args = [_logits_copy(args[0], aligned)] + [a.clone() if isinstance(a, torch.Tensor) else a for a in args[1:]]
+        op = getattr(torch.ops.sampling, name)
+        if graph:
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                op(*args)
+            g.replay()
+        else:
+            op(*args)
+        outs[name] = args[0]
+    torch.cuda.synchronize()
+    return outs
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
+@pytest.mark.parametrize("graph", [False, True], ids=["eager", "graph"])
+@pytest.mark.parametrize("aligned", [True, False], ids=["aligned", "misaligned"])
+def test_bound_launch_matches_plain_launch(monkeypatch, gen, graph, aligned):
+    assert _launch.enabled()
+    examples = _op_examples(torch.device("cuda"), gen)
+    with monkeypatch.context() as m:
+        m.setattr(_launch, "_ENABLED", False)
+        expected = _run_all(examples, graph=False, aligned=aligned)
+    _launch.clear_cache()
+    first = _run_all(examples, graph=False, aligned=aligned)  # binds each specialisation
+    bound = _launch.cache_size()
+    assert bound > 0
+    again = _run_all(examples, graph=graph, aligned=aligned)  # through the bound launchers
+    assert _launch.cache_size() == bound
+    for name in examples:
+        assert torch.equal(first[name], expected[name]), name
+        assert torch.equal(again[name], expected[name]), name

@@ -1,0 +1,77 @@
+"""torch_sampling_ops.warmup: it reaches every kernel variant the ops launch, and (on CUDA) the ops
+then compile nothing more."""
+import pytest
+import torch
+from triton.runtime.jit import JITFunction
+
+import torch_sampling_ops
+from torch_sampling_ops import _launch, _warmup, constraints, filtering, truncation
+
+from conftest import HAS_CUDA, INTERPRET
+
+
+def _record_launches(monkeypatch):
+    launched = []
+    monkeypatch.setattr(_launch, "launch", lambda kernel, grid, args, meta: launched.append((kernel, meta)))
+    return launched
+
+
+def test_warmup_is_a_no_op_without_a_gpu_compiler():
+    if INTERPRET or not HAS_CUDA:
+        assert torch_sampling_ops.warmup(1000, device="cpu")["calls"] == 0
+
+
+def test_warmup_covers_every_top_k_top_p_variant(monkeypatch):
+    launched = _record_launches(monkeypatch)
+    V = 1000
+    _warmup._launch_all(V, (torch.float32, torch.bfloat16), 256, torch.device("cpu"), 4, torch.int32, ((8, 6, 3),))
+    seen = {(kernel, tuple(sorted(meta.items()))) for kernel, meta in launched}
+    for kernel, meta in truncation._compiled_kernels(V, pdl=False):
+        assert (kernel, tuple(sorted(meta.items()))) in seen, kernel
+    kernels = {kernel for kernel, _ in launched}
+    for module in (constraints, filtering, truncation):
+        for name, obj in vars(module).items():
+            if name.endswith("_kernel") and hasattr(obj, "run"):
+                assert obj in kernels, f"warmup never launches {name}"
+
+
+def test_small_batches_skip_large_batch_variants(monkeypatch):
+    rows = _warmup._truncation_row_counts(1000, 8, pdl=False)
+    assert rows == [1]
+    rows = _warmup._truncation_row_counts(1000, 1024, pdl=False)
+    assert rows[0] == 1 and len(rows) == len(set(rows)) >= 3
+
+
+def _all_kernels():
+    return [obj for module in (constraints, filtering, truncation) for obj in vars(module).values()
+            if isinstance(obj, JITFunction)]
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
+@pytest.mark.parametrize("parallel", [False, True], ids=["serial", "parallel"])
+def test_after_warmup_the_ops_compile_nothing(gen, parallel):
+    from test_constraints import logit_bias_state
+
+    V, R, dtype = 3000 + (1 if parallel else 0), 4, torch.float16
+    info = torch_sampling_ops.warmup(V, dtypes=(dtype,), max_num_tokens=300, num_slots=R,
+                                     index_dtype=torch.int32, logit_bias_widths=((8, 6, 3),), parallel=parallel)
+    assert info["calls"] > 0
+    device = torch.cuda.current_device()
+    cached = {k: len(k.device_caches[device][0]) for k in _all_kernels()}
+    for T in (1, 31, 40, 130, 200, 300):
+        logits = torch.randn(T, V, device="cuda", dtype=dtype)
+        idx = torch.randint(0, R, (T,), device="cuda", dtype=torch.int32)
+        torch_sampling_ops.temperature(logits, idx, torch.rand(R, device="cuda") + 0.5)
+        torch_sampling_ops.min_p(logits, idx, torch.full((R,), 0.05, device="cuda"))
+        bitmask = torch.full((R, (V + 31) // 32), -1, dtype=torch.int32, device="cuda")
+        torch_sampling_ops.apply_token_bitmask(logits, bitmask, idx)
+        torch_sampling_ops.apply_token_bitmask(logits, bitmask[:1].expand(T, -1).contiguous())
+        state = logit_bias_state(T, V, R, gen, allowed_w=8, bias_w=6, stop_w=3)
+        state = [s.to(device="cuda", dtype=torch.int32 if not s.is_floating_point() else s.dtype) for s in state]
+        torch_sampling_ops.logit_bias(logits, *state)
+        torch_sampling_ops.top_k_top_p(logits, idx, torch.full((R,), 20, dtype=torch.int32, device="cuda"),
+                                       torch.full((R,), 0.9, device="cuda"))
+    torch.cuda.synchronize()
+    after = {k: len(k.device_caches[device][0]) for k in _all_kernels()}
+    assert after == cached, {k.fn.__name__: (cached[k], after[k]) for k in after if after[k] != cached[k]}

@@ -1,0 +1,276 @@
+"""Eager launches of Triton kernels at a small host cost.
+
+`kernel[grid](*args, **meta)` binds every argument again on each call: Triton specialises each
+argument, builds a cache key from the specialisation and the options (a string of the options
+dict), checks the kernel's globals, builds launch metadata for the launch hooks, and its launcher
+asks the driver to validate every pointer argument. Here each kernel specialisation is bound once:
+the first call of a specialisation goes through `kernel[grid]`, which compiles (or loads) it and
+returns the compiled kernel, whose launcher and CUfunction are kept under a key that is at least
+as fine as Triton's specialisation. Later calls with the same key build the key, then call that
+launcher directly with the tensors' data pointers as integers (which the launcher passes through
+without a driver query); on the Triton releases read for it, the C launch function under the
+launcher is called directly (`_direct_launch`). The key of a call is computed in C++
+(`bind_launch_args` of the extension, csrc/launch_args.cpp) or, without the extension, by a
+Python binder generated once per pattern of argument types (`_make_binder`).
+
+The key: the kernel, the current device, `meta` (constexprs and compile options, in call order)
+and per positional argument what Triton specialises on:
+- a tensor: its dtype, its device and whether its data pointer is 16-byte aligned;
+- an int: its type class (int32, int64, uint64 range), whether it equals 1 (specialised to a
+  constexpr) and whether it is divisible by 16;
+- a bool, a float, None: their type.
+
+Anything else takes the plain `kernel[grid](...)` path on every call: a kernel that is not a
+`triton.JITFunction` (TRITON_INTERPRET=1 gives `InterpretedFunction`s; autotuners), an argument
+type outside the list above (tensor subclasses included), a callable grid, a non-constexpr
+parameter passed by keyword, pre-run hooks, launch enter/exit hooks installed in
+`triton.knobs.runtime` (a profiler), and a Triton version outside the verified range
+(`_VERIFIED_TRITON`, whose `CompiledKernel.run` launchers take `(grid x, y, z, stream, function,
+packed metadata, launch metadata, enter hook, exit hook, *all parameters)`).
+TORCH_SAMPLING_OPS_FAST_LAUNCH=0 turns the cache off.
+
+Like Triton, the launch goes to the current device's current stream, so it is captured by
+`torch.cuda.graph`. Global knobs that Triton reads on each call (`knobs.runtime.debug`, the
+instrumentation mode) are assumed not to change after a specialisation's first launch, and the
+kernels' globals not to be reassigned. The cache is a dict: concurrent first calls of one key may
+both take the plain path and store equal entries; lookups need no lock.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+
+import torch
+
+try:
+    import triton
+    from triton import knobs as _knobs
+    from triton.runtime.jit import JITFunction
+except ImportError:  # pragma: no cover - triton is a dependency; guard the fast path only
+    triton = None
+
+# Triton releases whose JITFunction.run / CompiledKernel.run / launcher signatures were read.
+_VERIFIED_TRITON = ((3, 6), (3, 9))
+
+
+def _triton_version() -> tuple[int, int] | None:
+    try:
+        major, minor = triton.__version__.split(".")[:2]
+        return int(major), int(minor)
+    except (AttributeError, ValueError):
+        return None
+
+
+def _fast_path_supported() -> bool:
+    if triton is None or os.environ.get("TORCH_SAMPLING_OPS_FAST_LAUNCH", "1") == "0":
+        return False
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        return False
+    version = _triton_version()
+    if version is None or not (_VERIFIED_TRITON[0] <= version <= _VERIFIED_TRITON[1]):
+        return False
+    runtime = getattr(_knobs, "runtime", None)
+    return runtime is not None and hasattr(torch._C, "_cuda_getDevice") and hasattr(torch._C, "_cuda_getCurrentRawStream")
+
+
+_ENABLED = _fast_path_supported()
+_Tensor = torch.Tensor
+if _ENABLED:
+    _runtime_knobs = _knobs.runtime
+    _HookChain = getattr(_knobs, "HookChain", None)
+    _get_device = torch._C._cuda_getDevice
+    _get_stream = torch._C._cuda_getCurrentRawStream
+
+# Per positional argument, a generated binder computes key tokens and the launcher argument: a
+# tensor gives (dtype, device index, aligned) and its data pointer; an int a token that separates
+# what Triton specialises (== 1, divisible by 16, int32 / int64 / uint64 range) and itself; None,
+# a bool or a float nothing beyond its type, which the type pattern of the call already holds.
+_INT_TOKEN = ("(({a} == 1) + 2 * (not {a} & 15) + 4 * (-2147483648 <= {a} <= 2147483647)"
+              " + 8 * ({a} > 9223372036854775807))")
+
+# key -> an `_entry` tuple (launch function, CUfunction handle, packed metadata, constexpr values
+# after the positional arguments, the kernel), or _PLAIN: this key always takes the plain path.
+_BOUND: dict[tuple, tuple | None] = {}
+_PLAIN = None
+# type pattern of the positional arguments -> its binder, or None when a type is not handled.
+_BINDERS: dict[tuple, object] = {}
+
+
+def _make_binder(pattern: tuple):
+    """A function args -> (key tokens, launcher arguments) for arguments of these exact types."""
+    tokens, call = [], []
+    for i, t in enumerate(pattern):
+        a = f"a[{i}]"
+        if t is _Tensor:
+            tokens += [f"{a}.dtype", f"{a}.get_device()", f"not p{i} & 15"]
+            call.append(f"p{i}")
+        elif t is int:
+            tokens.append(_INT_TOKEN.format(a=a))
+            call.append(a)
+        elif t is type(None) or t is bool or t is float:
+            call.append(a)
+        else:
+            return None
+    pointers = "".join(f"    p{i} = a[{i}].data_ptr()\n" for i, t in enumerate(pattern) if t is _Tensor)
+    def as_tuple(items):
+        return "(" + "".join(f"{x}, " for x in items) + ")"
+
+    src = f"def bind(a):\n{pointers}    return {as_tuple(tokens)}, {as_tuple(call)}\n"
+    namespace: dict = {}
+    exec(src, namespace)  # noqa: S102 - generated from the types above only
+    return namespace["bind"]
+
+
+def _bind_args_python(args: tuple):
+    """(key of the positional arguments, launcher arguments), or None for an unhandled type."""
+    pattern = tuple(map(type, args))
+    binder = _BINDERS.get(pattern, False)
+    if binder is False:
+        binder = _BINDERS[pattern] = _make_binder(pattern)
+    if binder is None:
+        return None
+    tokens, call = binder(args)
+    return (pattern, tokens), call
+
+
+def _native_binder():
+    """The C++ version of _bind_args_python (csrc/launch_args.cpp), if the extension is built."""
+    try:
+        from ._C import bind_launch_args
+    except ImportError:
+        return None
+    return bind_launch_args
+
+
+_bind_args = _native_binder() or _bind_args_python
+
+
+def _hooks_installed() -> bool:
+    """Whether Triton's launch enter/exit hooks are set (then only the plain path calls them)."""
+    for hook in (_runtime_knobs.launch_enter_hook, _runtime_knobs.launch_exit_hook):
+        if hook is None:
+            continue
+        if _HookChain is not None and type(hook) is _HookChain and not hook.calls:
+            continue
+        return True
+    return False
+
+
+def _direct_launch(launcher, version):
+    """A function (grid x, y, z, stream, function, packed metadata, arguments) that calls the C
+    launch function under `launcher` itself, skipping the Python `CudaLauncher.__call__` (which
+    only allocates Triton's global and profile scratch, none here); None for another launcher."""
+    if type(launcher).__name__ != "CudaLauncher" or getattr(launcher, "global_scratch_size", 1) != 0:
+        return None
+    if getattr(launcher, "profile_scratch_size", 1) != 0:
+        return None
+    c_launch = launcher.launch
+    coop, pdl = launcher.launch_cooperative_grid, launcher.launch_pdl
+    if version == (3, 6):
+        # CudaLauncher.__call__: launch(gx, gy, gz, stream, function, coop, pdl, global scratch,
+        # profile scratch, packed metadata, launch metadata, enter hook, exit hook, *arguments)
+        def direct(gx, gy, gz, stream, function, packed, args):
+            c_launch(gx, gy, gz, stream, function, coop, pdl, None, None, packed, None, None, None, *args)
+        return direct
+    if version == (3, 9) and not getattr(launcher, "gsan_enabled", True):
+        # launch(gx, gy, gz, stream, function, coop, pdl, packed metadata, launch metadata, enter
+        # hook, exit hook, global scratch, profile scratch, annotations, kernel signature, arguments)
+        annotations, signature = launcher.arg_annotations, launcher.kernel_signature
+
+        def direct(gx, gy, gz, stream, function, packed, args):
+            c_launch(gx, gy, gz, stream, function, coop, pdl, packed, None, None, None, None, None, annotations,
+                     signature, args)
+        return direct
+    return None
+
+
+def _entry(kernel, compiled, nargs: int, meta: dict):
+    """The cache entry for `compiled`, the kernel `kernel[grid](*args, **meta)` launched, or _PLAIN:
+    (launch(gx, gy, gz, stream, function, packed metadata, arguments), function, packed metadata,
+    constexpr values after the positional arguments, the kernel)."""
+    if not isinstance(kernel, JITFunction) or kernel.pre_run_hooks:
+        return _PLAIN
+    if compiled is None or getattr(compiled, "function", None) is None:
+        return _PLAIN
+    try:
+        launcher = compiled.run
+        packed = compiled.packed_metadata
+    except AttributeError:
+        return _PLAIN
+    tail = []
+    for param in kernel.params[nargs:]:
+        if not param.is_constexpr:  # a runtime argument by keyword: not kept in the key
+            return _PLAIN
+        name = param.name
+        if name in meta:
+            tail.append(meta[name])
+        elif param.has_default:
+            tail.append(param.default)
+        else:
+            return _PLAIN
+    run = _direct_launch(launcher, _triton_version())
+    if run is None:
+        def run(gx, gy, gz, stream, function, packed, args):
+            launcher(gx, gy, gz, stream, function, packed, None, None, None, *args)
+    return (run, compiled.function, packed, tuple(tail), kernel)
+
+
+# Set by `compiling_only` for one thread: its launches compile their kernel and launch nothing.
+_compiling = False
+_compiling_thread: int | None = None
+
+
+@contextlib.contextmanager
+def compiling_only():
+    """In this thread, `launch` compiles (Triton's `run(..., warmup=True)`) instead of launching."""
+    global _compiling, _compiling_thread
+    if _compiling:
+        raise RuntimeError("torch_sampling_ops: compiling_only() is already active")
+    _compiling, _compiling_thread = True, threading.get_ident()
+    try:
+        yield
+    finally:
+        _compiling, _compiling_thread = False, None
+
+
+def launch(kernel, grid, args: tuple, meta: dict):
+    """`kernel[grid](*args, **meta)`, through the cached launcher when the specialisation was bound."""
+    if _compiling and _compiling_thread == threading.get_ident():
+        return kernel.run(*args, grid=grid, warmup=True, **meta)
+    if not _ENABLED or type(grid) is not tuple or _hooks_installed():
+        return kernel[grid](*args, **meta)
+    bound = _bind_args(args)
+    if bound is None:
+        return kernel[grid](*args, **meta)
+    args_key, call = bound
+    device = _get_device()
+    try:
+        key = (id(kernel), device, tuple(meta.items()), args_key)
+        entry = _BOUND.get(key, False)
+    except TypeError:  # an unhashable meta value
+        return kernel[grid](*args, **meta)
+    if entry is False:  # first call of this specialisation: Triton compiles or loads it
+        compiled = kernel[grid](*args, **meta)
+        _BOUND[key] = _entry(kernel, compiled, len(args), meta)
+        return compiled
+    if entry is _PLAIN:
+        return kernel[grid](*args, **meta)
+    run, function, packed, tail, _ = entry
+    n = len(grid)
+    run(grid[0], grid[1] if n > 1 else 1, grid[2] if n > 2 else 1, _get_stream(device), function, packed, call + tail)
+    return None
+
+
+def enabled() -> bool:
+    """Whether launches go through the cache (CUDA, a verified Triton, not interpreting)."""
+    return _ENABLED
+
+
+def cache_size() -> int:
+    """Bound specialisations (for tests and benchmarks)."""
+    return sum(entry is not _PLAIN for entry in _BOUND.values())
+
+
+def clear_cache() -> None:
+    _BOUND.clear()

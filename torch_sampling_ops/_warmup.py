@@ -1,0 +1,110 @@
+"""`warmup`: compiles, before the first request, every Triton kernel variant the ops will launch.
+
+The variants of a kernel are its constexprs and compile options (which depend on the batch size
+for top_k_top_p, see `truncation._launch_plan`, and on the list widths for logit_bias) and Triton's
+specialisation of its arguments: the logits dtype, the index dtype, whether each int argument is 1
+or divisible by 16 (the vocabulary size, the row stride, the number of request slots R) and whether
+each pointer is 16-byte aligned. `warmup` runs each op's launcher on uninitialised tensors of the
+given shapes under `_launch.compiling_only()`, so every launch compiles (or loads from Triton's
+cache) without running anything; with `parallel`, Triton compiles the variants on a thread pool
+(`triton.AsyncCompileMode`).
+"""
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+
+import torch
+import triton
+
+from . import _launch, _registry, truncation
+
+
+def _truncation_row_counts(vocab_size: int, max_num_tokens: int, pdl: bool) -> list[int]:
+    """One batch size per distinct launch plan of top_k_top_p for T in [1, max_num_tokens]."""
+    seen, rows = set(), []
+    for T in range(1, max_num_tokens + 1):
+        plan = tuple((kernel, tuple(sorted(meta.items()))) for kernel, _, meta in
+                     truncation._launch_plan(T, vocab_size, pdl))
+        if plan not in seen:
+            seen.add(plan)
+            rows.append(T)
+    return rows
+
+
+def _launch_all(vocab_size, dtypes, max_num_tokens, device, num_slots, index_dtype, logit_bias_widths) -> int:
+    """Runs every launcher once per variant (under compiling_only); returns the number of op calls."""
+    V, R = vocab_size, num_slots
+    words = (V + 31) // 32
+    run = _registry.triton_impl
+
+    def empty(*shape, dtype=index_dtype):
+        return torch.empty(shape, dtype=dtype, device=device)
+
+    calls = 0
+    pdl = truncation._uses_pdl(device)
+    for dtype in dtypes:
+        one = empty(1, V, dtype=dtype)
+        run("temperature")(one, empty(1), empty(R, dtype=torch.float32))
+        run("min_p")(one, empty(1), empty(R, dtype=torch.float32))
+        run("apply_token_bitmask")(one, empty(R, words, dtype=torch.int32), empty(1))
+        run("apply_token_bitmask")(one, empty(1, words, dtype=torch.int32), None)
+        calls += 4
+        for allowed_w, bias_w, stop_w in logit_bias_widths:
+            run("logit_bias")(one, empty(1), empty(1), empty(R, allowed_w), empty(R), empty(R, bias_w),
+                              empty(R, bias_w, dtype=torch.float32), empty(R), empty(R, stop_w), empty(R),
+                              empty(R, dtype=torch.int32))
+            calls += 1
+        for T in _truncation_row_counts(V, max_num_tokens, pdl):
+            run("top_k_top_p")(empty(T, V, dtype=dtype), empty(T), empty(R, dtype=torch.int32),
+                               empty(R, dtype=torch.float32))
+            calls += 1
+    return calls
+
+
+def warmup(
+    vocab_size: int,
+    dtypes: Sequence[torch.dtype] = (torch.float32,),
+    max_num_tokens: int = 256,
+    device: torch.device | str | None = None,
+    *,
+    num_slots: int | None = None,
+    index_dtype: torch.dtype = torch.int32,
+    logit_bias_widths: Sequence[tuple[int, int, int]] = ((1024, 1024, 128),),
+    parallel: bool = True,
+) -> dict:
+    """Compiles every Triton kernel variant the ops launch for this vocabulary, so that a server pays
+    Triton's JIT (or its disk cache load) before its first request. Launches nothing.
+
+    Args:
+        vocab_size: V, the logits width (contiguous logits rows: row stride V).
+        dtypes: the logits dtypes that will be used.
+        max_num_tokens: the largest batch (rows T) of one call; top_k_top_p picks its launch plan by T.
+        device: the CUDA device (default: the current one).
+        num_slots: R, the number of request slots of the per-slot tensors (default: max_num_tokens;
+            Triton compiles R == 1 apart from R > 1).
+        index_dtype: the dtype of idx_mapping and of the logit_bias lists and counts.
+        logit_bias_widths: (allowed, bias, stop) list widths W of the logit_bias calls to prepare.
+        parallel: compile the variants on a thread pool.
+
+    Returns ``{"seconds": wall time, "calls": op calls made}``. On the CPU, or under the Triton
+    interpreter (which compiles nothing), it returns at once with ``calls == 0``.
+    """
+    device = torch.device("cuda" if device is None else device)
+    if device.type != "cuda" or os.environ.get("TRITON_INTERPRET") == "1":
+        return {"seconds": 0.0, "calls": 0}
+    if device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    num_slots = max_num_tokens if num_slots is None else num_slots
+    start = time.perf_counter()
+    args = (vocab_size, tuple(dtypes), max_num_tokens, device, num_slots, index_dtype, tuple(logit_bias_widths))
+    with torch.cuda.device(device), _launch.compiling_only():
+        if parallel and hasattr(triton, "AsyncCompileMode"):
+            workers = max(1, min(16, os.cpu_count() or 1))
+            with ThreadPoolExecutor(max_workers=workers) as pool, triton.AsyncCompileMode(pool):
+                calls = _launch_all(*args)
+        else:
+            calls = _launch_all(*args)
+    return {"seconds": time.perf_counter() - start, "calls": calls}
