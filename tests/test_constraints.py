@@ -214,10 +214,14 @@ MIN_TOKENS_CASES = {
 
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("case", list(MIN_TOKENS_CASES))
-def test_min_tokens_decides_over_the_whole_row(backend, case, gen):
+@pytest.mark.parametrize("stop_width", ["short", "long"])
+def test_min_tokens_decides_over_the_whole_row(backend, case, stop_width, gen):
     """Stops are masked only if a finite non-stop token is left anywhere in the row, after the allowed list and
-    the bias, wherever in the row (and in which chunk) that token and the stops lie."""
+    the bias, wherever in the row (and in which chunk) that token and the stops lie. A long stop list (padded
+    with ids out of range) takes the kernels' path for many stops."""
     allowed, bias, values, stops, finite, survive = MIN_TOKENS_CASES[case]
+    if stop_width == "long":
+        stops = stops + [-1, V_CHUNKS] * 40
     T, V = 2, V_CHUNKS
     logits = make_logits(T, V, torch.float32, device_of(backend), generator=gen)
     if finite is not None:

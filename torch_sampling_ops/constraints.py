@@ -16,10 +16,11 @@ that other threads of the program wrote earlier bypass L1 (`.cg`):
    -inf, the allowed logits written back. Every listed token then holds its value after step 1.
 2. bias: every biased logit is read (plus its bias) before any is written, so a duplicated id gets
    one of its biases.
-3. min tokens (if active): the stop logits are saved and set to -inf; then a finite logit is looked
-   for among the allowed tokens (with an allowed list every other token is -inf or NaN) or else
-   along the row (the scan stops at the first one, usually in the first block). If there is none,
-   the saved stop logits are written back.
+3. min tokens (if active): a finite logit of a token that is not a stop is looked for among the
+   allowed tokens (with an allowed list every other token is -inf or NaN) or else along the row
+   (the scan stops at the first one, usually in the first block); only if one is found are the
+   stops set to -inf. A short stop list is compared against the scanned tokens; a long one is
+   instead set to -inf before the scan (values saved) and written back if nothing is found.
 Fill program: the listed ids of its chunk are OR-ed into a bit scratch (zeroed first); then -inf is
 stored to every token whose bit is clear (a write-only pass).
 Lists longer than one register block stage their values in a [T, W] scratch row instead.
@@ -45,6 +46,7 @@ _MAX_CHUNK_BLOCKS = 8 if _INTERPRET else 4  # a fill program's chunk: at most th
 # Chunks shrink (down to one block) until a launch has about this many fill programs.
 _FILL_PROGRAMS = 4 if _INTERPRET else 1024
 _MAX_BLOCK_IDS = 64 if _INTERPRET else 2048  # list ids one program holds in registers
+_FEW_STOPS = 32  # stop lists up to this width are compared against the scanned tokens (one compare an entry)
 
 
 def _ids_block(width: int) -> int:
@@ -105,27 +107,40 @@ def _mark_listed(words_ptr, ids_ptr, n, lo, hi, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _any_finite_listed(row_ptr, ids_ptr, n, vocab_size, BLOCK: tl.constexpr):
-    """1 if a listed token of the row holds a finite logit (NaN is not), else 0; stops at the first block with one."""
+def _is_listed(ids, list_ptr, n):
+    """Whether each of `ids` is among list[:n] (a short list: one compare per entry)."""
+    hit = tl.zeros(ids.shape, tl.int1)
+    for j in range(0, n):
+        hit |= ids == tl.load(list_ptr + j)
+    return hit
+
+
+@triton.jit
+def _any_finite_listed(row_ptr, ids_ptr, n, vocab_size, except_ptr, n_except, BLOCK: tl.constexpr):
+    """1 if a listed token of the row that is not in except[:n_except] holds a finite logit (NaN is not),
+    else 0; stops at the first block with one."""
     found = 0
     i = 0
     while (found == 0) & (i < n):
         ids, ok = _load_listed(ids_ptr, i + tl.arange(0, BLOCK), n, 0, vocab_size)
         vals = tl.load(row_ptr + ids, mask=ok, other=float("-inf"), cache_modifier=".cg").to(tl.float32)
-        found = tl.max((tl.abs(vals) < float("inf")).to(tl.int32), axis=0)
+        finite = (tl.abs(vals) < float("inf")) & ~_is_listed(ids, except_ptr, n_except)
+        found = tl.max(finite.to(tl.int32), axis=0)
         i += BLOCK
     return found
 
 
 @triton.jit
-def _any_finite_in_row(row_ptr, vocab_size, BLOCK_V: tl.constexpr):
-    """1 if the row holds a finite logit (NaN is not), else 0; stops at the first block with one."""
+def _any_finite_in_row(row_ptr, vocab_size, except_ptr, n_except, BLOCK_V: tl.constexpr):
+    """1 if a token of the row that is not in except[:n_except] holds a finite logit (NaN is not), else 0;
+    stops at the first block with one."""
     found = 0
     v0 = 0
     while (found == 0) & (v0 < vocab_size):
         offs = v0 + tl.arange(0, BLOCK_V)
         vals = tl.load(row_ptr + offs, mask=offs < vocab_size, other=float("-inf"), cache_modifier=".cg")
-        found = tl.max((tl.abs(vals.to(tl.float32)) < float("inf")).to(tl.int32), axis=0)
+        finite = (tl.abs(vals.to(tl.float32)) < float("inf")) & ~_is_listed(offs, except_ptr, n_except)
+        found = tl.max(finite.to(tl.int32), axis=0)
         v0 += BLOCK_V
     return found
 
@@ -135,12 +150,24 @@ def _apply_lists(
     row_ptr, t, slot, output_lens_ptr,
     allowed_ptr, n_allowed, bias_ids_ptr, bias_values_ptr, n_bias, stop_ptr, n_stop, min_tokens_ptr,
     scratch_row, vocab_size,
-    HAS_ALLOWED: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_STOP: tl.constexpr,
+    HAS_ALLOWED: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_STOP: tl.constexpr, FEW_STOPS: tl.constexpr,
     ALLOWED_IN_REGISTERS: tl.constexpr, BIAS_IN_REGISTERS: tl.constexpr, STOP_IN_REGISTERS: tl.constexpr,
     BLOCK_V: tl.constexpr, BLOCK_ALLOWED: tl.constexpr, BLOCK_BIAS: tl.constexpr, BLOCK_STOP: tl.constexpr,
 ):
     """The list program of a row: steps 1 to 3 on the listed tokens (see the module docstring)."""
     dtype = row_ptr.dtype.element_ty
+    neg_inf_stops = tl.full([BLOCK_STOP], float("-inf"), dtype)
+    # Lists held in registers are loaded once, up front.
+    if HAS_BIAS:
+        if BIAS_IN_REGISTERS:
+            b_k = tl.arange(0, BLOCK_BIAS)
+            b_ids, b_ok = _load_listed(bias_ids_ptr, b_k, n_bias, 0, vocab_size)
+            b_add = tl.load(bias_values_ptr + b_k, mask=b_ok, other=0.0)
+    if HAS_STOP:
+        if STOP_IN_REGISTERS:
+            s_ids, s_ok = _load_listed(stop_ptr, tl.arange(0, BLOCK_STOP), n_stop, 0, vocab_size)
+
+    # Step 1: every listed token gets its value after the allowed list.
     if HAS_ALLOWED:
         if n_allowed > 0:
             if ALLOWED_IN_REGISTERS:
@@ -151,9 +178,15 @@ def _apply_lists(
                              BLOCK_ALLOWED, False)
             tl.debug_barrier()
             if HAS_BIAS:
-                _write_listed(row_ptr, bias_ids_ptr, n_bias, 0, vocab_size, scratch_row, BLOCK_BIAS, True)
+                if BIAS_IN_REGISTERS:
+                    tl.store(row_ptr + b_ids, tl.full([BLOCK_BIAS], float("-inf"), dtype), mask=b_ok)
+                else:
+                    _write_listed(row_ptr, bias_ids_ptr, n_bias, 0, vocab_size, scratch_row, BLOCK_BIAS, True)
             if HAS_STOP:
-                _write_listed(row_ptr, stop_ptr, n_stop, 0, vocab_size, scratch_row, BLOCK_STOP, True)
+                if STOP_IN_REGISTERS:
+                    tl.store(row_ptr + s_ids, neg_inf_stops, mask=s_ok)
+                else:
+                    _write_listed(row_ptr, stop_ptr, n_stop, 0, vocab_size, scratch_row, BLOCK_STOP, True)
             tl.debug_barrier()  # an allowed bias or stop token: the -inf above is overwritten below
             if ALLOWED_IN_REGISTERS:
                 tl.store(row_ptr + a_ids, a_vals, mask=a_ok)
@@ -161,12 +194,10 @@ def _apply_lists(
                 _write_listed(row_ptr, allowed_ptr, n_allowed, 0, vocab_size, scratch_row, BLOCK_ALLOWED, False)
             tl.debug_barrier()
 
+    # Step 2: bias.
     if HAS_BIAS:
         if BIAS_IN_REGISTERS:
-            k = tl.arange(0, BLOCK_BIAS)
-            b_ids, b_ok = _load_listed(bias_ids_ptr, k, n_bias, 0, vocab_size)
-            biased = tl.load(row_ptr + b_ids, mask=b_ok, cache_modifier=".cg").to(tl.float32)
-            biased += tl.load(bias_values_ptr + k, mask=b_ok, other=0.0)
+            biased = tl.load(row_ptr + b_ids, mask=b_ok, cache_modifier=".cg").to(tl.float32) + b_add
             tl.debug_barrier()  # every biased logit is read before any is written
             tl.store(row_ptr + b_ids, biased.to(dtype), mask=b_ok)
         else:
@@ -175,28 +206,38 @@ def _apply_lists(
             _write_listed(row_ptr, bias_ids_ptr, n_bias, 0, vocab_size, scratch_row, BLOCK_BIAS, False)
         tl.debug_barrier()
 
+    # Step 3: min tokens. A short stop list is compared against the tokens scanned for a finite logit,
+    # and the stops are masked once one is found; a long one is masked first (values saved), the scan
+    # then skips nothing, and the stops get their values back if none is found.
     if HAS_STOP:
         if (n_stop > 0) & (tl.load(output_lens_ptr + t).to(tl.int64) < tl.load(min_tokens_ptr + slot).to(tl.int64)):
-            if STOP_IN_REGISTERS:
-                s_ids, s_ok = _load_listed(stop_ptr, tl.arange(0, BLOCK_STOP), n_stop, 0, vocab_size)
-                saved = tl.load(row_ptr + s_ids, mask=s_ok, cache_modifier=".cg")
-                tl.debug_barrier()  # a duplicated stop id must not save another thread's -inf
-                tl.store(row_ptr + s_ids, tl.full([BLOCK_STOP], float("-inf"), dtype), mask=s_ok)
+            n_except = 0
+            if FEW_STOPS:
+                n_except = n_stop
             else:
-                _save_listed(row_ptr, stop_ptr, n_stop, 0, vocab_size, scratch_row, scratch_row, BLOCK_STOP, False)
-                tl.debug_barrier()
-                _write_listed(row_ptr, stop_ptr, n_stop, 0, vocab_size, scratch_row, BLOCK_STOP, True)
-            tl.debug_barrier()
-            if n_allowed > 0:  # every unlisted token is -inf, every other listed token -inf or NaN
-                found = _any_finite_listed(row_ptr, allowed_ptr, n_allowed, vocab_size, BLOCK_ALLOWED)
-            else:
-                found = _any_finite_in_row(row_ptr, vocab_size, BLOCK_V)
-            if found == 0:  # masking the stops would leave no finite logit: they keep their values
-                tl.debug_barrier()
                 if STOP_IN_REGISTERS:
-                    tl.store(row_ptr + s_ids, saved, mask=s_ok)
+                    saved = tl.load(row_ptr + s_ids, mask=s_ok, cache_modifier=".cg")
+                    tl.debug_barrier()  # a duplicated stop id must not save another thread's -inf
+                    tl.store(row_ptr + s_ids, neg_inf_stops, mask=s_ok)
                 else:
-                    _write_listed(row_ptr, stop_ptr, n_stop, 0, vocab_size, scratch_row, BLOCK_STOP, False)
+                    _save_listed(row_ptr, stop_ptr, n_stop, 0, vocab_size, scratch_row, scratch_row, BLOCK_STOP, False)
+                    tl.debug_barrier()
+                    _write_listed(row_ptr, stop_ptr, n_stop, 0, vocab_size, scratch_row, BLOCK_STOP, True)
+                tl.debug_barrier()
+            if n_allowed > 0:  # every unlisted token is -inf, every other listed token -inf or NaN
+                found = _any_finite_listed(row_ptr, allowed_ptr, n_allowed, vocab_size, stop_ptr, n_except, BLOCK_ALLOWED)
+            else:
+                found = _any_finite_in_row(row_ptr, vocab_size, stop_ptr, n_except, BLOCK_V)
+            tl.debug_barrier()  # the scan's loads come before the stores below
+            if FEW_STOPS:
+                if found != 0:
+                    tl.store(row_ptr + s_ids, neg_inf_stops, mask=s_ok)
+            else:
+                if found == 0:  # masking the stops would leave no finite logit: they keep their values
+                    if STOP_IN_REGISTERS:
+                        tl.store(row_ptr + s_ids, saved, mask=s_ok)
+                    else:
+                        _write_listed(row_ptr, stop_ptr, n_stop, 0, vocab_size, scratch_row, BLOCK_STOP, False)
 
 
 @triton.jit
@@ -232,7 +273,8 @@ def _logit_bias_kernel(
     bias_ids_ptr, bias_ids_stride, bias_values_ptr, bias_values_stride, num_bias_ptr, max_bias,
     stop_ids_ptr, stop_stride, num_stop_ptr, max_stop, min_tokens_ptr,
     bits_ptr, chunk_v, scratch_ptr, scratch_stride, num_slots, vocab_size,
-    HAS_ALLOWED: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_STOP: tl.constexpr, STAGED: tl.constexpr,
+    HAS_ALLOWED: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_STOP: tl.constexpr, FEW_STOPS: tl.constexpr,
+    STAGED: tl.constexpr,
     ALLOWED_IN_REGISTERS: tl.constexpr, BIAS_IN_REGISTERS: tl.constexpr, STOP_IN_REGISTERS: tl.constexpr,
     BLOCK_V: tl.constexpr, BLOCK_ALLOWED: tl.constexpr, BLOCK_BIAS: tl.constexpr, BLOCK_STOP: tl.constexpr,
 ):
@@ -263,8 +305,8 @@ def _logit_bias_kernel(
                 allowed_ptr, n_allowed, ids_ptr, bias_values_ptr + slot * bias_values_stride, n_bias,
                 stop_ptr, n_stop, min_tokens_ptr,
                 scratch_row, vocab_size,
-                HAS_ALLOWED, HAS_BIAS, HAS_STOP, ALLOWED_IN_REGISTERS, BIAS_IN_REGISTERS, STOP_IN_REGISTERS,
-                BLOCK_V, BLOCK_ALLOWED, BLOCK_BIAS, BLOCK_STOP,
+                HAS_ALLOWED, HAS_BIAS, HAS_STOP, FEW_STOPS, ALLOWED_IN_REGISTERS, BIAS_IN_REGISTERS,
+                STOP_IN_REGISTERS, BLOCK_V, BLOCK_ALLOWED, BLOCK_BIAS, BLOCK_STOP,
             )
         elif HAS_ALLOWED:
             if n_allowed > 0:
@@ -348,7 +390,8 @@ def _logit_bias_triton(logits, idx_mapping, output_lens, allowed_ids, num_allowe
         bias_ids, bias_ids.stride(0), bias_values, bias_values.stride(0), num_bias, bias_w,
         stop_ids, stop_ids.stride(0), num_stop, stop_w, min_tokens,
         bits, chunk_v, scratch, staged_w, R, V,
-        HAS_ALLOWED=allowed_w > 0, HAS_BIAS=bias_w > 0, HAS_STOP=stop_w > 0, STAGED=staged_w > 0,
+        HAS_ALLOWED=allowed_w > 0, HAS_BIAS=bias_w > 0, HAS_STOP=stop_w > 0,
+        FEW_STOPS=stop_w <= _FEW_STOPS, STAGED=staged_w > 0,
         ALLOWED_IN_REGISTERS=allowed_w <= _MAX_BLOCK_IDS, BIAS_IN_REGISTERS=bias_w <= _MAX_BLOCK_IDS,
         STOP_IN_REGISTERS=stop_w <= _MAX_BLOCK_IDS,
         BLOCK_V=_LB_BLOCK_V, BLOCK_ALLOWED=_ids_block(allowed_w), BLOCK_BIAS=_ids_block(bias_w),
