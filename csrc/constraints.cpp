@@ -26,39 +26,53 @@ class IndexView {
   int64_t row_stride_, elem_stride_;
 };
 
-// A ragged per-slot list read in place: slot r holds ids[r, :clamp(num[r], 0, W)]; the count is
-// clamped in 64 bits. `gather` copies a slot's in-range ids to int64 (out-of-range ids dropped).
+// A ragged per-slot list read in place: slot r holds ids[r, :clamp(num[r], 0, W)], the count
+// clamped in 64 bits. `visit(r, f)` calls f(ids, n) with the slot's ids as an int32 or int64 pointer.
 class ListView {
  public:
-  ListView(const at::Tensor& ids, const at::Tensor& num) : ids_(ids), num_(num), width_(ids.size(1)) {}
+  ListView(const at::Tensor& ids, const at::Tensor& num)
+      : data_(ids.data_ptr()), is64_(ids.scalar_type() == at::kLong), stride_(ids.stride(0)),
+        num_(num), width_(ids.size(1)) {}
   int64_t size(int64_t slot) const { return std::clamp<int64_t>(num_[slot], 0, width_); }
+  template <typename F>
+  void visit(int64_t slot, F&& f) const {
+    if (is64_) {
+      f(static_cast<const int64_t*>(data_) + slot * stride_, size(slot));
+    } else {
+      f(static_cast<const int32_t*>(data_) + slot * stride_, size(slot));
+    }
+  }
+  // The slot's ids in [0, vocab), as int64.
   void gather(int64_t slot, int64_t vocab, std::vector<int64_t>& out) const {
-    const int64_t n = size(slot);
     out.clear();
-    for (int64_t i = 0; i < n; ++i) {
-      const int64_t id = ids_.at(slot, i);
-      if (id >= 0 && id < vocab) out.push_back(id);
-    }
-  }
-  // As gather, with the list's value of each kept id.
-  void gather(int64_t slot, int64_t vocab, const float* values, std::vector<int64_t>& out,
-              std::vector<float>& out_values) const {
-    const int64_t n = size(slot);
-    out.clear();
-    out_values.clear();
-    for (int64_t i = 0; i < n; ++i) {
-      const int64_t id = ids_.at(slot, i);
-      if (id >= 0 && id < vocab) {
-        out.push_back(id);
-        out_values.push_back(values[i]);
+    visit(slot, [&](const auto* ids, int64_t n) {
+      for (int64_t i = 0; i < n; ++i) {
+        if (in_vocab(ids[i], vocab)) out.push_back(ids[i]);
       }
-    }
+    });
   }
+  template <typename I>
+  static bool in_vocab(I id, int64_t vocab) { return static_cast<uint64_t>(id) < static_cast<uint64_t>(vocab); }
 
  private:
-  IndexView ids_, num_;
+  const void* data_;
+  bool is64_;
+  int64_t stride_;
+  IndexView num_;
   int64_t width_;
 };
+
+// Ids ahead of the current one whose logits are prefetched: the listed tokens lie scattered over a
+// row, and each load is otherwise a cache miss the loop waits on.
+constexpr int64_t kPrefetchAhead = 16;
+
+template <typename scalar_t, typename I>
+inline void prefetch_listed(const scalar_t* row, const I* ids, int64_t i, int64_t n, int64_t vocab) {
+  if (i + kPrefetchAhead < n) {
+    const I id = ids[i + kPrefetchAhead];
+    __builtin_prefetch(row + (ListView::in_vocab(id, vocab) ? static_cast<int64_t>(id) : 0), 1);
+  }
+}
 
 template <typename scalar_t>
 bool any_finite(const scalar_t* row, const std::vector<int64_t>& ids) {
@@ -94,7 +108,7 @@ void logit_bias_kernel(at::Tensor& logits, const IndexView& slots, const IndexVi
   const int64_t min_stride = min_tokens.stride(0);
 
   at::parallel_for(0, T, 1, [&](int64_t begin, int64_t end) {
-    std::vector<int64_t> allowed_ids, bias_ids, stop_ids;
+    std::vector<int64_t> allowed_ids, stop_ids;
     std::vector<scalar_t> saved;
     std::vector<float> biased;
     for (int64_t t = begin; t < end; ++t) {
@@ -102,18 +116,31 @@ void logit_bias_kernel(at::Tensor& logits, const IndexView& slots, const IndexVi
       if (r < 0 || r >= R) continue;
       scalar_t* row = base + t * row_stride;
 
-      allowed.gather(r, V, allowed_ids);
       const bool restricted = allowed.size(r) > 0;
       if (restricted) {
-        saved.resize(allowed_ids.size());
-        for (size_t i = 0; i < allowed_ids.size(); ++i) saved[i] = row[allowed_ids[i]];
+        allowed.gather(r, V, allowed_ids);
+        const int64_t n = static_cast<int64_t>(allowed_ids.size());
+        saved.resize(n);
+        for (int64_t i = 0; i < n; ++i) {
+          prefetch_listed(row, allowed_ids.data(), i, n, V);
+          saved[i] = row[allowed_ids[i]];
+        }
         std::fill(row, row + V, static_cast<scalar_t>(kNegInf));
-        for (size_t i = 0; i < allowed_ids.size(); ++i) row[allowed_ids[i]] = saved[i];
+        for (int64_t i = 0; i < n; ++i) row[allowed_ids[i]] = saved[i];
       }
 
-      bias.gather(r, V, bias_p + r * bias_stride, bias_ids, biased);
-      for (size_t i = 0; i < bias_ids.size(); ++i) biased[i] += static_cast<float>(row[bias_ids[i]]);
-      for (size_t i = 0; i < bias_ids.size(); ++i) row[bias_ids[i]] = static_cast<scalar_t>(biased[i]);
+      bias.visit(r, [&](const auto* ids, int64_t n) {
+        const float* values = bias_p + r * bias_stride;
+        biased.resize(n);
+        for (int64_t i = 0; i < n; ++i) {
+          prefetch_listed(row, ids, i, n, V);
+          const int64_t id = ListView::in_vocab(ids[i], V) ? static_cast<int64_t>(ids[i]) : -1;
+          biased[i] = id >= 0 ? static_cast<float>(row[id]) + values[i] : 0.0f;
+        }
+        for (int64_t i = 0; i < n; ++i) {
+          if (ListView::in_vocab(ids[i], V)) row[ids[i]] = static_cast<scalar_t>(biased[i]);
+        }
+      });
 
       if (stop.size(r) > 0 && output_lens[t] < min_p[r * min_stride]) {
         stop.gather(r, V, stop_ids);
