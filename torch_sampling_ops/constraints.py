@@ -6,7 +6,7 @@ allowed list, one fill program per chunk of the row.
 Ownership (the invariant that makes the launch free of cross-program hazards): in a row with an
 allowed list, the list program alone reads and writes the listed tokens (allowed, bias and stop
 ids, each in range); a fill program writes -inf to every other token of its chunk and reads no
-logit. In a row without an allowed list there are no fill programs, and the list program alone
+logit. In a row without an allowed list the fill programs exit at once and the list program alone
 touches the row. So no program ever reads a token that another program writes, and the
 row-wide question of min-tokens is answered by the one program that owns every token it reads.
 
