@@ -167,32 +167,33 @@ def _apply_lists(
         if STOP_IN_REGISTERS:
             s_ids, s_ok = _load_listed(stop_ptr, tl.arange(0, BLOCK_STOP), n_stop, 0, vocab_size)
 
-    # Step 1: every listed token gets its value after the allowed list.
+    # Step 1: every listed token gets its value after the allowed list (the allowed ones already hold it).
     if HAS_ALLOWED:
-        if n_allowed > 0:
-            if ALLOWED_IN_REGISTERS:
-                a_ids, a_ok = _load_listed(allowed_ptr, tl.arange(0, BLOCK_ALLOWED), n_allowed, 0, vocab_size)
-                a_vals = tl.load(row_ptr + a_ids, mask=a_ok)
-            else:
-                _save_listed(row_ptr, allowed_ptr, n_allowed, 0, vocab_size, scratch_row, scratch_row,
-                             BLOCK_ALLOWED, False)
-            tl.debug_barrier()
-            if HAS_BIAS:
-                if BIAS_IN_REGISTERS:
-                    tl.store(row_ptr + b_ids, tl.full([BLOCK_BIAS], float("-inf"), dtype), mask=b_ok)
+        if HAS_BIAS or HAS_STOP:
+            if n_allowed > 0:
+                if ALLOWED_IN_REGISTERS:
+                    a_ids, a_ok = _load_listed(allowed_ptr, tl.arange(0, BLOCK_ALLOWED), n_allowed, 0, vocab_size)
+                    a_vals = tl.load(row_ptr + a_ids, mask=a_ok)
                 else:
-                    _write_listed(row_ptr, bias_ids_ptr, n_bias, 0, vocab_size, scratch_row, BLOCK_BIAS, True)
-            if HAS_STOP:
-                if STOP_IN_REGISTERS:
-                    tl.store(row_ptr + s_ids, neg_inf_stops, mask=s_ok)
+                    _save_listed(row_ptr, allowed_ptr, n_allowed, 0, vocab_size, scratch_row, scratch_row,
+                                 BLOCK_ALLOWED, False)
+                tl.debug_barrier()
+                if HAS_BIAS:
+                    if BIAS_IN_REGISTERS:
+                        tl.store(row_ptr + b_ids, tl.full([BLOCK_BIAS], float("-inf"), dtype), mask=b_ok)
+                    else:
+                        _write_listed(row_ptr, bias_ids_ptr, n_bias, 0, vocab_size, scratch_row, BLOCK_BIAS, True)
+                if HAS_STOP:
+                    if STOP_IN_REGISTERS:
+                        tl.store(row_ptr + s_ids, neg_inf_stops, mask=s_ok)
+                    else:
+                        _write_listed(row_ptr, stop_ptr, n_stop, 0, vocab_size, scratch_row, BLOCK_STOP, True)
+                tl.debug_barrier()  # an allowed bias or stop token: the -inf above is overwritten below
+                if ALLOWED_IN_REGISTERS:
+                    tl.store(row_ptr + a_ids, a_vals, mask=a_ok)
                 else:
-                    _write_listed(row_ptr, stop_ptr, n_stop, 0, vocab_size, scratch_row, BLOCK_STOP, True)
-            tl.debug_barrier()  # an allowed bias or stop token: the -inf above is overwritten below
-            if ALLOWED_IN_REGISTERS:
-                tl.store(row_ptr + a_ids, a_vals, mask=a_ok)
-            else:
-                _write_listed(row_ptr, allowed_ptr, n_allowed, 0, vocab_size, scratch_row, BLOCK_ALLOWED, False)
-            tl.debug_barrier()
+                    _write_listed(row_ptr, allowed_ptr, n_allowed, 0, vocab_size, scratch_row, BLOCK_ALLOWED, False)
+                tl.debug_barrier()
 
     # Step 2: bias.
     if HAS_BIAS:
