@@ -3,86 +3,154 @@
 #include "ops.h"
 
 #include <cstring>
+#include <vector>
 #include <type_traits>
 
 namespace tso {
 namespace {
 
-// Marks listed ids in a per-thread byte map over the vocabulary and clears them again, so the
-// map is reused across the rows a thread handles.
-class TokenMarks {
+// An int32 or int64 index tensor read in place (no int64 copy): 1-D, or 2-D with unit last stride.
+class IndexView {
  public:
-  explicit TokenMarks(int64_t vocab) : marks_(vocab, 0) {}
-  void set(const int64_t* ids, int64_t n, uint8_t value) {
-    const int64_t vocab = static_cast<int64_t>(marks_.size());
-    for (int64_t i = 0; i < n; ++i) {
-      if (ids[i] >= 0 && ids[i] < vocab) marks_[ids[i]] = value;
-    }
+  explicit IndexView(const at::Tensor& t)
+      : data_(t.data_ptr()), is64_(t.scalar_type() == at::kLong),
+        row_stride_(t.dim() == 2 ? t.stride(0) : 0), elem_stride_(t.dim() == 1 ? t.stride(0) : 1) {}
+  int64_t operator[](int64_t i) const { return at(0, i); }
+  int64_t at(int64_t row, int64_t i) const {
+    const int64_t k = row * row_stride_ + i * elem_stride_;
+    return is64_ ? static_cast<const int64_t*>(data_)[k] : static_cast<const int32_t*>(data_)[k];
   }
-  bool operator[](int64_t j) const { return marks_[j] != 0; }
 
  private:
-  std::vector<uint8_t> marks_;
+  const void* data_;
+  bool is64_;
+  int64_t row_stride_, elem_stride_;
 };
 
+// A ragged per-slot list read in place: slot r holds ids[r, :clamp(num[r], 0, W)], the count
+// clamped in 64 bits. `visit(r, f)` calls f(ids, n) with the slot's ids as an int32 or int64 pointer.
+class ListView {
+ public:
+  ListView(const at::Tensor& ids, const at::Tensor& num)
+      : data_(ids.data_ptr()), is64_(ids.scalar_type() == at::kLong), stride_(ids.stride(0)),
+        num_(num), width_(ids.size(1)) {}
+  int64_t size(int64_t slot) const { return std::clamp<int64_t>(num_[slot], 0, width_); }
+  template <typename F>
+  void visit(int64_t slot, F&& f) const {
+    if (is64_) {
+      f(static_cast<const int64_t*>(data_) + slot * stride_, size(slot));
+    } else {
+      f(static_cast<const int32_t*>(data_) + slot * stride_, size(slot));
+    }
+  }
+  // The slot's ids in [0, vocab), as int64.
+  void gather(int64_t slot, int64_t vocab, std::vector<int64_t>& out) const {
+    out.clear();
+    visit(slot, [&](const auto* ids, int64_t n) {
+      for (int64_t i = 0; i < n; ++i) {
+        if (in_vocab(ids[i], vocab)) out.push_back(ids[i]);
+      }
+    });
+  }
+  template <typename I>
+  static bool in_vocab(I id, int64_t vocab) { return static_cast<uint64_t>(id) < static_cast<uint64_t>(vocab); }
+
+ private:
+  const void* data_;
+  bool is64_;
+  int64_t stride_;
+  IndexView num_;
+  int64_t width_;
+};
+
+// Ids ahead of the current one whose logits are prefetched: the listed tokens lie scattered over a
+// row, and each load is otherwise a cache miss the loop waits on.
+constexpr int64_t kPrefetchAhead = 16;
+
+template <typename scalar_t, typename I>
+inline void prefetch_listed(const scalar_t* row, const I* ids, int64_t i, int64_t n, int64_t vocab) {
+  if (i + kPrefetchAhead < n) {
+    const I id = ids[i + kPrefetchAhead];
+    __builtin_prefetch(row + (ListView::in_vocab(id, vocab) ? static_cast<int64_t>(id) : 0), 1);
+  }
+}
+
 template <typename scalar_t>
-void logit_bias_kernel(at::Tensor& logits, const at::Tensor& slots, const at::Tensor& output_lens,
-                       const RaggedList& allowed, const RaggedList& bias,
-                       const at::Tensor& bias_values, const RaggedList& stop,
-                       const at::Tensor& min_tokens) {
+bool any_finite(const scalar_t* row, const std::vector<int64_t>& ids) {
+  for (const int64_t id : ids) {
+    if (is_finite(static_cast<float>(row[id]))) return true;
+  }
+  return false;
+}
+
+template <typename scalar_t>
+bool any_finite(const scalar_t* row, int64_t vocab) {
+  for (int64_t j = 0; j < vocab; ++j) {
+    if (is_finite(static_cast<float>(row[j]))) return true;
+  }
+  return false;
+}
+
+// Per row, in the contract's order. Allowed list: the allowed logits are saved, the row filled with
+// -inf (a vectorised fill) and the saved logits written back. Bias: every biased logit is read before
+// any is written, so a duplicated id gets one bias. Min tokens: the stop logits are saved and set to
+// -inf; a finite logit is then looked for among the allowed ids (every other token is -inf or NaN)
+// or along the row (stopping at the first); if there is none, the stops get their saved values back.
+template <typename scalar_t>
+void logit_bias_kernel(at::Tensor& logits, const IndexView& slots, const IndexView& output_lens,
+                       const ListView& allowed, const ListView& bias, const at::Tensor& bias_values,
+                       const ListView& stop, const at::Tensor& min_tokens) {
   const int64_t T = logits.size(0), V = logits.size(1), R = min_tokens.size(0);
   const int64_t row_stride = logits.stride(0);
-  const int64_t bias_width = bias_values.size(1);
+  const int64_t bias_stride = bias_values.stride(0);
   scalar_t* base = logits.data_ptr<scalar_t>();
-  const int64_t* slot_p = slots.data_ptr<int64_t>();
-  const int64_t* len_p = output_lens.data_ptr<int64_t>();
   const float* bias_p = bias_values.data_ptr<float>();
   const int32_t* min_p = min_tokens.data_ptr<int32_t>();
+  const int64_t min_stride = min_tokens.stride(0);
 
   at::parallel_for(0, T, 1, [&](int64_t begin, int64_t end) {
-    TokenMarks marks(V);
+    std::vector<int64_t> allowed_ids, stop_ids;
+    std::vector<scalar_t> saved;
     std::vector<float> biased;
     for (int64_t t = begin; t < end; ++t) {
-      const int64_t r = slot_p[t];
+      const int64_t r = slots[t];
       if (r < 0 || r >= R) continue;
       scalar_t* row = base + t * row_stride;
 
-      const int64_t n_allowed = allowed.size(r);
-      if (n_allowed > 0) {
-        marks.set(allowed.row(r), n_allowed, 1);
-        for (int64_t j = 0; j < V; ++j) {
-          if (!marks[j]) row[j] = kNegInf;
+      const bool restricted = allowed.size(r) > 0;
+      if (restricted) {
+        allowed.gather(r, V, allowed_ids);
+        const int64_t n = static_cast<int64_t>(allowed_ids.size());
+        saved.resize(n);
+        for (int64_t i = 0; i < n; ++i) {
+          prefetch_listed(row, allowed_ids.data(), i, n, V);
+          saved[i] = row[allowed_ids[i]];
         }
-        marks.set(allowed.row(r), n_allowed, 0);
+        std::fill(row, row + V, static_cast<scalar_t>(kNegInf));
+        for (int64_t i = 0; i < n; ++i) row[allowed_ids[i]] = saved[i];
       }
 
-      // Read every biased logit before writing any, so a duplicated id gets one bias, not two.
-      const int64_t n_bias = bias.size(r);
-      const int64_t* bias_ids = bias.row(r);
-      const float* bias_row = bias_p + r * bias_width;
-      biased.resize(n_bias);
-      for (int64_t i = 0; i < n_bias; ++i) {
-        const int64_t id = bias_ids[i];
-        if (id >= 0 && id < V) biased[i] = static_cast<float>(row[id]) + bias_row[i];
-      }
-      for (int64_t i = 0; i < n_bias; ++i) {
-        const int64_t id = bias_ids[i];
-        if (id >= 0 && id < V) row[id] = biased[i];
-      }
-
-      const int64_t n_stop = stop.size(r);
-      if (n_stop > 0 && len_p[t] < min_p[r]) {
-        marks.set(stop.row(r), n_stop, 1);
-        bool other_finite = false;
-        for (int64_t j = 0; j < V && !other_finite; ++j) {
-          other_finite = !marks[j] && is_finite(static_cast<float>(row[j]));
+      bias.visit(r, [&](const auto* ids, int64_t n) {
+        const float* values = bias_p + r * bias_stride;
+        biased.resize(n);
+        for (int64_t i = 0; i < n; ++i) {
+          prefetch_listed(row, ids, i, n, V);
+          const int64_t id = ListView::in_vocab(ids[i], V) ? static_cast<int64_t>(ids[i]) : -1;
+          biased[i] = id >= 0 ? static_cast<float>(row[id]) + values[i] : 0.0f;
         }
-        marks.set(stop.row(r), n_stop, 0);
-        if (other_finite) {
-          const int64_t* stop_ids = stop.row(r);
-          for (int64_t i = 0; i < n_stop; ++i) {
-            if (stop_ids[i] >= 0 && stop_ids[i] < V) row[stop_ids[i]] = kNegInf;
-          }
+        for (int64_t i = 0; i < n; ++i) {
+          if (ListView::in_vocab(ids[i], V)) row[ids[i]] = static_cast<scalar_t>(biased[i]);
+        }
+      });
+
+      if (stop.size(r) > 0 && output_lens[t] < min_p[r * min_stride]) {
+        stop.gather(r, V, stop_ids);
+        saved.resize(stop_ids.size());
+        for (size_t i = 0; i < stop_ids.size(); ++i) saved[i] = row[stop_ids[i]];
+        for (const int64_t id : stop_ids) row[id] = static_cast<scalar_t>(kNegInf);
+        const bool others_finite = restricted ? any_finite(row, allowed_ids) : any_finite(row, V);
+        if (!others_finite) {
+          for (size_t i = 0; i < stop_ids.size(); ++i) row[stop_ids[i]] = saved[i];
         }
       }
     }
@@ -130,14 +198,12 @@ void token_bitmask_kernel(at::Tensor& logits, const at::Tensor& bitmask, const i
 void logit_bias(at::Tensor logits, const at::Tensor& idx_mapping, const at::Tensor& output_lens,
                 const at::Tensor& allowed_ids, const at::Tensor& num_allowed,
                 const at::Tensor& bias_ids, const at::Tensor& bias_values,
-                const at::Tensor& num_bias, const at::Tensor& stop_ids, const at::Tensor& num_stop,
-                const at::Tensor& min_tokens) {
-  const RaggedList allowed(allowed_ids, num_allowed), bias(bias_ids, num_bias),
-      stop(stop_ids, num_stop);
-  const at::Tensor slots = as_int64(idx_mapping), lens = as_int64(output_lens);
-  const at::Tensor values = bias_values.contiguous(), min_tok = min_tokens.contiguous();
+                const at::Tensor& num_bias, const at::Tensor& stop_ids,
+                const at::Tensor& num_stop, const at::Tensor& min_tokens) {
+  const ListView allowed(allowed_ids, num_allowed), bias(bias_ids, num_bias), stop(stop_ids, num_stop);
+  const IndexView slots(idx_mapping), lens(output_lens);
   TSO_DISPATCH_LOGITS(logits.scalar_type(), "logit_bias", [&] {
-    logit_bias_kernel<scalar_t>(logits, slots, lens, allowed, bias, values, stop, min_tok);
+    logit_bias_kernel<scalar_t>(logits, slots, lens, allowed, bias, bias_values, stop, min_tokens);
   });
 }
 

@@ -6,6 +6,7 @@ from torch_sampling_ops import reference
 
 from conftest import (
     BACKENDS,
+    DTYPES,
     assert_pad_untouched,
     device_of,
     logits_past_2_pow_31,
@@ -174,6 +175,138 @@ def test_bad_values_follow_the_documented_result(backend, gen):
     logits[0, state[2][0, 5]] = float("nan")
     logits[3, 17] = float("nan")
     check_logit_bias(backend, logits, state)
+
+
+def one_slot_state(T, V, *, allowed=(), bias=(), bias_values=None, stops=(), min_tokens=5, dtype=INT):
+    """State for rows that all map to slot 0 with the given lists; min-tokens active (output_lens 0)."""
+    def lst(ids):
+        return torch.tensor([list(ids)], dtype=dtype).reshape(1, len(ids)), torch.tensor([len(ids)], dtype=dtype)
+
+    allowed_ids, num_allowed = lst(allowed)
+    bias_ids, num_bias = lst(bias)
+    values = torch.tensor([list(bias_values if bias_values is not None else [1.5] * len(bias))],
+                          dtype=torch.float32).reshape(1, len(bias))
+    stop_ids, num_stop = lst(stops)
+    return [torch.zeros(T, dtype=INT), torch.zeros(T, dtype=torch.int64), allowed_ids, num_allowed,
+            bias_ids, values, num_bias, stop_ids, num_stop, torch.tensor([min_tokens], dtype=INT)]
+
+
+V_CHUNKS = 3000  # spans several fill chunks of logit_bias on every backend (smaller chunks under the interpreter)
+NAN = float("nan")
+INF = float("inf")
+
+# (allowed ids, bias ids, bias values, stop ids, tokens left finite in the row (None: all), stops survive)
+MIN_TOKENS_CASES = {
+    # with an allowed list: the finite non-stop tokens lie in other chunks than the stops, or there are none
+    "allowed_other_chunk_finite": ([7, 2990], [], [], [2990], None, False),
+    "allowed_all_stops": ([7, 2990, 1500], [], [], [2990, 1500, 7, 7], None, True),
+    "allowed_rest_biased_to_neg_inf": ([7, 2990], [7], [-INF], [2990], None, True),
+    "allowed_rest_nan": ([7, 2990, 1600], [7], [NAN], [2990, 1600], None, True),
+    "allowed_rest_neg_inf_logits": ([7, 2990], [], [], [2990], [2990], True),
+    "allowed_biased_rest_finite": ([7, 2990], [7, 2990], [2.0, 3.0], [2990], None, False),
+    "allowed_stop_not_allowed": ([7], [], [], [2990], None, False),  # a stop outside the list: -inf anyway
+    "allowed_only_stop_biased_inf": ([7], [2990, 7], [INF, -INF], [2990, 7], None, True),
+    # without an allowed list: the row holds -inf except where listed
+    "row_finite_far_from_stops": ([], [], [], [2990, 2991], [3, 2990, 2991], False),
+    "row_only_stops_finite": ([], [], [], [2990, 5, 2990], [5, 2990], True),
+    "row_rest_biased_to_neg_inf": ([], [3], [-INF], [2990], [3, 2990], True),
+    "row_rest_nan_by_bias": ([], [3, 2000], [NAN, INF], [2990], [3, 2990], True),
+    "row_rest_nan_logit": ([], [], [], [2990], [2990], True),
+}
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # the interpreter's -inf + inf
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("case", list(MIN_TOKENS_CASES))
+@pytest.mark.parametrize("stop_width", ["short", "long"])
+def test_min_tokens_decides_over_the_whole_row(backend, case, stop_width, gen):
+    """Stops are masked only if a finite non-stop token is left anywhere in the row, after the allowed list and
+    the bias, wherever in the row (and in which chunk) that token and the stops lie. A long stop list (padded
+    with ids out of range) takes the kernels' path for many stops."""
+    allowed, bias, values, stops, finite, survive = MIN_TOKENS_CASES[case]
+    if stop_width == "long":
+        stops = stops + [-1, V_CHUNKS] * 40
+    T, V = 2, V_CHUNKS
+    logits = make_logits(T, V, torch.float32, device_of(backend), generator=gen)
+    if finite is not None:
+        keep = torch.zeros(V, dtype=torch.bool)
+        keep[finite] = True
+        logits[:, ~keep.to(logits.device)] = float("-inf")
+        if case == "row_rest_nan_logit":
+            logits[:, 17] = NAN
+    if case == "allowed_rest_nan":
+        logits[:, 1600] = NAN
+    state = one_slot_state(T, V, allowed=allowed, bias=bias, bias_values=values, stops=stops)
+    check_logit_bias(backend, logits, state)
+    stop = logits[:, stops[0]].cpu()  # the reference decides; this checks each case is the one its name says
+    if survive:
+        assert bool((stop != float("-inf")).all()), "the stops must keep their values"
+    else:
+        assert bool((stop == float("-inf")).all()), "the stops must be masked"
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("count_dtype", [torch.int32, torch.int64], ids=str)
+def test_list_edges(backend, count_dtype, gen):
+    """Width-0 lists, counts past the width (2**31 and more in int64), negative counts, ids out of range
+    (int64 ids that a 32-bit truncation would bring into range), rows whose slot is out of range."""
+    T, V, R = 6, V_CHUNKS, 3
+    big = 2**31 + 5 if count_dtype == torch.int64 else 2**31 - 1
+    huge_id = 2**32 + 11 if count_dtype == torch.int64 else -7
+    idx_mapping = torch.tensor([0, 1, 2, -1, 3, 2], dtype=count_dtype)  # rows 3 and 4: untouched
+    allowed_ids = torch.stack([torch.randperm(V, generator=gen)[:40] for _ in range(R)]).to(count_dtype)
+    allowed_ids[0, :2] = torch.tensor([huge_id, V])
+    num_allowed = torch.tensor([big, -big, 0], dtype=count_dtype)  # slot 1: negative count, no list
+    bias_ids = torch.stack([torch.randperm(V, generator=gen)[:30] for _ in range(R)]).to(count_dtype)
+    bias_ids[1, 0] = huge_id
+    num_bias = torch.tensor([30, big, -1], dtype=count_dtype)
+    stop_ids = torch.stack([torch.randperm(V, generator=gen)[:4] for _ in range(R)]).to(count_dtype)
+    stop_ids[2, 0] = huge_id
+    num_stop = torch.tensor([big, 4, 3], dtype=count_dtype)
+    state = [idx_mapping, torch.zeros(T, dtype=torch.int64), allowed_ids, num_allowed, bias_ids,
+             torch.randn(R, 30, generator=gen), num_bias, stop_ids, num_stop, torch.full((R,), 3, dtype=INT)]
+    check_logit_bias(backend, make_logits(T, V, torch.float32, device_of(backend), generator=gen), state)
+
+    empty = torch.zeros(R, 0, dtype=count_dtype)
+    for widths in [(0, 0, 0), (40, 0, 0), (0, 30, 0), (0, 0, 4), (40, 0, 4)]:
+        lists = [allowed_ids, bias_ids, stop_ids]
+        lists = [lst if w else empty for lst, w in zip(lists, widths)]
+        values = state[5] if widths[1] else torch.zeros(R, 0)
+        s = [idx_mapping, state[1], lists[0], num_allowed, lists[1], values, num_bias, lists[2], num_stop, state[9]]
+        check_logit_bias(backend, make_logits(T, V, torch.float32, device_of(backend), generator=gen), s)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_wide_lists_with_duplicates(backend, dtype, gen):
+    """Lists wider than a register block (more so under the interpreter, whose blocks are small), with repeated
+    ids in every list and NaN logits, over a row of several chunks."""
+    T, V, R = 3, V_CHUNKS, 2
+    state = logit_bias_state(T, V, R, gen, allowed_w=300, bias_w=200, stop_w=150)
+    state[4][:, 100:] = state[4][:, :100]  # every bias id twice
+    state[7][:, 75:] = state[7][:, :75]
+    state[2][:, 150:] = state[2][:, :150]
+    state[3] = torch.tensor([300, 0], dtype=INT)
+    state[6] = torch.tensor([200, 200], dtype=INT)
+    state[8] = torch.tensor([150, 150], dtype=INT)
+    state[1] = torch.zeros(T, dtype=torch.int64)
+    state[9] = torch.full((R,), 5, dtype=INT)
+    state[0] = torch.tensor([0, 1, 0], dtype=INT)
+    logits = make_logits(T, V, dtype, device_of(backend), generator=gen)
+    logits[:, state[2][0, 3].long()] = NAN
+    original = logits.clone().cpu()
+    run_op(backend, "logit_bias", logits, *[s.to(device_of(backend)) for s in state])
+    # Each repeated bias id gets one of its two biases: every logit matches the result of the first copies
+    # alone or that of the second copies alone.
+    out, atol, rtol = logits.cpu().double(), *tolerance(dtype)
+    matches = torch.zeros(T, V, dtype=torch.bool)
+    for half in (slice(0, 100), slice(100, 200)):
+        alone = list(state)
+        alone[4], alone[5], alone[6] = state[4][:, half], state[5][:, half], torch.full((R,), 100, dtype=INT)
+        expected = reference.logit_bias(original, *alone)
+        matches |= torch.isclose(out, expected, atol=atol, rtol=rtol, equal_nan=True)
+    assert bool(matches.all()), f"{int((~matches).sum())} logits match neither result"
+    assert_pad_untouched(logits)
 
 
 # ----------------------------------------------------------------------------------------------
