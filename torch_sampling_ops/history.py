@@ -192,15 +192,21 @@ def _bad_words_kernel(logits_ptr, logits_stride, idx_mapping_ptr,
         last = tl.load(ids_row + tl.where(live, end - 1, 0), mask=live, other=-1).to(tl.int64)
         live = live & (last >= 0) & (last < vocab_size)
         longest = tl.max(tl.where(live, prefix, 0), axis=0)
-        history_from = hist_len - prefix  # >= 0 where live
+        # The inner loop works on [words, 1] columns and gathers mismatches in a [words, prefix]
+        # tile reduced after it (1-D vectors carried into or through the loop made Triton 3.6's
+        # layout pass fail).
+        live_col = live[:, None]
+        prefix_col = prefix[:, None]
+        word_at = start[:, None]
+        history_at = hist_len - prefix_col  # >= 0 where live
+        mismatches = tl.zeros([BLOCK_BAD_WORDS, BLOCK_PREFIX], tl.int32)
         for j in range(0, longest, BLOCK_PREFIX):
-            p = j + tl.arange(0, BLOCK_PREFIX)
-            compared = live[:, None] & (p[None, :] < prefix[:, None])
-            word_tok = tl.load(ids_row + tl.where(compared, start[:, None] + p[None, :], 0), mask=compared, other=0)
-            hist_tok = tl.load(history_row + tl.where(compared, history_from[:, None] + p[None, :], 0),
-                               mask=compared, other=0)
-            differs = compared & (word_tok.to(tl.int64) != hist_tok.to(tl.int64))
-            live = live & (tl.max(differs.to(tl.int32), axis=1) == 0)
+            p = j + tl.arange(0, BLOCK_PREFIX)[None, :]
+            compared = live_col & (p < prefix_col)
+            word_tok = tl.load(ids_row + tl.where(compared, word_at + p, 0), mask=compared, other=0)
+            hist_tok = tl.load(history_row + tl.where(compared, history_at + p, 0), mask=compared, other=0)
+            mismatches |= (compared & (word_tok.to(tl.int64) != hist_tok.to(tl.int64))).to(tl.int32)
+        live = live & (tl.max(mismatches, axis=1) == 0)
         tl.store(row_ptr + tl.where(live, last, 0), tl.full([BLOCK_BAD_WORDS], float("-inf"), tl.float32)
                  .to(row_ptr.dtype.element_ty), mask=live)
 
