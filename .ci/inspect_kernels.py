@@ -5,7 +5,8 @@ streaming loop usually means Triton laid a reduction or scan out across warps.
     python3 .ci/inspect_kernels.py [--arch 90] [--sass-dir DIR]
 
 With --sass-dir, each kernel's SASS is also written to DIR, one instruction a line without
-addresses or encodings, so that two trees' kernels compare with `diff -r`.
+addresses or encodings, so that two trees' kernels compare with `diff -r`. The package is imported
+from the path: with PYTHONPATH=<tree> to inspect a given checkout rather than an installed copy.
 
 Uses the ptxas and cuobjdump bundled with Triton's NVIDIA backend. Layouts differ between Triton
 versions (3.6 and 3.9 laid the multi-warp scan out differently), so check with the version the
