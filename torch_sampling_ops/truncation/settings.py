@@ -75,6 +75,16 @@ class TruncationSettings:
     """Programmatic dependent launches where the GPU has them (compute capability 9.0 and later, not
     under the interpreter); False: plain launches. The results are the same bits either way."""
 
+    def __post_init__(self):
+        sizes = ("segment", "seg_cap", "chunk", "sample", "tile", "small", "block", "mask_block", "pivots", "cap")
+        for name in sizes:  # tl.arange extents
+            value = getattr(self, name)
+            if value <= 0 or value & (value - 1):
+                raise ValueError(f"TruncationSettings.{name} must be a power of two, got {value}")
+        if self.chunk % self.segment:
+            raise ValueError(f"TruncationSettings.chunk ({self.chunk}) must be a whole number of segments "
+                             f"({self.segment})")
+
     @property
     def sweep_group(self) -> int:
         """The values each of the selection's threads holds of a tile."""
