@@ -22,6 +22,7 @@ import triton
 import triton.language as tl
 
 from torch_sampling_ops import _launch, constraints, truncation
+from torch_sampling_ops.truncation.workspace import _workspace_words
 
 from timing import (
     N_SETS,
@@ -64,7 +65,8 @@ def host_cost_table(calls: int = 2000) -> str:
     _launch._ENABLED = _launch._fast_path_supported()
     # The allocations the launchers make per call (caching allocator, warm).
     V = 151936
-    ws_words = truncation._workspace_words(triton.cdiv(V, truncation._SEGMENT))
+    settings = truncation.current_settings()
+    ws_words = _workspace_words(triton.cdiv(V, settings.segment), settings)
     for T in (1, 256):
         rows.append([f"torch.empty of top_k_top_p's workspace [{T}, {ws_words}] fp32",
                      eager_overhead_us(lambda T=T: torch.empty((T, ws_words), device="cuda"), calls)])

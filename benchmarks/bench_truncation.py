@@ -12,7 +12,7 @@ import baselines
 import torch
 
 import torch_sampling_ops as tso
-from torch_sampling_ops import truncation
+from torch_sampling_ops.truncation.plan import _compiled_kernels
 
 from timing import Case, kernel_breakdown, main, print_table, record
 
@@ -45,7 +45,7 @@ def launch_breakdown(V=151936, Ts=(1, 256)) -> str:
                        ["T", "setting"] + [k.strip("_").removesuffix("_kernel") for k in KERNELS] + ["sum"], rows)
 
 
-KERNELS = list(dict.fromkeys(kernel.fn.__name__ for kernel, _ in truncation._compiled_kernels(151936)))
+KERNELS = list(dict.fromkeys(kernel.fn.__name__ for kernel, _ in _compiled_kernels(151936)))
 
 if __name__ == "__main__":
     main(CASES, __doc__, extra_gpu=launch_breakdown)

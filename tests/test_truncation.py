@@ -167,17 +167,18 @@ def test_rows_do_not_depend_on_the_batch_or_the_run(backend, gen):
 
 def row_flags(call):
     """Runs call() and returns each row's settled flag as the selection finds it (word 1 of its workspace)."""
-    from torch_sampling_ops import truncation
+    from torch_sampling_ops.truncation import op
+    from torch_sampling_ops.truncation.select import _select_kernel
     flags = []
 
     def spy(kernel, grid, *args, **meta):
-        if kernel is truncation._select_kernel:
+        if kernel is _select_kernel:
             flags.append(args[5][:, 1].clone().view(INT))
         launch(kernel, grid, *args, **meta)
 
-    launch = truncation.launch
+    launch = op.launch
     with pytest.MonkeyPatch.context() as patch:  # undoes this patch only
-        patch.setattr(truncation, "launch", spy)
+        patch.setattr(op, "launch", spy)
         call()
     return flags[0].cpu()
 
@@ -195,26 +196,24 @@ def test_every_way_to_settle_a_row_matches_the_reference(backend, gen):
 
 
 @pytest.mark.parametrize("backend", [p for p in BACKENDS if p.values[0] != "cpu"])
-def test_rows_are_settled_and_filled_alike_in_small_and_large_batches(backend, gen, monkeypatch):
+def test_rows_are_settled_and_filled_alike_in_small_and_large_batches(backend, gen):
     """Small batches settle a row in each of its gather programs and fill one chunk a program; large
-    ones settle it in a launch of their own and fill _FILL_GROUP chunks a program (5 chunks here,
-    so the last program has fewer), or, from _FILL_IN_SELECT_MIN_T rows, fill it in the selection;
-    from _FEW_SAMPLE_WARPS_MIN_T rows the sample launch has 4 warps: the same combinations in the
+    ones settle it in a launch of their own and fill fill_group chunks a program (5 chunks here,
+    so the last program has fewer), or, from fill_in_select_min_t rows, fill it in the selection;
+    from few_sample_warps_min_t rows the sample launch has 4 warps: the same combinations in the
     same order, so the same bits."""
-    from torch_sampling_ops import truncation
-    T, V = 6, 5 * truncation._CHUNK - 100
+    from torch_sampling_ops.truncation import current_settings, use_settings
+    T, V = 6, 5 * current_settings().chunk - 100
     top_k, top_p = settings(SETTINGS[:4] + [(0, 0.5), (0, 0.92)])
     logits = make_logits(T, V, torch.float32, device_of(backend), generator=gen)
     args = (torch.arange(T, dtype=INT).to(logits.device), top_k.to(logits.device), top_p.to(logits.device))
     outs = []
     for min_t, group, fill_min_t, sample_min_t in ((T + 1, 4, T + 1, T + 1), (1, 4, T + 1, 1), (1, 3, T + 1, T + 1),
                                                   (1, 4, 1, 1), (T + 1, 1, 1, T + 1)):
-        monkeypatch.setattr(truncation, "_FEW_SAMPLE_WARPS_MIN_T", sample_min_t)
-        monkeypatch.setattr(truncation, "_SETTLE_LAUNCH_MIN_T", min_t)
-        monkeypatch.setattr(truncation, "_FILL_GROUP", group)
-        monkeypatch.setattr(truncation, "_FILL_IN_SELECT_MIN_T", fill_min_t)
         out = logits.clone()
-        run_op(backend, "top_k_top_p", out, *args)
+        with use_settings(few_sample_warps_min_t=sample_min_t, settle_launch_min_t=min_t, fill_group=group,
+                          fill_in_select_min_t=fill_min_t):
+            run_op(backend, "top_k_top_p", out, *args)
         outs.append(out)
     assert all(torch.equal(outs[0], out) for out in outs[1:])
     assert_matches(outs[-1], logits.cpu(), *[a.cpu() for a in args])
@@ -232,12 +231,12 @@ def test_benchmark_rows_are_settled_by_their_candidates(gen):
 
 
 @pytest.mark.cuda
-# below _SETTLE_LAUNCH_MIN_T, from it, and from _FILL_IN_SELECT_MIN_T: five, six and five launches
+# below settle_launch_min_t, from it, and from fill_in_select_min_t: five, six and five launches
 @pytest.mark.parametrize("T", [5, 40, 130])
-def test_dependent_launches_change_no_bit(T, gen, monkeypatch):
+def test_dependent_launches_change_no_bit(T, gen):
     """On Hopper and later, each launch after the first starts while the previous one drains
     (programmatic dependent launch): the results are those of plain launches, bit for bit."""
-    from torch_sampling_ops import truncation
+    from torch_sampling_ops.truncation import use_settings
     if torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("programmatic dependent launch needs compute capability 9.0")
     top_k, top_p = settings(SETTINGS)
@@ -245,9 +244,9 @@ def test_dependent_launches_change_no_bit(T, gen, monkeypatch):
     idx_mapping = (torch.arange(T, dtype=INT) % len(SETTINGS)).cuda()
     outs = []
     for pdl in (False, True):
-        monkeypatch.setattr(truncation, "_uses_pdl", lambda device: pdl)
         out = logits.clone()
-        torch.ops.sampling.top_k_top_p(out, idx_mapping, top_k.cuda(), top_p.cuda())
+        with use_settings(dependent_launches=pdl):
+            torch.ops.sampling.top_k_top_p(out, idx_mapping, top_k.cuda(), top_p.cuda())
         outs.append(out)
     assert torch.equal(outs[0], outs[1])
     assert_matches(outs[1], logits.cpu(), idx_mapping.cpu(), top_k, top_p)

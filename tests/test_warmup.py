@@ -5,7 +5,8 @@ import torch
 from triton.runtime.jit import JITFunction
 
 import torch_sampling_ops
-from torch_sampling_ops import _launch, _warmup, constraints, filtering, truncation
+from torch_sampling_ops import _launch, _warmup, constraints, filtering, history
+from torch_sampling_ops.truncation import plan, scan, select
 
 from conftest import HAS_CUDA, INTERPRET
 
@@ -26,10 +27,10 @@ def test_warmup_covers_every_top_k_top_p_variant(monkeypatch):
     V = 1000
     _warmup._launch_all(V, (torch.float32, torch.bfloat16), 256, torch.device("cpu"), 4, torch.int32, ((8, 6, 3),))
     seen = {(kernel, tuple(sorted(meta.items()))) for kernel, meta in launched}
-    for kernel, meta in truncation._compiled_kernels(V, pdl=False):
+    for kernel, meta in plan._compiled_kernels(V, pdl=False):
         assert (kernel, tuple(sorted(meta.items()))) in seen, kernel
     kernels = {kernel for kernel, _ in launched}
-    for module in (constraints, filtering, truncation):
+    for module in (constraints, filtering, history, scan, select):
         for name, obj in vars(module).items():
             if name.endswith("_kernel") and hasattr(obj, "run"):
                 assert obj in kernels, f"warmup never launches {name}"
@@ -43,7 +44,7 @@ def test_small_batches_skip_large_batch_variants(monkeypatch):
 
 
 def _all_kernels():
-    return [obj for module in (constraints, filtering, truncation) for obj in vars(module).values()
+    return [obj for module in (constraints, filtering, history, scan, select) for obj in vars(module).values()
             if isinstance(obj, JITFunction)]
 
 

@@ -1,7 +1,7 @@
 """`warmup`: compiles, before the first request, every Triton kernel variant the ops will launch.
 
 The variants of a kernel are its constexprs and compile options (which depend on the batch size
-for top_k_top_p, see `truncation._launch_plan`, and on the list widths for logit_bias) and Triton's
+for top_k_top_p, see `truncation.plan._launch_plan`, and on the list widths for logit_bias) and Triton's
 specialisation of its arguments: the logits dtype, the index dtype, whether each int argument is 1
 or divisible by 16 (the vocabulary size, the row stride, the number of request slots R) and whether
 each pointer is 16-byte aligned. `warmup` runs each op's launcher on uninitialised tensors of the
@@ -19,7 +19,8 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 import triton
 
-from . import _launch, _registry, truncation
+from . import _launch, _registry
+from .truncation import plan as truncation_plan
 
 
 def _truncation_row_counts(vocab_size: int, max_num_tokens: int, pdl: bool) -> list[int]:
@@ -27,7 +28,7 @@ def _truncation_row_counts(vocab_size: int, max_num_tokens: int, pdl: bool) -> l
     seen, rows = set(), []
     for T in range(1, max_num_tokens + 1):
         plan = tuple((kernel, tuple(sorted(meta.items()))) for kernel, _, meta in
-                     truncation._launch_plan(T, vocab_size, pdl))
+                     truncation_plan._launch_plan(T, vocab_size, pdl))
         if plan not in seen:
             seen.add(plan)
             rows.append(T)
@@ -44,7 +45,7 @@ def _launch_all(vocab_size, dtypes, max_num_tokens, device, num_slots, index_dty
         return torch.empty(shape, dtype=dtype, device=device)
 
     calls = 0
-    pdl = truncation._uses_pdl(device)
+    pdl = truncation_plan._uses_pdl(device)
     for dtype in dtypes:
         one = empty(1, V, dtype=dtype)
         run("temperature")(one, empty(1), empty(R, dtype=torch.float32))
@@ -61,7 +62,13 @@ def _launch_all(vocab_size, dtypes, max_num_tokens, device, num_slots, index_dty
             run("top_k_top_p")(empty(T, V, dtype=dtype), empty(T), empty(R, dtype=torch.int32),
                                empty(R, dtype=torch.float32))
             calls += 1
-    return calls
+        mask, f32 = empty(R, words, dtype=torch.int32), empty(R, dtype=torch.float32)
+        run("penalties")(one, empty(1), mask, mask, empty(R, V, dtype=torch.int32), f32, f32, f32)
+        run("bad_words")(one, empty(1), empty(R, 8), empty(R, 9, dtype=torch.int32), empty(R),
+                         empty(R, 8, dtype=torch.int32), empty(1))
+        calls += 2
+    run("update_output_counts")(empty(R, V, dtype=torch.int32), empty(R, words, dtype=torch.int32), empty(1), empty(1))
+    return calls + 1
 
 
 def warmup(

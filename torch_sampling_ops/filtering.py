@@ -6,23 +6,22 @@ lower to an approximate divide on NVIDIA GPUs), as the C++ kernel's `x / temp`, 
 agree bitwise in float32.
 
 min_p needs the row maximum before any token of the row can be judged. Three layouts were weighed
-for T = 1..1024 rows of V = 151936 (594 KiB of fp32 per row, 38 blocks of 4096):
+for T = 1..1024 rows of V = 151936 (38 blocks of 4096 a row):
 
 - one program per row, a max pass then a masking pass: 2 reads + 1 write per row, but only T
-  programs. Below about one row per SM (T < 132 on an H200) the row is streamed by a single SM,
-  which reaches a small fraction of HBM bandwidth: tens of µs even at T = 1.
-- grid (T, blocks), every program reading the whole row for its max: 38x the reads. At T = 1 the
-  re-reads come from L2 and it is fast, but at T = 1024 that is ~23 GB of reads (most of them
-  missing L2, since the row blocks of one row are not scheduled together): milliseconds.
+  programs. Below about one row per SM the row is streamed by a single SM, which reaches a small
+  fraction of HBM bandwidth.
+- grid (T, blocks), every program reading the whole row for its max: as many reads of a row as it
+  has blocks. With few rows the re-reads come from L2, but with many they miss it (the blocks of
+  one row are not scheduled together), and the traffic grows with the number of blocks.
 - chosen: two launches over grid (T, blocks). The first writes each block's maximum to a
-  [T, blocks] float32 scratch, the second reduces its row's 38 partial maxima (152 bytes, from L2)
-  and masks its block. Traffic is the 2 reads + 1 write of the first layout, but each row is
-  spread over its 38 blocks at any T, and while the rows fit in the 50 MB L2 (a few dozen fp32
-  rows) the second read of the logits hits L2, so the op runs near the read + write floor. At
-  T = 1024 it costs what the first layout costs (3 passes over HBM) plus one launch. (Estimates,
-  not measurements.) The scratch size depends
-  only on the shapes, so the op allocates nothing data-dependent, syncs nothing and is
-  CUDA-graph capturable. benchmarks/bench_filtering.py measures it.
+  [T, blocks] float32 scratch, the second reduces its row's partial maxima (from L2) and masks its
+  block. Traffic is the 2 reads + 1 write of the first layout, but each row is spread over its
+  blocks at any T, and while the rows fit in L2 the second read of the logits hits it, so the op
+  runs near the read + write floor; with many rows it costs the first layout's three passes over
+  HBM plus one launch. The scratch size depends only on the shapes, so the op allocates nothing
+  data-dependent, syncs nothing and is CUDA-graph capturable. benchmarks/bench_filtering.py
+  measures it.
 
 NaN logits are never the row maximum (the maximum ignores NaN: NaN is read as -inf) and stay NaN
 (`NaN < threshold` is false). A row without a non-NaN logit above -inf is left unchanged.

@@ -1,0 +1,74 @@
+"""The top_k_top_p op: argument checks, the launcher and the registration."""
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+
+from .. import _checks
+from .._registry import define_op, launch
+from .plan import _launch_plan, _uses_pdl
+from .settings import TruncationSettings, current_settings
+from .workspace import _workspace_words
+
+
+def _check_top_k_top_p(logits, idx_mapping, top_k, top_p) -> None:
+    op = "top_k_top_p"
+    T, _ = _checks.check_logits(op, logits)
+    dev = logits.device
+    _checks.check_tensor(op, "idx_mapping", idx_mapping, _checks.INDEX_DTYPES, ndim=1, device=dev, shape=(T,))
+    R = _checks.check_slot_vector(op, "top_k", top_k, (torch.int32,), dev)
+    _checks.check_tensor(op, "top_p", top_p, (torch.float32,), ndim=1, device=dev, shape=(R,))
+
+
+def _check_top_k_top_p_values(logits, idx_mapping, top_k, top_p) -> None:
+    op = "top_k_top_p"
+    _checks.check_values(op, "logits", ~logits.isnan(), "no NaN")
+    _checks.check_values(op, "top_p", (top_p > 0) & (top_p <= 1), "values in (0, 1]")
+
+
+@functools.lru_cache(maxsize=4096)
+def _launch_setup(T: int, V: int, pdl: bool, settings: TruncationSettings) -> tuple:
+    """(segments, workspace words per row, launch plan) of a [T, V] batch, computed once per shape
+    and settings: building the plan costs more host time than a launch."""
+    num_segments = triton.cdiv(V, settings.segment)
+    return num_segments, _workspace_words(num_segments, settings), _launch_plan(T, V, pdl, settings)
+
+
+def _top_k_top_p_triton(logits, idx_mapping, top_k, top_p) -> None:
+    T, V = logits.shape
+    if T == 0:
+        return
+    settings = current_settings()
+    setup = _launch_setup if type(T) is int and type(V) is int else _launch_setup.__wrapped__  # SymInts: no cache
+    num_segments, ws_stride, plan = setup(T, V, _uses_pdl(logits.device, settings), settings)
+    ws = logits.new_empty((T, ws_stride), dtype=torch.float32)
+    args = (logits, logits.stride()[0], idx_mapping, top_k, top_p, ws, ws_stride, top_k.shape[0], V, num_segments)
+    for kernel, grid, meta in plan:
+        launch(kernel, grid, *args, **meta)
+
+
+@define_op(
+    mutates_args=("logits",), check=_check_top_k_top_p, check_values=_check_top_k_top_p_values,
+    triton=_top_k_top_p_triton,
+)
+def top_k_top_p(logits: torch.Tensor, idx_mapping: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> None:
+    """Keeps the top-k, then the top-p tokens of each row, in place; the others become -inf.
+
+    Per row ``t`` with slot ``r = idx_mapping[t]``: keeps the tokens >= the ``top_k[r]``-th largest
+    logit (all ties kept); then, of those, the most probable tokens (softmax renormalised over the
+    kept set) whose cumulative mass first reaches ``top_p[r]``, with ties at that boundary kept.
+
+    Args:
+        logits: ``[T, V]`` float32/float16/bfloat16, unit column stride; modified in place.
+        idx_mapping: ``[T]`` int32/int64 slot of each row; a row outside ``[0, R)`` is untouched.
+        top_k: ``[R]`` int32; ``<= 0`` or ``>= V`` is off.
+        top_p: ``[R]`` float32 in ``(0, 1]``; ``1.0`` is off. Out of that range (an error that
+            TORCH_SAMPLING_OPS_DEBUG=1 raises): ``<= 0`` keeps the most probable token(s), ``> 1`` or NaN is off.
+
+    A row with both filters off is not read. When a filter is on, NaN logits become -inf; a row
+    without any logit above -inf is unchanged. +inf logits hold all the mass: top-p keeps just them,
+    and top-k counts them as the largest values. Masses are float32 sums: a token's membership may
+    differ from the exact answer only where the exact mass above it is within ~1e-4 of top_p.
+    """

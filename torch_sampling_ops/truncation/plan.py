@@ -1,0 +1,81 @@
+"""The launch plan of top_k_top_p: which kernels run for a [T, V] batch, with which grids, constants
+and compile options, from the settings (settings.py). The launcher, `.ci/inspect_kernels.py` and
+the benchmark read it.
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+
+from .scan import (
+    _fill_chunks_kernel,
+    _gather_chunks_kernel,
+    _sample_bound_kernel,
+    _scan_segments_kernel,
+    _settle_kernel,
+)
+from .select import _select_kernel
+from .settings import _INTERPRET, TruncationSettings, current_settings
+
+
+def _launch_plan(T: int, V: int, pdl: bool, settings: TruncationSettings | None = None) -> list:
+    """The op's launches for a [T, V] batch, in order: (kernel, grid, constants and compile options);
+    with pdl, every launch after the first is a programmatic dependent launch (see _row_settings).
+    `settings`: the current ones (current_settings) by default."""
+    s = settings or current_settings()
+    num_segments = triton.cdiv(V, s.segment)
+    segments_p2 = triton.next_power_of_2(num_segments)
+    settle_launch = T >= s.settle_launch_min_t
+    follow = dict(PDL=pdl, launch_pdl=pdl)
+    chunks = (T, triton.cdiv(V, s.chunk))
+    fill_group = s.fill_group if settle_launch else 1
+    fill_in_select = T >= s.fill_in_select_min_t
+    fill = [(_fill_chunks_kernel, (T, triton.cdiv(chunks[1], fill_group)),
+             dict(CHUNK=s.chunk, SEGMENTS=s.chunk // s.segment, SEG_CAP=s.seg_cap, GROUP=fill_group,
+                  num_warps=s.chunk_warps, **follow))]
+    settle = [(_settle_kernel, (T,), dict(SEG_CAP=s.seg_cap, SEGMENTS_P2=segments_p2, num_warps=1, **follow))]
+    return [
+        (_sample_bound_kernel, (T,), dict(SAMPLE=s.sample, SEG_CAP=s.seg_cap, PDL=pdl,
+                                          num_warps=4 if T >= s.few_sample_warps_min_t else s.sample_warps)),
+        # 64 registers: 32 one-warp programs an SM
+        (_scan_segments_kernel, (T, num_segments),
+         dict(SEGMENT=s.segment, SEG_CAP=s.seg_cap, STAGES=s.scan_stages, num_warps=1, maxnreg=64, **follow)),
+        *(settle if settle_launch else []),
+        (_gather_chunks_kernel, chunks,
+         dict(CHUNK=s.chunk, SEGMENTS=s.chunk // s.segment, SEG_CAP=s.seg_cap, SEGMENTS_P2=segments_p2,
+              SETTLED=settle_launch, num_warps=s.chunk_warps, **follow)),
+        # 128 registers: two programs an SM
+        (_select_kernel, (T,),
+         dict(SEG_CAP=s.seg_cap, TILE=s.tile, SMALL=s.small, P=s.pivots, CAP=s.cap, BLOCK=s.block,
+              MASK_BLOCK=s.mask_block, FILL=fill_in_select, CHUNK=s.chunk, SEGMENTS=s.chunk // s.segment,
+              num_warps=s.select_warps, maxnreg=128, **follow)),
+        *([] if fill_in_select else fill),
+    ]
+
+
+def _compiled_kernels(V: int, pdl: bool = True, settings: TruncationSettings | None = None) -> list:
+    """Each distinct (kernel, constants and compile options) the op launches at vocabulary V, in a
+    batch below settle_launch_min_t rows, and in one at each of it, fill_in_select_min_t and
+    few_sample_warps_min_t (for .ci/inspect_kernels.py and the benchmark)."""
+    s = settings or current_settings()
+    kernels = []
+    for T in (1, s.settle_launch_min_t, s.fill_in_select_min_t, s.few_sample_warps_min_t):
+        for kernel, _, meta in _launch_plan(T, V, pdl, s):
+            if (kernel, meta) not in kernels:
+                kernels.append((kernel, meta))
+    return kernels
+
+
+def _uses_pdl(device: torch.device, settings: TruncationSettings | None = None) -> bool:
+    """Programmatic dependent launch: on Hopper and later GPUs (not under the Triton interpreter),
+    unless the settings turn it off."""
+    s = settings or current_settings()
+    return (s.dependent_launches and not _INTERPRET and device.type == "cuda"
+            and _compute_capability(device.index)[0] >= 9)
+
+
+@functools.cache
+def _compute_capability(index: int) -> tuple:
+    return torch.cuda.get_device_capability(index)

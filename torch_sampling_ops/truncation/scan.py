@@ -1,0 +1,457 @@
+"""Launches 1-3 of top_k_top_p and the fill (launch 5): the sample bound, the segment scan, the
+settle step, the gather of a settled row's candidate list, and the fill of a top-p-alone row.
+"""
+import triton
+import triton.language as tl
+
+from .keys import _float_key, _is_finite, _key_value
+from .workspace import (
+    _FLAG,
+    _LISTED,
+    _LO,
+    _REF,
+    _ROW_MAX,
+    _SECOND_BOUND,
+    _THRESHOLD,
+    _TOTAL,
+    _buffer_ptr,
+    _header_int,
+    _pairs_ptr,
+    _row_settings,
+    _segment_count_high_ptr,
+    _segment_count_ptr,
+    _segment_first_ptr,
+    _segment_mass_high_ptr,
+    _segment_mass_ptr,
+    _segment_max_ptr,
+    _segment_total_ptr,
+    _values_ptr,
+)
+
+_FLT_MAX = tl.constexpr(3.4028234663852886e38)  # the sample stores lo >= -_FLT_MAX: -inf is never a candidate
+_LOG2E = tl.constexpr(1.4426950408889634)
+
+
+@triton.jit
+def _sample_bound_kernel(
+    logits_ptr, logits_stride, idx_mapping_ptr, top_k_ptr, top_p_ptr, ws_ptr, ws_stride, num_slots, vocab_size,
+    num_segments, SAMPLE: tl.constexpr, SEG_CAP: tl.constexpr, PDL: tl.constexpr,
+):
+    """A row's lower bound `lo` from a sample of its tokens, its exp reference, and for top-p alone a
+    second bound above `lo`."""
+    t = tl.program_id(0)
+    k, p, k_on, p_on, active = _row_settings(idx_mapping_ptr, top_k_ptr, top_p_ptr, t, num_slots, vocab_size, PDL)
+    if active:
+        i = tl.arange(0, SAMPLE)
+        run = SAMPLE // 32
+        offs = tl.where(vocab_size <= SAMPLE, i, (i // run) * (vocab_size // 32) + i % run)
+        x = tl.load(logits_ptr + t.to(tl.int64) * logits_stride + offs, mask=offs < vocab_size,
+                    other=float("-inf")).to(tl.float32)
+        x = tl.where(x == x, x, float("-inf"))
+        n_sample = tl.minimum(vocab_size, SAMPLE)
+        if k_on:  # top-p, if on, runs inside the top-k set
+            expected = k.to(tl.float32) * n_sample / vocab_size
+            rank = tl.where(vocab_size <= SAMPLE, k, (expected + 4.0 * tl.sqrt(expected) + 4.0).to(tl.int32))
+        else:  # top-p alone: where half the candidate capacity is expected above it
+            budget = 0.5 * SEG_CAP * num_segments
+            rank = (budget * n_sample / vocab_size).to(tl.int32)
+        rank = tl.minimum(tl.maximum(rank, 1), n_sample)
+        # lo: at least `rank` sampled values are >= lo. In a long row with rank <= 32, the rank-th
+        # largest of the 32 runs' maxima (each of those runs holds a value >= it): on logits without
+        # runs of large values, within a sample rank or two of the rank-th largest value. Else (and
+        # always for top-p alone) the low end of a key interval at most 2^16 wide holding that value,
+        # from two histograms of the keys (_rank_bounds).
+        run_max = tl.max(tl.reshape(x, [32, SAMPLE // 32]), axis=1)
+        runs_above = tl.sum((run_max[None, :] >= run_max[:, None]).to(tl.int32), axis=1)
+        low = _float_key(tl.max(tl.where(runs_above >= rank, run_max, float("-inf"))))
+        # Top-p alone: also a second bound, where a quarter of the capacity is expected above it. The
+        # scan counts the mass above it too; when that holds top_p, only the candidates above it are kept.
+        high_low = low
+        if (k_on == 0) | (rank > 32) | (vocab_size <= SAMPLE):
+            low, high_low = _rank_bounds(x, offs < vocab_size, low, rank, tl.where(k_on, rank, (rank + 1) // 2))
+        ws_row = ws_ptr + t.to(tl.int64) * ws_stride
+        lo = tl.maximum(_key_value(low), -_FLT_MAX)  # -inf is never a candidate
+        tl.store(ws_row + _LO, lo)
+        high_bound = tl.where(k_on, float("inf"), tl.maximum(_key_value(high_low), lo))
+        tl.store(ws_row + _SECOND_BOUND, high_bound)
+        # The scan's exp reference; a row whose max is far above it is left to the general path.
+        tl.store(ws_row + _REF, tl.max(x))
+
+
+@triton.jit
+def _add_and_max(a_count, a_max, b_count, b_max):
+    return a_count + b_count, tl.maximum(a_max, b_max)
+
+
+@triton.jit
+def _highest_bin_reaching(h, above, rank):
+    """The highest bin b of the histogram h with `above` + the values in bins >= b reaching rank (0
+    when none does), and `above` + the values in the bins above it. One scan and one reduction: the
+    bins reaching rank are a prefix."""
+    at_or_above = above + tl.cumsum(h, axis=0, reverse=True)
+    reaching = at_or_above >= rank
+    n, above_top = tl.reduce((reaching.to(tl.int32), tl.where(reaching, above, at_or_above)), 0, _add_and_max)
+    return tl.maximum(n - 1, 0), above_top
+
+
+@triton.jit
+def _rank_bounds(x, present, low, rank, rank_high):
+    """For rank and rank_high <= rank: the low ends of key intervals 2^16 wide (or less, none below
+    low) holding the rank-th and the rank_high-th largest of the present values x with keys >= low:
+    at least `rank` (`rank_high`) of them are >= each. Two histograms instead of interval rounds:
+    the keys' top bytes, then the second bytes within the one or two top bytes found, each in its
+    half of a 512-bin histogram. With fewer than rank such values, low."""
+    key = _float_key(x)
+    inside = present & (key >= low)
+    top = (key >> 24).to(tl.int32)
+    tops = tl.histogram(top, 256, mask=inside)
+    b1, above = _highest_bin_reaching(tops, 0, rank)
+    b1_high, above_high = _highest_bin_reaching(tops, 0, rank_high)
+    in_high = (top == b1_high) & (b1_high != b1)  # otherwise both read the first half
+    second = ((key >> 16) & 0xFF).to(tl.int32) * 2 + in_high.to(tl.int32)
+    seconds = tl.histogram(second, 512, mask=inside & ((top == b1) | (top == b1_high)))
+    first_half, second_half = tl.split(tl.reshape(seconds, [256, 2]))
+    b2, _ = _highest_bin_reaching(first_half, above, rank)
+    b2_high, _ = _highest_bin_reaching(tl.where(b1_high != b1, second_half, first_half), above_high, rank_high)
+    bound = ((b1 << 24) | (b2 << 16)).to(tl.uint32)
+    bound_high = ((b1_high << 24) | (b2_high << 16)).to(tl.uint32)
+    return tl.maximum(bound, low), tl.maximum(bound_high, low)
+
+
+@triton.jit
+def _lane_elements(x):
+    """The 4 elements each lane holds of x [32, 4], as 4 tensors [32] (no data moves)."""
+    even, odd = tl.split(tl.reshape(x, [32, 2, 2]))
+    x0, x2 = tl.split(even)
+    x1, x3 = tl.split(odd)
+    return x0, x1, x2, x3
+
+
+@triton.jit
+def _scan_step(x, offs, lo, lane_max, count, pairs_ptr, SEG_CAP: tl.constexpr):
+    """One step of _scan_segment over x [32, 4] at offs (each lane 4 consecutive tokens): the
+    running per-element max and candidate count, and the step's candidates (x >= lo) stored in the
+    segment's region in token order."""
+    lane_max = tl.maximum(lane_max, x)  # max.f32 passes over NaN
+    candidate = x >= lo  # never NaN, never past the row (loaded as -inf; lo > -inf)
+    taken = candidate.to(tl.int32)
+    per_lane = tl.sum(taken, axis=1)
+    slot = (count + tl.cumsum(per_lane, axis=0) - per_lane)[:, None] + tl.cumsum(taken, axis=1) - 1
+    _store_candidates(pairs_ptr, slot, x, offs, candidate, SEG_CAP)
+    return lane_max, count + tl.sum(per_lane, axis=0)
+
+
+@triton.jit
+def _store_candidates(pairs_ptr, slot, x, offs, candidate, SEG_CAP: tl.constexpr):
+    """The candidates of a tile x [32, 4] at offs as (value bits, position) pairs at their slots."""
+    pair = (x.to(tl.int32, bitcast=True).to(tl.uint32).to(tl.uint64) << 32) | offs.to(tl.uint64)
+    stored = candidate & (slot >= 0) & (slot < SEG_CAP)  # a segment over capacity is never read
+    # One store per token of the lane, so the scatter keeps the load's layout (no conversion).
+    slots = _lane_elements(slot)
+    pairs = _lane_elements(pair.to(tl.int64, bitcast=True))
+    masks = _lane_elements(stored)
+    for r in tl.static_range(4):
+        tl.store(pairs_ptr + slots[r], pairs[r], mask=masks[r])
+
+
+@triton.jit
+def _scan_pair_with_mass(xa, xb, offs, lo, high_bound, ref2, lane_max, total, mass, mass_high, count, count_high,
+                         pairs_ptr, SEG_CAP: tl.constexpr):
+    """_scan_step's top-p-alone counterpart over two tiles [32, 4] at once, xa at offs and xb 128
+    tokens on, with one warp scan for both and the sums per lane [32] (fewer instructions for the
+    two tiles than for each tile on its own). Also the mass and count of the tokens
+    >= high_bound; those are stored from the front of the region, the other candidates from the back."""
+    lane_max = tl.maximum(lane_max, tl.max(tl.maximum(xa, xb), axis=1))  # max.f32 passes over NaN
+    # Clamping the exponent sends NaN and -inf to 2^-200, which is 0 in float32.
+    ea = tl.math.exp2(tl.maximum(xa * _LOG2E - ref2, -200.0))
+    eb = tl.math.exp2(tl.maximum(xb * _LOG2E - ref2, -200.0))
+    candidate_a = xa >= lo  # never NaN, never past the row (loaded as -inf; lo > -inf)
+    candidate_b = xb >= lo
+    high_a = xa >= high_bound  # high_bound >= lo: candidates
+    high_b = xb >= high_bound
+    total += tl.sum(ea + eb, axis=1)
+    mass += tl.sum(tl.where(candidate_a, ea, 0.0) + tl.where(candidate_b, eb, 0.0), axis=1)
+    mass_high += tl.sum(tl.where(high_a, ea, 0.0) + tl.where(high_b, eb, 0.0), axis=1)
+    # A lane's high candidates in the upper 16 bits, its others in the lower (at most 256 each).
+    packed_a = tl.where(high_a, 65536, tl.where(candidate_a, 1, 0))
+    packed_b = tl.where(high_b, 65536, tl.where(candidate_b, 1, 0))
+    lane_a = tl.sum(packed_a, axis=1)
+    packed_lane = lane_a + tl.sum(packed_b, axis=1)
+    before = count_high * 65535 + count + tl.cumsum(packed_lane, axis=0) - packed_lane
+    rank_a = before[:, None] + tl.cumsum(packed_a, axis=1) - packed_a
+    rank_b = (before + lane_a)[:, None] + tl.cumsum(packed_b, axis=1) - packed_b
+    slot_a = tl.where(high_a, rank_a >> 16, SEG_CAP - 1 - (rank_a & 0xFFFF))
+    slot_b = tl.where(high_b, rank_b >> 16, SEG_CAP - 1 - (rank_b & 0xFFFF))
+    packed_step = tl.sum(packed_lane, axis=0)
+    count += (packed_step >> 16) + (packed_step & 0xFFFF)
+    count_high += packed_step >> 16
+    _store_candidates(pairs_ptr, slot_a, xa, offs, candidate_a, SEG_CAP)
+    _store_candidates(pairs_ptr, slot_b, xb, offs + 128, candidate_b, SEG_CAP)
+    return lane_max, total, mass, mass_high, count, count_high
+
+
+@triton.jit
+def _segment_tile(row_ptr, offs, start, vocab_size, FULL: tl.constexpr, SEGMENT: tl.constexpr):
+    """The tile of 128 tokens at offs, `start` tokens into the segment: unmasked in a FULL segment
+    (all of it in the row, and start < SEGMENT), otherwise -inf past the segment or the row."""
+    if FULL:
+        return tl.load(row_ptr + offs).to(tl.float32)
+    else:
+        return tl.load(row_ptr + offs, mask=(start < SEGMENT) & (offs < vocab_size),
+                       other=float("-inf")).to(tl.float32)
+
+
+@triton.jit
+def _scan_segment(row_ptr, offs, vocab_size, lo, pairs_ptr, SEGMENT: tl.constexpr, SEG_CAP: tl.constexpr):
+    """_scan_step over the segment's tiles from offs [32, 4] (rows with top-k on): the segment's
+    max and candidate count. Three tiles' loads stay in flight while one is counted."""
+    STEP: tl.constexpr = 128
+    # Masked loads throughout: unmasked ones in a segment wholly inside the row were no faster
+    # (docs/notes/top-k-top-p-tuning.md).
+    lane_max = tl.full([32, 4], float("-inf"), tl.float32)
+    count = 0
+    x0 = _segment_tile(row_ptr, offs, 0, vocab_size, False, SEGMENT)
+    x1 = _segment_tile(row_ptr, offs + STEP, STEP, vocab_size, False, SEGMENT)
+    x2 = _segment_tile(row_ptr, offs + 2 * STEP, 2 * STEP, vocab_size, False, SEGMENT)
+    x3 = _segment_tile(row_ptr, offs + 3 * STEP, 3 * STEP, vocab_size, False, SEGMENT)
+    # Four tiles a loop iteration, each variable reloaded four tiles on as soon as its tile is
+    # counted: the loop carries its tiles in place (rotating them costs register moves every tile).
+    for v0 in range(0, SEGMENT, 4 * STEP):
+        lane_max, count = _scan_step(x0, offs, lo, lane_max, count, pairs_ptr, SEG_CAP)
+        x0 = _segment_tile(row_ptr, offs + 4 * STEP, v0 + 4 * STEP, vocab_size, False, SEGMENT)
+        lane_max, count = _scan_step(x1, offs + STEP, lo, lane_max, count, pairs_ptr, SEG_CAP)
+        x1 = _segment_tile(row_ptr, offs + 5 * STEP, v0 + 5 * STEP, vocab_size, False, SEGMENT)
+        lane_max, count = _scan_step(x2, offs + 2 * STEP, lo, lane_max, count, pairs_ptr, SEG_CAP)
+        x2 = _segment_tile(row_ptr, offs + 6 * STEP, v0 + 6 * STEP, vocab_size, False, SEGMENT)
+        lane_max, count = _scan_step(x3, offs + 3 * STEP, lo, lane_max, count, pairs_ptr, SEG_CAP)
+        x3 = _segment_tile(row_ptr, offs + 7 * STEP, v0 + 7 * STEP, vocab_size, False, SEGMENT)
+        offs += 4 * STEP
+    return tl.max(tl.max(lane_max, axis=1), axis=0), count
+
+
+@triton.jit
+def _scan_segment_with_mass(row_ptr, offs, vocab_size, lo, high_bound, ref2, pairs_ptr, FULL: tl.constexpr,
+                            SEGMENT: tl.constexpr, SEG_CAP: tl.constexpr, STAGES: tl.constexpr):
+    """_scan_pair_with_mass over the segment's tiles from offs [32, 4], two tiles a step: the
+    segment's max, normaliser, masses and counts. Triton's pipeliner keeps STAGES - 1 steps' loads
+    in flight (cp.async into shared memory, no registers held)."""
+    STEP: tl.constexpr = 128
+    lane_max = tl.full([32], float("-inf"), tl.float32)
+    total = tl.zeros([32], tl.float32)
+    mass = tl.zeros([32], tl.float32)
+    mass_high = tl.zeros([32], tl.float32)
+    count = 0
+    count_high = 0
+    for v0 in tl.range(0, SEGMENT, 2 * STEP, num_stages=STAGES):
+        x0 = _segment_tile(row_ptr, offs + v0, v0, vocab_size, FULL, SEGMENT)
+        x1 = _segment_tile(row_ptr, offs + v0 + STEP, v0 + STEP, vocab_size, FULL, SEGMENT)
+        lane_max, total, mass, mass_high, count, count_high = _scan_pair_with_mass(
+            x0, x1, offs + v0, lo, high_bound, ref2, lane_max, total, mass, mass_high, count, count_high, pairs_ptr,
+            SEG_CAP)
+    return (tl.max(lane_max, axis=0), tl.sum(total, axis=0), tl.sum(mass, axis=0), tl.sum(mass_high, axis=0),
+            count, count_high)
+
+
+@triton.jit
+def _scan_segments_kernel(
+    logits_ptr, logits_stride, idx_mapping_ptr, top_k_ptr, top_p_ptr, ws_ptr, ws_stride, num_slots, vocab_size,
+    num_segments, SEGMENT: tl.constexpr, SEG_CAP: tl.constexpr, STAGES: tl.constexpr, PDL: tl.constexpr,
+):
+    """Statistics and candidates of one segment, in one warp: its max, normaliser and candidate mass
+    (only for top-p alone: with top-k on, the selection weighs its own candidates), and its
+    candidates (_scan_segment). A tile is 4 consecutive tokens a lane; with one warp a program, a
+    tile's prefix sums never wait on a block-wide barrier (with several warps, Triton 3.6 spread a
+    tile's lanes over warps)."""
+    t = tl.program_id(0)
+    segment = tl.program_id(1)
+    k, p, k_on, p_on, active = _row_settings(idx_mapping_ptr, top_k_ptr, top_p_ptr, t, num_slots, vocab_size, PDL)
+    if active:
+        ws_row = ws_ptr + t.to(tl.int64) * ws_stride
+        lo = tl.load(ws_row + _LO)
+        ref2 = tl.load(ws_row + _REF) * _LOG2E
+        high_bound = tl.load(ws_row + _SECOND_BOUND)
+        row_ptr = logits_ptr + t.to(tl.int64) * logits_stride
+        max_ptr = _segment_max_ptr(ws_row)
+        sum_ptr = _segment_total_ptr(ws_row, num_segments)
+        mass_ptr = _segment_mass_ptr(ws_row, num_segments)
+        count_ptr = _segment_count_ptr(ws_row, num_segments)
+        mass_high_ptr = _segment_mass_high_ptr(ws_row, num_segments)
+        count_high_ptr = _segment_count_high_ptr(ws_row, num_segments)
+        pairs_ptr = _pairs_ptr(ws_row, num_segments) + segment * SEG_CAP
+        offs = segment * SEGMENT + tl.arange(0, 32)[:, None] * 4 + tl.arange(0, 4)[None, :]
+        full = (segment + 1) * SEGMENT <= vocab_size  # the segment lies in the row: unmasked top-p loads
+        if k_on:
+            seg_max, count = _scan_segment(row_ptr, offs, vocab_size, lo, pairs_ptr, SEGMENT, SEG_CAP)
+        else:
+            if full:
+                seg_max, total, mass, mass_high, count, count_high = _scan_segment_with_mass(
+                    row_ptr, offs, vocab_size, lo, high_bound, ref2, pairs_ptr, True, SEGMENT, SEG_CAP, STAGES)
+            else:
+                seg_max, total, mass, mass_high, count, count_high = _scan_segment_with_mass(
+                    row_ptr, offs, vocab_size, lo, high_bound, ref2, pairs_ptr, False, SEGMENT, SEG_CAP, STAGES)
+            tl.store(sum_ptr + segment, total)
+            tl.store(mass_ptr + segment, mass)
+            tl.store(mass_high_ptr + segment, mass_high)
+            tl.store(count_high_ptr + segment, count_high)
+        tl.store(max_ptr + segment, seg_max)
+        tl.store(count_ptr + segment, count)
+
+
+@triton.jit
+def _settle_row(ws_row, num_segments, k, p, k_on, SEG_CAP: tl.constexpr, SEGMENTS_P2: tl.constexpr):
+    """Combines the segment statistics in segment order: whether the candidates settle the row (flag
+    1: no segment overflowed, and they hold the k tokens or the top_p mass; 2: top-p alone, and the
+    candidates >= the second bound hold the mass, so only they are listed), each segment's listed
+    candidates, the row max and the normaliser (top-p alone). A row whose max is more than 60 above
+    the scan's reference is not settled (a segment's float32 sums could have overflowed), nor one
+    holding +inf: the general path alone deals with those."""
+    max_ptr = _segment_max_ptr(ws_row)
+    sum_ptr = _segment_total_ptr(ws_row, num_segments)
+    mass_ptr = _segment_mass_ptr(ws_row, num_segments)
+    count_ptr = _segment_count_ptr(ws_row, num_segments)
+    mass_high_ptr = _segment_mass_high_ptr(ws_row, num_segments)
+    count_high_ptr = _segment_count_high_ptr(ws_row, num_segments)
+    g = tl.arange(0, SEGMENTS_P2)
+    in_row = g < num_segments
+    with_mass = g < tl.where(k_on, 0, num_segments)  # top-p alone
+    row_max = tl.max(tl.load(max_ptr + g, mask=in_row, other=float("-inf")))
+    ref = tl.load(ws_row + _REF)
+    scale = tl.where(row_max <= ref + 60.0, tl.exp(ref - row_max), float("nan"))
+    total = tl.sum(tl.load(sum_ptr + g, mask=with_mass, other=0.0)) * scale
+    mass = tl.sum(tl.load(mass_ptr + g, mask=with_mass, other=0.0)) * scale
+    mass_high = tl.sum(tl.load(mass_high_ptr + g, mask=with_mass, other=0.0)) * scale
+    counts = tl.load(count_ptr + g, mask=in_row, other=0)
+    counts_high = tl.load(count_high_ptr + g, mask=with_mass, other=0)
+    enough = tl.where(k_on, tl.sum(counts) >= k, mass >= p * total)  # NaN: not settled
+    settled = _is_finite(row_max) & (tl.max(counts) <= SEG_CAP) & enough
+    narrow = (k_on == 0) & (mass_high >= p * total)
+    flag = tl.where(settled, tl.where(narrow, 2, 1), 0)
+    listed = tl.where(narrow, counts_high, counts)
+    return flag, listed, row_max, total
+
+
+@triton.jit
+def _store_settlement(ws_row, flag, row_max, total, listed):
+    """The header words the selection reads: the settled flag, row max, normaliser and list size."""
+    tl.store(_header_int(ws_row, _FLAG), flag)
+    tl.store(ws_row + _ROW_MAX, row_max)
+    tl.store(ws_row + _TOTAL, total)
+    tl.store(_header_int(ws_row, _LISTED), tl.sum(listed))
+
+
+@triton.jit
+def _settle_kernel(
+    logits_ptr, logits_stride, idx_mapping_ptr, top_k_ptr, top_p_ptr, ws_ptr, ws_stride, num_slots, vocab_size,
+    num_segments, SEG_CAP: tl.constexpr, SEGMENTS_P2: tl.constexpr, PDL: tl.constexpr,
+):
+    """A large batch's rows settled once each, one warp a row (see settle_launch_min_t): the header
+    and each segment's offset in the row's list."""
+    t = tl.program_id(0)
+    k, p, k_on, p_on, active = _row_settings(idx_mapping_ptr, top_k_ptr, top_p_ptr, t, num_slots, vocab_size, PDL)
+    if active:
+        ws_row = ws_ptr + t.to(tl.int64) * ws_stride
+        flag, listed, row_max, total = _settle_row(ws_row, num_segments, k, p, k_on, SEG_CAP, SEGMENTS_P2)
+        _store_settlement(ws_row, flag, row_max, total, listed)
+        g = tl.arange(0, SEGMENTS_P2)
+        first_ptr = _segment_first_ptr(ws_row, num_segments)
+        tl.store(first_ptr + g, tl.cumsum(listed, axis=0) - listed, mask=g < num_segments)
+
+
+@triton.jit
+def _listed_candidates(ws_row, num_segments, mine, flag, k_on, SEG_CAP: tl.constexpr):
+    """The listed candidates of segments `mine` [SEGMENTS], as [SEGMENTS, SEG_CAP]: values,
+    positions, which are present, and how many each segment lists."""
+    count_ptr = _segment_count_ptr(ws_row, num_segments)
+    count_high_ptr = _segment_count_high_ptr(ws_row, num_segments)
+    pairs_ptr = _pairs_ptr(ws_row, num_segments)
+    counts = tl.load(count_ptr + mine, mask=mine < num_segments, other=0)
+    # The scan writes counts_high for top-p alone only. (A select, not `& ~k_on`: the interpreter
+    # turns a scalar & a tensor into an int32 mask, which tl.load refuses.)
+    counts_high = tl.load(count_high_ptr + mine, mask=tl.where(k_on, False, mine < num_segments), other=0)
+    n = tl.where(flag == 2, counts_high, counts)  # as _settle_row lists them
+    n_front = tl.where(k_on, counts, counts_high)  # see _scan_step and _scan_pair_with_mass
+    i = tl.arange(0, SEG_CAP)[None, :]
+    present = i < n[:, None]
+    source = tl.where(i < n_front[:, None], i, SEG_CAP - 1 - (i - n_front[:, None]))
+    pair = tl.load(pairs_ptr + mine[:, None] * SEG_CAP + source, mask=present, other=0)
+    return (pair >> 32).to(tl.int32).to(tl.float32, bitcast=True), pair.to(tl.int32), present, n
+
+
+@triton.jit
+def _gather_chunks_kernel(
+    logits_ptr, logits_stride, idx_mapping_ptr, top_k_ptr, top_p_ptr, ws_ptr, ws_stride, num_slots, vocab_size,
+    num_segments, CHUNK: tl.constexpr, SEGMENTS: tl.constexpr, SEG_CAP: tl.constexpr, SEGMENTS_P2: tl.constexpr,
+    SETTLED: tl.constexpr, PDL: tl.constexpr,
+):
+    """A row's chunk of SEGMENTS segments. Unless the settle launch ran (SETTLED), each program
+    settles the row from the segment statistics (all of a row's programs reach the same bits; the
+    first writes the header). In a settled row: the segments' listed candidate values gathered into
+    the row's candidate list, at their offsets in segment order; with top-k on, also their positions
+    (into the selection's buffer), and -inf over the chunk."""
+    t = tl.program_id(0)
+    c = tl.program_id(1)
+    k, p, k_on, p_on, active = _row_settings(idx_mapping_ptr, top_k_ptr, top_p_ptr, t, num_slots, vocab_size, PDL)
+    if active:
+        ws_row = ws_ptr + t.to(tl.int64) * ws_stride
+        mine = c * SEGMENTS + tl.arange(0, SEGMENTS)
+        if SETTLED:
+            flag = tl.load(_header_int(ws_row, _FLAG))
+        else:
+            flag, listed, row_max, total = _settle_row(ws_row, num_segments, k, p, k_on, SEG_CAP, SEGMENTS_P2)
+            if c == 0:
+                _store_settlement(ws_row, flag, row_max, total, listed)
+        if flag != 0:
+            values, positions, present, n = _listed_candidates(ws_row, num_segments, mine, flag, k_on, SEG_CAP)
+            if SETTLED:
+                first_ptr = _segment_first_ptr(ws_row, num_segments)
+                first = tl.load(first_ptr + mine, mask=mine < num_segments, other=0)
+            else:
+                first = tl.sum(tl.where(tl.arange(0, SEGMENTS_P2) < c * SEGMENTS, listed, 0)) + tl.cumsum(n, axis=0) - n
+            values_ptr = _values_ptr(ws_row, num_segments, SEG_CAP)
+            buffer_ptr = _buffer_ptr(ws_row, num_segments, SEG_CAP)
+            dest = first[:, None] + tl.arange(0, SEG_CAP)[None, :]
+            tl.store(values_ptr + dest, values, mask=present)
+            # With top-k on the selection writes the few kept candidates back from their positions.
+            # Top-p alone keeps thousands: the fill restores them chunk by chunk instead (package docstring).
+            if k_on:
+                tl.store(buffer_ptr.to(tl.pointer_type(tl.int32)) + dest, positions, mask=present)
+                offs = c * CHUNK + tl.arange(0, CHUNK)
+                row_ptr = logits_ptr + t.to(tl.int64) * logits_stride
+                tl.store(row_ptr + offs, tl.full([CHUNK], float("-inf"), row_ptr.dtype.element_ty),
+                         mask=offs < vocab_size)
+
+
+@triton.jit
+def _fill_chunks_kernel(
+    logits_ptr, logits_stride, idx_mapping_ptr, top_k_ptr, top_p_ptr, ws_ptr, ws_stride, num_slots, vocab_size,
+    num_segments, CHUNK: tl.constexpr, SEGMENTS: tl.constexpr, SEG_CAP: tl.constexpr, GROUP: tl.constexpr,
+    PDL: tl.constexpr,
+):
+    """For top-p alone, once the selection found a settled row's threshold, GROUP chunks of SEGMENTS
+    segments each: -inf over a chunk, then, after a block barrier, its segments' listed candidates
+    >= the threshold restored (their positions lie in the chunk: the barrier orders every -inf
+    store of the chunk before any restore)."""
+    t = tl.program_id(0)
+    k, p, k_on, p_on, active = _row_settings(idx_mapping_ptr, top_k_ptr, top_p_ptr, t, num_slots, vocab_size, PDL)
+    if active:
+        ws_row = ws_ptr + t.to(tl.int64) * ws_stride
+        flag = tl.load(_header_int(ws_row, _FLAG))
+        if (flag != 0) & (k_on == 0):
+            threshold = tl.load(ws_row + _THRESHOLD)
+            row_ptr = logits_ptr + t.to(tl.int64) * logits_stride
+            first_chunk = tl.program_id(1) * GROUP
+            for c in range(first_chunk, tl.minimum(first_chunk + GROUP, tl.cdiv(vocab_size, CHUNK))):
+                mine = c * SEGMENTS + tl.arange(0, SEGMENTS)
+                values, positions, present, _ = _listed_candidates(ws_row, num_segments, mine, flag, k_on, SEG_CAP)
+                _fill_chunk(row_ptr, c, vocab_size, threshold, values, positions, present, CHUNK)
+
+
+@triton.jit
+def _fill_chunk(row_ptr, c, vocab_size, threshold, values, positions, present, CHUNK: tl.constexpr):
+    """-inf over chunk c of a row, then, after a block barrier, the chunk's listed candidates
+    (values, positions, present) >= the threshold restored. Their positions lie in the chunk, and
+    only this program writes it: the barrier orders every -inf store of the chunk before any restore."""
+    offs = c * CHUNK + tl.arange(0, CHUNK)
+    tl.store(row_ptr + offs, tl.full([CHUNK], float("-inf"), row_ptr.dtype.element_ty), mask=offs < vocab_size)
+    tl.debug_barrier()
+    tl.store(row_ptr + positions, values.to(row_ptr.dtype.element_ty), mask=present & (values >= threshold))

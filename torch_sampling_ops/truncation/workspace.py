@@ -1,0 +1,140 @@
+"""What the launches pass each other about a row: its settings and its workspace.
+
+The row workspace, in 4-byte words, S = number of segments, C = SEG_CAP:
+
+- header (8): lo, settled flag (0: no, 1: yes, 2: yes, on the candidates >= the second bound), exp
+  reference (the sample max), the threshold (written by the selection), row max, normaliser
+  relative to the row max, listed candidates, the second bound (the flag and the three after it
+  written once the row is settled)
+- per segment [S each]: max; normaliser and candidate mass relative to the reference; candidate
+  count; mass and count of the candidates >= the second bound (top-p alone); listed candidates
+  before it (written by the settle launch); one unused word (the pairs stay 8-byte aligned)
+- per segment [S, C] int64: its candidates, value bits << 32 | position; for top-p alone those
+  >= the second bound from the front, the others from the back, each in row order
+- the row's candidate list, once gathered: values [S * C]; the selection's buffer [S * C] (with
+  top-k on, the candidates' positions, and the pair regions, no longer read, take the compactions)
+- scratch [max(TILE, CAP)]
+
+_workspace_words gives the size, the region functions below the pointers: keep them together.
+"""
+import triton
+import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
+from .._triton_helpers import load_slot
+
+_HEADER = 8
+# Header words (float32 unless said): lo, settled flag (int32), exp reference, threshold, row max,
+# normaliser, listed candidates (int32), second bound.
+_LO = tl.constexpr(0)
+_FLAG = tl.constexpr(1)
+_REF = tl.constexpr(2)
+_THRESHOLD = tl.constexpr(3)
+_ROW_MAX = tl.constexpr(4)
+_TOTAL = tl.constexpr(5)
+_LISTED = tl.constexpr(6)
+_SECOND_BOUND = tl.constexpr(7)
+
+
+def _workspace_words(num_segments: int, settings) -> int:
+    """Words per workspace row (a multiple of 16, so every row starts 64-byte aligned)."""
+    return triton.cdiv(_HEADER + 8 * num_segments + 4 * num_segments * settings.seg_cap
+                       + max(settings.tile, settings.cap), 16) * 16
+
+
+@triton.jit
+def _segment_max_ptr(ws_row):
+    """Each segment's max [S] (float32), just past the header."""
+    return ws_row + 8
+
+
+@triton.jit
+def _segment_total_ptr(ws_row, num_segments):
+    """Each segment's normaliser relative to the exp reference [S] (float32, top-p alone)."""
+    return _segment_max_ptr(ws_row) + num_segments
+
+
+@triton.jit
+def _segment_mass_ptr(ws_row, num_segments):
+    """Each segment's candidate mass relative to the exp reference [S] (float32, top-p alone)."""
+    return _segment_max_ptr(ws_row) + 2 * num_segments
+
+
+@triton.jit
+def _segment_count_ptr(ws_row, num_segments):
+    """Each segment's candidate count [S] (int32)."""
+    return (_segment_max_ptr(ws_row) + 3 * num_segments).to(tl.pointer_type(tl.int32))
+
+
+@triton.jit
+def _segment_mass_high_ptr(ws_row, num_segments):
+    """Each segment's mass of the candidates >= the second bound [S] (float32, top-p alone)."""
+    return _segment_max_ptr(ws_row) + 4 * num_segments
+
+
+@triton.jit
+def _segment_count_high_ptr(ws_row, num_segments):
+    """Each segment's count of the candidates >= the second bound [S] (int32, top-p alone)."""
+    return _segment_count_ptr(ws_row, num_segments) + 2 * num_segments
+
+
+@triton.jit
+def _segment_first_ptr(ws_row, num_segments):
+    """Each segment's offset in the row's candidate list [S] (int32, written by the settle launch)."""
+    return _segment_count_ptr(ws_row, num_segments) + 3 * num_segments
+
+
+@triton.jit
+def _pairs_ptr(ws_row, num_segments):
+    """The segments' candidate regions [S, C] (int64 pairs), 8-byte aligned: 8 + 8 S words in."""
+    return (_segment_max_ptr(ws_row) + 8 * num_segments).to(tl.pointer_type(tl.int64))
+
+
+@triton.jit
+def _values_ptr(ws_row, num_segments, SEG_CAP: tl.constexpr):
+    """The row's gathered candidate values [S * C] (float32)."""
+    return _segment_max_ptr(ws_row) + 8 * num_segments + 2 * num_segments * SEG_CAP
+
+
+@triton.jit
+def _buffer_ptr(ws_row, num_segments, SEG_CAP: tl.constexpr):
+    """The selection's buffer [S * C]: with top-k on, the gathered candidates' positions (int32)."""
+    return _values_ptr(ws_row, num_segments, SEG_CAP) + num_segments * SEG_CAP
+
+
+@triton.jit
+def _scratch_ptr(ws_row, num_segments, SEG_CAP: tl.constexpr):
+    """The selection's and the general path's scratch [max(TILE, CAP)] (float32)."""
+    return _values_ptr(ws_row, num_segments, SEG_CAP) + 2 * num_segments * SEG_CAP
+
+
+@triton.jit
+def _header_int(ws_row, word):
+    return (ws_row + word).to(tl.pointer_type(tl.int32))
+
+
+@triton.jit
+def _search_floor(ws_row, flag):
+    """The floor of a settled row's threshold search: lo, or for flag 2 the second bound (only the
+    candidates >= it are listed)."""
+    return tl.load(ws_row + tl.where(flag == 2, _SECOND_BOUND, _LO))
+
+
+@triton.jit
+def _row_settings(idx_mapping_ptr, top_k_ptr, top_p_ptr, t, num_slots, vocab_size, PDL: tl.constexpr):
+    """(k, p, k_on, p_on, active) of row t; an inactive row (slot out of range, both filters off) is left alone.
+    Every launch starts with it. With programmatic dependent launch (PDL), the next launch may place
+    its programs as soon as all of this one's have started, and a launch reads its row settings (the
+    op's inputs, which no launch writes) while the previous one drains, then waits for it to finish:
+    all that comes after may read or write what the previous launches touched."""
+    if PDL:
+        gdc_launch_dependents()
+    slot = load_slot(idx_mapping_ptr, t, num_slots)
+    safe = tl.maximum(slot, 0)
+    k = tl.load(top_k_ptr + safe)
+    p = tl.load(top_p_ptr + safe)
+    if PDL:
+        gdc_wait()
+    k_on = (k > 0) & (k < vocab_size)
+    p_on = p < 1.0
+    return k, p, k_on, p_on, (slot >= 0) & (k_on | p_on)
