@@ -182,7 +182,7 @@ def main():
         out += [gpu_table(case, 151936, bw, sizes) for case in CASES]
     # One thread as well: on a shared 2-core VM a parallel region waits whenever a vCPU is descheduled.
     threads = torch.get_num_threads()
-    for n in sorted({1, threads}):
+    for n in sorted({1, threads}) if os.environ.get("BENCH_CPU", "1") != "0" else ():  # BENCH_CPU=0: GPU only
         torch.set_num_threads(n)
         out.append(cpu_table(CASES))
     torch.set_num_threads(threads)

@@ -252,7 +252,8 @@ def main(cases: Sequence[Case], description: str, *, V: int = 151936,
         out += [gpu_table(case, V, bw, sizes) for case in cases]
         if extra_gpu is not None:
             out.append(extra_gpu())
-    out.append(cpu_table(cases))
+    if os.environ.get("BENCH_CPU", "1") != "0":  # BENCH_CPU=0: the GPU tables only
+        out.append(cpu_table(cases))
     if args.out:
         with open(args.out, "w") as f:
             f.write("\n".join(out) + "\n")
