@@ -65,7 +65,7 @@ def overhead_table():
         ["torch_sampling_ops.apply_token_bitmask", eager_overhead_us(lambda: tso.apply_token_bitmask(logits, bitmask))],
     ]
     state = logit_bias_inputs(1, 1000, "cuda", allowed=16, bias=16, stops=2)
-    rows.append(["torch.ops.sampling.logit_bias (1 launch)",
+    rows.append(["torch.ops.sampling.logit_bias (2 launches)",
                  eager_overhead_us(lambda: torch.ops.sampling.logit_bias(*state))])
     for call, us in rows:
         op = "logit_bias" if "logit_bias" in call else "apply_token_bitmask"

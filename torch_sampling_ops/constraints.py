@@ -1,33 +1,21 @@
 """Constraint steps of logit processing, in place: `logit_bias` (allowed lists, bias, min tokens) and `apply_token_bitmask`.
 
-logit_bias is one launch, grid (T, 1 + chunks): per row, one list program and, for rows with an
-allowed list, one fill program per chunk of the row.
+logit_bias is two launches. In each, a program reads and overwrites logits only in a part of
+the row that it alone owns, and orders its own phases with CTA barriers (`tl.debug_barrier`);
+loads of data that other threads of the program wrote earlier bypass L1 (`.cg`).
 
-Ownership (the invariant that makes the launch free of cross-program hazards): in a row with an
-allowed list, the list program alone reads and writes the listed tokens (allowed, bias and stop
-ids, each in range); a fill program writes -inf to every other token of its chunk and reads no
-logit. In a row without an allowed list the fill programs exit at once and the list program alone
-touches the row. So no program ever reads a token that another program writes, and the
-row-wide question of min-tokens is answered by the one program that owns every token it reads.
-
-List program, phases separated by CTA barriers (`tl.debug_barrier`); loads of logits or scratch
-that other threads of the program wrote earlier bypass L1 (`.cg`):
-1. allowed list (if the row has one): the allowed logits are saved, the bias and stop tokens set to
-   -inf, the allowed logits written back. Every listed token then holds its value after step 1.
-2. bias: every biased logit is read (plus its bias) before any is written, so a duplicated id gets
-   one of its biases.
-3. min tokens (if active): a finite logit of a token that is not a stop is looked for among the
-   allowed tokens (with an allowed list every other token is -inf or NaN) or else along the row
-   (the scan stops at the first one, usually in the first block); only if one is found are the
-   stops set to -inf. A short stop list is compared against the scanned tokens; a long one is
-   instead set to -inf before the scan (values saved) and written back if nothing is found.
-Fill program: the listed ids of its chunk are OR-ed into a bit scratch (zeroed first); then -inf is
-stored to every token whose bit is clear (a write-only pass).
-Lists longer than one register block stage their values in a [T, W] scratch row instead.
+1. `_allowed_and_bias_kernel`, one program per (row, chunk of 16384 tokens):
+   - allowed list: the listed ids of the chunk are OR-ed into a bit scratch (zeroed first), then
+     one pass writes each token's fate: its old logit where listed (read only there), -inf
+     elsewhere. No logit is saved, filled with -inf and restored;
+   - bias: the listed logits of the chunk are all read (plus bias), then written back, so a
+     duplicated id gets one of its biases.
+2. `_min_tokens_kernel`, one program per row with active min-tokens: the stop logits are saved and
+   set to -inf, the row is scanned for a finite logit (the scan stops at the first one, usually in
+   the first block), and if there is none the saved stop logits are written back.
+Lists longer than one register block (2048 ids) stage their values in a [T, W] scratch instead.
 """
 from __future__ import annotations
-
-import os
 
 import torch
 import triton
@@ -37,26 +25,13 @@ from . import _checks
 from ._registry import define_op, launch
 from ._triton_helpers import load_slot
 
-_INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
-_BLOCK_V = 4096  # apply_token_bitmask: tokens per program
-# logit_bias. Under TRITON_INTERPRET=1 the tests run small rows: smaller blocks, chunks and register
-# blocks make them span several chunks and stage lists through the scratch.
-_LB_BLOCK_V = 256 if _INTERPRET else 4096  # tokens per step of a pass over a row or a chunk
-_MAX_CHUNK_BLOCKS = 8 if _INTERPRET else 4  # a fill program's chunk: at most this many blocks
-# Chunks shrink (down to one block) until a launch has about this many fill programs.
-_FILL_PROGRAMS = 4 if _INTERPRET else 1024
-_MAX_BLOCK_IDS = 64 if _INTERPRET else 2048  # list ids one program holds in registers
-_FEW_STOPS = 32  # stop lists up to this width are compared against the scanned tokens (one compare an entry)
+_BLOCK_V = 4096  # tokens per step of a pass over the row
+_CHUNK_V = 4 * _BLOCK_V  # tokens per program of _allowed_and_bias_kernel
+_MAX_BLOCK_IDS = 2048  # list ids one program holds in registers
 
 
 def _ids_block(width: int) -> int:
     return min(max(triton.next_power_of_2(width), 16), _MAX_BLOCK_IDS)
-
-
-def _chunk_tokens(T: int, V: int) -> int:
-    """Tokens per fill program: small rows are spread over many programs, large batches take bigger chunks."""
-    blocks = triton.cdiv(V, _LB_BLOCK_V)
-    return min(max(T * blocks // _FILL_PROGRAMS, 1), _MAX_CHUNK_BLOCKS) * _LB_BLOCK_V
 
 
 @triton.jit
@@ -98,227 +73,104 @@ def _write_listed(row_ptr, ids_ptr, n, lo, hi, scratch_ptr, BLOCK: tl.constexpr,
 
 
 @triton.jit
-def _mark_listed(words_ptr, ids_ptr, n, lo, hi, BLOCK: tl.constexpr):
-    """Sets bit (id - lo) of the chunk's bit scratch for every listed id in [lo, hi)."""
-    for i in range(0, n, BLOCK):
-        ids, ok = _load_listed(ids_ptr, i + tl.arange(0, BLOCK), n, lo, hi)
-        bit = tl.full([BLOCK], 1, tl.int32) << (ids & 31).to(tl.int32)
-        tl.atomic_or(words_ptr + ((ids - lo) >> 5), bit, mask=ok, sem="relaxed")
+def _allowed_and_bias_kernel(
+    logits_ptr, logits_stride, idx_mapping_ptr,
+    allowed_ids_ptr, allowed_stride, num_allowed_ptr, max_allowed, bits_ptr,
+    bias_ids_ptr, bias_ids_stride, bias_values_ptr, bias_values_stride, num_bias_ptr, max_bias,
+    scratch_ptr, scratch_stride, num_slots, vocab_size,
+    HAS_ALLOWED: tl.constexpr, HAS_BIAS: tl.constexpr, BIAS_IN_REGISTERS: tl.constexpr,
+    BLOCK_V: tl.constexpr, CHUNK_V: tl.constexpr, BLOCK_ALLOWED: tl.constexpr, BLOCK_BIAS: tl.constexpr,
+):
+    t = tl.program_id(0)
+    chunk = tl.program_id(1)
+    slot = load_slot(idx_mapping_ptr, t, num_slots)
+    if slot < 0:
+        return
+    row_ptr = logits_ptr + t.to(tl.int64) * logits_stride
+    lo = chunk * CHUNK_V
+    hi = tl.minimum(lo + CHUNK_V, vocab_size)
+
+    if HAS_ALLOWED:
+        n_allowed = _list_length(num_allowed_ptr, slot, max_allowed)
+        if n_allowed > 0:
+            words_ptr = bits_ptr + (t.to(tl.int64) * tl.num_programs(1) + chunk) * (CHUNK_V // 32)
+            tl.store(words_ptr + tl.arange(0, CHUNK_V // 32), tl.zeros([CHUNK_V // 32], tl.int32))
+            tl.debug_barrier()
+            ids_ptr = allowed_ids_ptr + slot * allowed_stride
+            for i in range(0, n_allowed, BLOCK_ALLOWED):
+                ids, ok = _load_listed(ids_ptr, i + tl.arange(0, BLOCK_ALLOWED), n_allowed, lo, hi)
+                bit = tl.full([BLOCK_ALLOWED], 1, tl.int32) << (ids & 31)
+                tl.atomic_or(words_ptr + ((ids - lo) >> 5), bit, mask=ok, sem="relaxed")
+            tl.debug_barrier()
+            for v0 in range(lo, hi, BLOCK_V):
+                offs = v0 + tl.arange(0, BLOCK_V)
+                in_row = offs < hi
+                word = tl.load(words_ptr + ((offs - lo) >> 5), mask=in_row, other=0, cache_modifier=".cg")
+                keep = ((word >> (offs & 31)) & 1) != 0
+                kept = tl.load(row_ptr + offs, mask=keep & in_row)
+                tl.store(row_ptr + offs, tl.where(keep, kept, float("-inf")), mask=in_row)
+            tl.debug_barrier()
+
+    if HAS_BIAS:
+        n_bias = _list_length(num_bias_ptr, slot, max_bias)
+        ids_ptr = bias_ids_ptr + slot * bias_ids_stride
+        values_ptr = bias_values_ptr + slot * bias_values_stride
+        if BIAS_IN_REGISTERS:
+            k = tl.arange(0, BLOCK_BIAS)
+            ids, ok = _load_listed(ids_ptr, k, n_bias, lo, hi)
+            biased = tl.load(row_ptr + ids, mask=ok, cache_modifier=".cg").to(tl.float32)
+            biased += tl.load(values_ptr + k, mask=ok, other=0.0)
+            tl.debug_barrier()  # every listed logit is read before any is written
+            tl.store(row_ptr + ids, biased.to(logits_ptr.dtype.element_ty), mask=ok)
+        else:
+            scratch_row = scratch_ptr + t.to(tl.int64) * scratch_stride
+            _save_listed(row_ptr, ids_ptr, n_bias, lo, hi, scratch_row, values_ptr, BLOCK_BIAS, True)
+            tl.debug_barrier()
+            _write_listed(row_ptr, ids_ptr, n_bias, lo, hi, scratch_row, BLOCK_BIAS, False)
 
 
 @triton.jit
-def _is_listed(ids, list_ptr, n):
-    """Whether each of `ids` is among list[:n] (a short list: one compare per entry)."""
-    hit = tl.zeros(ids.shape, tl.int1)
-    for j in range(0, n):
-        hit |= ids == tl.load(list_ptr + j)
-    return hit
+def _min_tokens_kernel(
+    logits_ptr, logits_stride, idx_mapping_ptr, output_lens_ptr,
+    stop_ids_ptr, stop_stride, num_stop_ptr, max_stop, min_tokens_ptr,
+    scratch_ptr, scratch_stride, num_slots, vocab_size,
+    STOP_IN_REGISTERS: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_STOP: tl.constexpr,
+):
+    t = tl.program_id(0)
+    slot = load_slot(idx_mapping_ptr, t, num_slots)
+    if slot < 0:
+        return
+    n_stop = _list_length(num_stop_ptr, slot, max_stop)
+    if (n_stop == 0) | (tl.load(output_lens_ptr + t) >= tl.load(min_tokens_ptr + slot)):
+        return
+    row_ptr = logits_ptr + t.to(tl.int64) * logits_stride
+    ids_ptr = stop_ids_ptr + slot * stop_stride
+    if not STOP_IN_REGISTERS:
+        scratch_row = scratch_ptr + t.to(tl.int64) * scratch_stride
 
+    if STOP_IN_REGISTERS:
+        ids, ok = _load_listed(ids_ptr, tl.arange(0, BLOCK_STOP), n_stop, 0, vocab_size)
+        saved = tl.load(row_ptr + ids, mask=ok, cache_modifier=".cg")
+        tl.debug_barrier()  # a duplicated stop id must not save another thread's -inf
+        tl.store(row_ptr + ids, tl.full([BLOCK_STOP], float("-inf"), logits_ptr.dtype.element_ty), mask=ok)
+    else:
+        _save_listed(row_ptr, ids_ptr, n_stop, 0, vocab_size, scratch_row, scratch_row, BLOCK_STOP, False)
+        tl.debug_barrier()
+        _write_listed(row_ptr, ids_ptr, n_stop, 0, vocab_size, scratch_row, BLOCK_STOP, True)
+    tl.debug_barrier()
 
-@triton.jit
-def _any_finite_listed(row_ptr, ids_ptr, n, vocab_size, except_ptr, n_except, BLOCK: tl.constexpr):
-    """1 if a listed token of the row that is not in except[:n_except] holds a finite logit (NaN is not),
-    else 0; stops at the first block with one."""
-    found = 0
-    i = 0
-    while (found == 0) & (i < n):
-        ids, ok = _load_listed(ids_ptr, i + tl.arange(0, BLOCK), n, 0, vocab_size)
-        vals = tl.load(row_ptr + ids, mask=ok, other=float("-inf"), cache_modifier=".cg").to(tl.float32)
-        finite = (tl.abs(vals) < float("inf")) & ~_is_listed(ids, except_ptr, n_except)
-        found = tl.max(finite.to(tl.int32), axis=0)
-        i += BLOCK
-    return found
-
-
-@triton.jit
-def _any_finite_in_row(row_ptr, vocab_size, except_ptr, n_except, BLOCK_V: tl.constexpr):
-    """1 if a token of the row that is not in except[:n_except] holds a finite logit (NaN is not), else 0;
-    stops at the first block with one."""
     found = 0
     v0 = 0
     while (found == 0) & (v0 < vocab_size):
         offs = v0 + tl.arange(0, BLOCK_V)
         vals = tl.load(row_ptr + offs, mask=offs < vocab_size, other=float("-inf"), cache_modifier=".cg")
-        finite = (tl.abs(vals.to(tl.float32)) < float("inf")) & ~_is_listed(offs, except_ptr, n_except)
-        found = tl.max(finite.to(tl.int32), axis=0)
+        found = tl.max((tl.abs(vals.to(tl.float32)) < float("inf")).to(tl.int32), axis=0)
         v0 += BLOCK_V
-    return found
-
-
-@triton.jit
-def _apply_lists(
-    row_ptr, t, slot, output_lens_ptr,
-    allowed_ptr, n_allowed, bias_ids_ptr, bias_values_ptr, n_bias, stop_ptr, n_stop, min_tokens_ptr,
-    scratch_row, vocab_size,
-    HAS_ALLOWED: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_STOP: tl.constexpr, FEW_STOPS: tl.constexpr,
-    ALLOWED_IN_REGISTERS: tl.constexpr, BIAS_IN_REGISTERS: tl.constexpr, STOP_IN_REGISTERS: tl.constexpr,
-    BLOCK_V: tl.constexpr, BLOCK_ALLOWED: tl.constexpr, BLOCK_BIAS: tl.constexpr, BLOCK_STOP: tl.constexpr,
-):
-    """The list program of a row: steps 1 to 3 on the listed tokens (see the module docstring)."""
-    dtype = row_ptr.dtype.element_ty
-    neg_inf_stops = tl.full([BLOCK_STOP], float("-inf"), dtype)
-    # Lists held in registers are loaded once, up front.
-    if HAS_BIAS:
-        if BIAS_IN_REGISTERS:
-            b_k = tl.arange(0, BLOCK_BIAS)
-            b_ids, b_ok = _load_listed(bias_ids_ptr, b_k, n_bias, 0, vocab_size)
-            b_add = tl.load(bias_values_ptr + b_k, mask=b_ok, other=0.0)
-    if HAS_STOP:
+    if found == 0:  # masking the stops would leave no finite logit: they keep their values
         if STOP_IN_REGISTERS:
-            s_ids, s_ok = _load_listed(stop_ptr, tl.arange(0, BLOCK_STOP), n_stop, 0, vocab_size)
-
-    # Step 1: every listed token gets its value after the allowed list (the allowed ones already hold it).
-    if HAS_ALLOWED:
-        if HAS_BIAS or HAS_STOP:
-            if n_allowed > 0:
-                if ALLOWED_IN_REGISTERS:
-                    a_ids, a_ok = _load_listed(allowed_ptr, tl.arange(0, BLOCK_ALLOWED), n_allowed, 0, vocab_size)
-                    a_vals = tl.load(row_ptr + a_ids, mask=a_ok)
-                else:
-                    _save_listed(row_ptr, allowed_ptr, n_allowed, 0, vocab_size, scratch_row, scratch_row,
-                                 BLOCK_ALLOWED, False)
-                tl.debug_barrier()
-                if HAS_BIAS:
-                    if BIAS_IN_REGISTERS:
-                        tl.store(row_ptr + b_ids, tl.full([BLOCK_BIAS], float("-inf"), dtype), mask=b_ok)
-                    else:
-                        _write_listed(row_ptr, bias_ids_ptr, n_bias, 0, vocab_size, scratch_row, BLOCK_BIAS, True)
-                if HAS_STOP:
-                    if STOP_IN_REGISTERS:
-                        tl.store(row_ptr + s_ids, neg_inf_stops, mask=s_ok)
-                    else:
-                        _write_listed(row_ptr, stop_ptr, n_stop, 0, vocab_size, scratch_row, BLOCK_STOP, True)
-                tl.debug_barrier()  # an allowed bias or stop token: the -inf above is overwritten below
-                if ALLOWED_IN_REGISTERS:
-                    tl.store(row_ptr + a_ids, a_vals, mask=a_ok)
-                else:
-                    _write_listed(row_ptr, allowed_ptr, n_allowed, 0, vocab_size, scratch_row, BLOCK_ALLOWED, False)
-                tl.debug_barrier()
-
-    # Step 2: bias.
-    if HAS_BIAS:
-        if BIAS_IN_REGISTERS:
-            biased = tl.load(row_ptr + b_ids, mask=b_ok, cache_modifier=".cg").to(tl.float32) + b_add
-            tl.debug_barrier()  # every biased logit is read before any is written
-            tl.store(row_ptr + b_ids, biased.to(dtype), mask=b_ok)
+            tl.store(row_ptr + ids, saved, mask=ok)
         else:
-            _save_listed(row_ptr, bias_ids_ptr, n_bias, 0, vocab_size, scratch_row, bias_values_ptr, BLOCK_BIAS, True)
-            tl.debug_barrier()
-            _write_listed(row_ptr, bias_ids_ptr, n_bias, 0, vocab_size, scratch_row, BLOCK_BIAS, False)
-        tl.debug_barrier()
-
-    # Step 3: min tokens. A short stop list is compared against the tokens scanned for a finite logit,
-    # and the stops are masked once one is found; a long one is masked first (values saved), the scan
-    # then skips nothing, and the stops get their values back if none is found.
-    if HAS_STOP:
-        if (n_stop > 0) & (tl.load(output_lens_ptr + t).to(tl.int64) < tl.load(min_tokens_ptr + slot).to(tl.int64)):
-            n_except = 0
-            if FEW_STOPS:
-                n_except = n_stop
-            else:
-                if STOP_IN_REGISTERS:
-                    saved = tl.load(row_ptr + s_ids, mask=s_ok, cache_modifier=".cg")
-                    tl.debug_barrier()  # a duplicated stop id must not save another thread's -inf
-                    tl.store(row_ptr + s_ids, neg_inf_stops, mask=s_ok)
-                else:
-                    _save_listed(row_ptr, stop_ptr, n_stop, 0, vocab_size, scratch_row, scratch_row, BLOCK_STOP, False)
-                    tl.debug_barrier()
-                    _write_listed(row_ptr, stop_ptr, n_stop, 0, vocab_size, scratch_row, BLOCK_STOP, True)
-                tl.debug_barrier()
-            if n_allowed > 0:  # every unlisted token is -inf, every other listed token -inf or NaN
-                found = _any_finite_listed(row_ptr, allowed_ptr, n_allowed, vocab_size, stop_ptr, n_except, BLOCK_ALLOWED)
-            else:
-                found = _any_finite_in_row(row_ptr, vocab_size, stop_ptr, n_except, BLOCK_V)
-            tl.debug_barrier()  # the scan's loads come before the stores below
-            if FEW_STOPS:
-                if found != 0:
-                    tl.store(row_ptr + s_ids, neg_inf_stops, mask=s_ok)
-            else:
-                if found == 0:  # masking the stops would leave no finite logit: they keep their values
-                    if STOP_IN_REGISTERS:
-                        tl.store(row_ptr + s_ids, saved, mask=s_ok)
-                    else:
-                        _write_listed(row_ptr, stop_ptr, n_stop, 0, vocab_size, scratch_row, BLOCK_STOP, False)
-
-
-@triton.jit
-def _fill_unlisted(
-    row_ptr, words_ptr, lo, hi, chunk_v,
-    allowed_ptr, n_allowed, bias_ids_ptr, n_bias, stop_ptr, n_stop,
-    HAS_BIAS: tl.constexpr, HAS_STOP: tl.constexpr,
-    BLOCK_V: tl.constexpr, BLOCK_ALLOWED: tl.constexpr, BLOCK_BIAS: tl.constexpr, BLOCK_STOP: tl.constexpr,
-):
-    """A fill program: -inf to every token of [lo, hi) that no list names; reads no logit."""
-    WORDS: tl.constexpr = BLOCK_V // 32
-    for w0 in range(0, chunk_v // 32, WORDS):
-        tl.store(words_ptr + w0 + tl.arange(0, WORDS), tl.zeros([WORDS], tl.int32))
-    tl.debug_barrier()
-    _mark_listed(words_ptr, allowed_ptr, n_allowed, lo, hi, BLOCK_ALLOWED)
-    if HAS_BIAS:
-        _mark_listed(words_ptr, bias_ids_ptr, n_bias, lo, hi, BLOCK_BIAS)
-    if HAS_STOP:
-        _mark_listed(words_ptr, stop_ptr, n_stop, lo, hi, BLOCK_STOP)
-    tl.debug_barrier()
-    for v0 in range(lo, hi, BLOCK_V):
-        offs = v0 + tl.arange(0, BLOCK_V)
-        in_chunk = offs < hi
-        word = tl.load(words_ptr + ((offs - lo) >> 5), mask=in_chunk, other=-1, cache_modifier=".cg")
-        listed = ((word >> (offs & 31).to(tl.int32)) & 1) != 0
-        tl.store(row_ptr + offs, tl.full([BLOCK_V], float("-inf"), row_ptr.dtype.element_ty), mask=in_chunk & ~listed)
-
-
-@triton.jit
-def _logit_bias_kernel(
-    logits_ptr, logits_stride, idx_mapping_ptr, output_lens_ptr,
-    allowed_ids_ptr, allowed_stride, num_allowed_ptr, max_allowed,
-    bias_ids_ptr, bias_ids_stride, bias_values_ptr, bias_values_stride, num_bias_ptr, max_bias,
-    stop_ids_ptr, stop_stride, num_stop_ptr, max_stop, min_tokens_ptr,
-    bits_ptr, chunk_v, scratch_ptr, scratch_stride, num_slots, vocab_size,
-    HAS_ALLOWED: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_STOP: tl.constexpr, FEW_STOPS: tl.constexpr,
-    STAGED: tl.constexpr,
-    ALLOWED_IN_REGISTERS: tl.constexpr, BIAS_IN_REGISTERS: tl.constexpr, STOP_IN_REGISTERS: tl.constexpr,
-    BLOCK_V: tl.constexpr, BLOCK_ALLOWED: tl.constexpr, BLOCK_BIAS: tl.constexpr, BLOCK_STOP: tl.constexpr,
-):
-    """Program (t, 0): the list program of row t; program (t, 1 + c): the fill program of chunk c."""
-    t = tl.program_id(0)
-    part = tl.program_id(1)
-    slot = load_slot(idx_mapping_ptr, t, num_slots)
-    if slot >= 0:
-        row_ptr = logits_ptr + t.to(tl.int64) * logits_stride
-        n_allowed = 0
-        if HAS_ALLOWED:
-            n_allowed = _list_length(num_allowed_ptr, slot, max_allowed)
-        n_bias = 0
-        if HAS_BIAS:
-            n_bias = _list_length(num_bias_ptr, slot, max_bias)
-        n_stop = 0
-        if HAS_STOP:
-            n_stop = _list_length(num_stop_ptr, slot, max_stop)
-        allowed_ptr = allowed_ids_ptr + slot * allowed_stride
-        ids_ptr = bias_ids_ptr + slot * bias_ids_stride
-        stop_ptr = stop_ids_ptr + slot * stop_stride
-        if part == 0:
-            scratch_row = scratch_ptr
-            if STAGED:
-                scratch_row = scratch_ptr + t.to(tl.int64) * scratch_stride
-            _apply_lists(
-                row_ptr, t, slot, output_lens_ptr,
-                allowed_ptr, n_allowed, ids_ptr, bias_values_ptr + slot * bias_values_stride, n_bias,
-                stop_ptr, n_stop, min_tokens_ptr,
-                scratch_row, vocab_size,
-                HAS_ALLOWED, HAS_BIAS, HAS_STOP, FEW_STOPS, ALLOWED_IN_REGISTERS, BIAS_IN_REGISTERS,
-                STOP_IN_REGISTERS, BLOCK_V, BLOCK_ALLOWED, BLOCK_BIAS, BLOCK_STOP,
-            )
-        elif HAS_ALLOWED:
-            if n_allowed > 0:
-                chunk = part - 1
-                lo = chunk.to(tl.int64) * chunk_v
-                words_ptr = bits_ptr + (t.to(tl.int64) * (tl.num_programs(1) - 1) + chunk) * (chunk_v // 32)
-                _fill_unlisted(
-                    row_ptr, words_ptr, lo, tl.minimum(lo + chunk_v, vocab_size), chunk_v,
-                    allowed_ptr, n_allowed, ids_ptr, n_bias, stop_ptr, n_stop,
-                    HAS_BIAS, HAS_STOP, BLOCK_V, BLOCK_ALLOWED, BLOCK_BIAS, BLOCK_STOP,
-                )
+            _write_listed(row_ptr, ids_ptr, n_stop, 0, vocab_size, scratch_row, BLOCK_STOP, False)
 
 
 @triton.jit
@@ -376,28 +228,35 @@ def _logit_bias_triton(logits, idx_mapping, output_lens, allowed_ids, num_allowe
     T, V = logits.shape
     R = min_tokens.size(0)
     allowed_w, bias_w, stop_w = allowed_ids.size(1), bias_ids.size(1), stop_ids.size(1)
-    if T == 0 or allowed_w == bias_w == stop_w == 0:
+    if T == 0:
         return
-    # Scratch: listed-token bits per (row, chunk) for the fill programs; values of lists too long for registers.
-    chunk_v = _chunk_tokens(T, V)
-    chunks = triton.cdiv(V, chunk_v) if allowed_w > 0 else 0
-    bits = logits.new_empty((T * chunks * (chunk_v // 32),), dtype=torch.int32) if chunks > 0 else None
-    staged_w = max((w for w in (allowed_w, bias_w, stop_w) if w > _MAX_BLOCK_IDS), default=0)
-    scratch = logits.new_empty((T, staged_w), dtype=torch.float32) if staged_w > 0 else None
-    launch(
-        _logit_bias_kernel, (T, 1 + chunks),
-        logits, logits.stride(0), idx_mapping, output_lens,
-        allowed_ids, allowed_ids.stride(0), num_allowed, allowed_w,
-        bias_ids, bias_ids.stride(0), bias_values, bias_values.stride(0), num_bias, bias_w,
-        stop_ids, stop_ids.stride(0), num_stop, stop_w, min_tokens,
-        bits, chunk_v, scratch, staged_w, R, V,
-        HAS_ALLOWED=allowed_w > 0, HAS_BIAS=bias_w > 0, HAS_STOP=stop_w > 0,
-        FEW_STOPS=stop_w <= _FEW_STOPS, STAGED=staged_w > 0,
-        ALLOWED_IN_REGISTERS=allowed_w <= _MAX_BLOCK_IDS, BIAS_IN_REGISTERS=bias_w <= _MAX_BLOCK_IDS,
-        STOP_IN_REGISTERS=stop_w <= _MAX_BLOCK_IDS,
-        BLOCK_V=_LB_BLOCK_V, BLOCK_ALLOWED=_ids_block(allowed_w), BLOCK_BIAS=_ids_block(bias_w),
-        BLOCK_STOP=_ids_block(stop_w), num_warps=8,
-    )
+    # Scratch: allowed-token bits per (row, chunk); staged values of lists too long for registers.
+    chunks = triton.cdiv(V, _CHUNK_V)
+    bits = logits.new_empty((T, chunks * _CHUNK_V // 32), dtype=torch.int32) if allowed_w > 0 else None
+    staged_w = max(bias_w, stop_w)
+    scratch = logits.new_empty((T, staged_w), dtype=torch.float32) if staged_w > _MAX_BLOCK_IDS else None
+    scratch_stride = staged_w if scratch is not None else 0
+    if allowed_w > 0 or bias_w > 0:
+        launch(
+            _allowed_and_bias_kernel, (T, chunks),
+            logits, logits.stride(0), idx_mapping,
+            allowed_ids, allowed_ids.stride(0), num_allowed, allowed_w, bits,
+            bias_ids, bias_ids.stride(0), bias_values, bias_values.stride(0), num_bias, bias_w,
+            scratch, scratch_stride, R, V,
+            HAS_ALLOWED=allowed_w > 0, HAS_BIAS=bias_w > 0, BIAS_IN_REGISTERS=bias_w <= _MAX_BLOCK_IDS,
+            BLOCK_V=_BLOCK_V, CHUNK_V=_CHUNK_V, BLOCK_ALLOWED=_ids_block(allowed_w), BLOCK_BIAS=_ids_block(bias_w),
+            num_warps=8,
+        )
+    if stop_w > 0:
+        launch(
+            _min_tokens_kernel, (T,),
+            logits, logits.stride(0), idx_mapping, output_lens,
+            stop_ids, stop_ids.stride(0), num_stop, stop_w, min_tokens,
+            scratch, scratch_stride, R, V,
+            STOP_IN_REGISTERS=stop_w <= _MAX_BLOCK_IDS, BLOCK_V=_BLOCK_V, BLOCK_STOP=_ids_block(stop_w),
+            num_warps=8,
+        )
+
 
 
 @define_op(
