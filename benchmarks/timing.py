@@ -125,9 +125,12 @@ def _run_fields() -> dict:
     """The CSV fields shared by every row of this run: machine, versions, commit, start time."""
     import triton
 
+    # BENCH_COMMIT names the commit where the tree was copied without its git history (a lent GPU).
+    commit = os.environ.get("BENCH_COMMIT", "")
     try:
-        commit = subprocess.run(["git", "describe", "--always", "--dirty", "--abbrev=7"], capture_output=True,
-                                text=True, cwd=RESULTS_DIR.parent, timeout=10).stdout.strip() or "unknown"
+        commit = commit or subprocess.run(["git", "describe", "--always", "--dirty", "--abbrev=7"],
+                                          capture_output=True, text=True, cwd=RESULTS_DIR.parent,
+                                          timeout=10).stdout.strip() or "unknown"
     except (OSError, subprocess.SubprocessError):
         commit = "unknown"
     return {"torch": torch.__version__, "triton": triton.__version__, "commit": commit,
