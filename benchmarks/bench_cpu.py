@@ -10,8 +10,6 @@ descheduled inside a parallel region, so the one-thread table is the stable one.
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 import timeit
 
 import bench_filtering
@@ -19,21 +17,9 @@ import bench_logit_bias
 import bench_truncation
 import torch
 
-from timing import N_SETS, _time_ours, environment, print_table
+from timing import N_SETS, _time_ours, bench_cpu, environment, print_table
 
 CASES = bench_filtering.CASES + bench_truncation.CASES + bench_logit_bias.CASES
-
-
-def median_us(fn, input_sets, repeats: int) -> float:
-    for inputs in input_sets:
-        fn(*inputs)
-    times = []
-    for i in range(repeats):
-        inputs = input_sets[i % len(input_sets)]
-        start = time.perf_counter()
-        fn(*inputs)
-        times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1e6
 
 
 def ops_table(T: int, V: int, threads: int, repeats: int) -> str:
@@ -42,7 +28,7 @@ def ops_table(T: int, V: int, threads: int, repeats: int) -> str:
     for case in CASES:
         sets = [case.make(T, V, "cpu", seed) for seed in range(N_SETS)]
         def timer(fn, s):
-            return median_us(fn, s, repeats)
+            return bench_cpu(fn, s, repeats=repeats)
 
         ours = _time_ours(case, sets, timer)
         base = timer(case.baseline, [[s[0].clone()] + list(s[1:]) for s in sets])

@@ -233,6 +233,14 @@ def test_update_output_counts_duplicates_count_each(backend):
 # bad_words
 
 
+def check_bad_words(backend, logits, *state):
+    """Runs bad_words on `backend` and compares every bit with the reference; the pad stays untouched."""
+    expected = reference.bad_words(logits.cpu(), *state)
+    run_op(backend, "bad_words", logits, *[a.to(logits.device) for a in state])
+    torch.testing.assert_close(logits.cpu().double(), expected, atol=0, rtol=0)
+    assert_pad_untouched(logits)
+
+
 def bad_words_state(R, V, gen, *, N=6, W=24, L=12, lengths=(1, 2, 5)):
     """Random sequences of the given lengths; about half of them end the slot's history on purpose."""
     history = torch.randint(0, V, (R, L), generator=gen, dtype=INT)
@@ -270,13 +278,8 @@ def test_bad_words_matches_reference(backend, dtype, V, gen):
             ids = ids.long()
         idx_mapping = torch.randint(0, R, (T,), generator=gen, dtype=INT)
         history_lens = torch.randint(0, history.size(1) + 1, (T,), generator=gen, dtype=torch.int64)
-        logits = make_logits(T, V, dtype, device, generator=gen)
-        original = logits.clone().cpu()
-        expected = reference.bad_words(original, idx_mapping, ids, offsets, num, history, history_lens)
-        run_op(backend, "bad_words", logits, *[a.to(device) for a in (idx_mapping, ids, offsets, num, history,
-                                                                        history_lens)])
-        torch.testing.assert_close(logits.cpu().double(), expected, atol=0, rtol=0)
-        assert_pad_untouched(logits)
+        check_bad_words(backend, make_logits(T, V, dtype, device, generator=gen),
+                        idx_mapping, ids, offsets, num, history, history_lens)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -313,13 +316,8 @@ def test_bad_words_clamps_corrupt_lists(backend, gen):
     history[0, :2] = ids[0, :2]
     history_lens = torch.tensor([2, 2**40, -(2**40), 4, 3], dtype=torch.int64)
     idx_mapping = torch.tensor([0, 1, 2, 0, 1], dtype=INT)
-    logits = make_logits(T, V, torch.float16, device, generator=gen)
-    original = logits.clone().cpu()
-    expected = reference.bad_words(original, idx_mapping, ids, offsets, num, history, history_lens)
-    run_op(backend, "bad_words", logits, *[a.to(device) for a in (idx_mapping, ids, offsets, num, history,
-                                                                   history_lens)])
-    torch.testing.assert_close(logits.cpu().double(), expected, atol=0, rtol=0)
-    assert_pad_untouched(logits)
+    check_bad_words(backend, make_logits(T, V, torch.float16, device, generator=gen),
+                    idx_mapping, ids, offsets, num, history, history_lens)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
