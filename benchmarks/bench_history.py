@@ -28,16 +28,14 @@ read of the gathered counts).
 """
 from __future__ import annotations
 
-import argparse
 import functools
-import os
 
 import torch
 
 import torch_sampling_ops as tso
 from torch_sampling_ops import reference
 
-from timing import N_SETS, Case, _time_ours, bench_gpu, copy_bandwidth_gbps, cpu_table, environment, print_table
+from timing import N_SETS, Case, _time_ours, bench_gpu, main, print_table, record, split_name
 
 REPETITION, FREQUENCY, PRESENCE = 1.1, 0.2, 0.1
 
@@ -160,6 +158,9 @@ def gpu_table(case: Case, V: int, bandwidth_gbps: float, Ts) -> str:
         touched, dense = touched_bytes(case, sets[0])
         floor = touched / (bandwidth_gbps * 1e9) * 1e6
         dense_floor = dense / (bandwidth_gbps * 1e9) * 1e6
+        op, setting = split_name(case.name)
+        for mode, provider, us in (("eager", "ours", eager), ("graph", "ours", graph), ("eager", "pytorch", base)):
+            record(op, setting, T, V, torch.float32, mode, provider, us)
         rows.append([T, eager, graph, base, base / graph, floor, dense_floor or "-"])
         del sets
     return print_table(f"{case.name}, V = {V}, fp32, {torch.cuda.get_device_name()}, µs (median)",
@@ -167,29 +168,5 @@ def gpu_table(case: Case, V: int, bandwidth_gbps: float, Ts) -> str:
                         "dense floor"], rows)
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", help="also write the tables (markdown) to this file")
-    parser.add_argument("--cpu-only", action="store_true", help="skip the GPU tables even if CUDA is present")
-    args = parser.parse_args()
-    out = [f"Environment: {environment()}"]
-    print(out[0])
-    if torch.cuda.is_available() and not args.cpu_only:
-        bw = copy_bandwidth_gbps()
-        out.append(f"Copy bandwidth (read + write): {bw:.0f} GB/s.")
-        print(out[-1])
-        sizes = tuple(int(t) for t in os.environ.get("BENCH_T", "1,32,256").split(","))
-        out += [gpu_table(case, 151936, bw, sizes) for case in CASES]
-    # One thread as well: on a shared 2-core VM a parallel region waits whenever a vCPU is descheduled.
-    threads = torch.get_num_threads()
-    for n in sorted({1, threads}) if os.environ.get("BENCH_CPU", "1") != "0" else ():  # BENCH_CPU=0: GPU only
-        torch.set_num_threads(n)
-        out.append(cpu_table(CASES))
-    torch.set_num_threads(threads)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write("\n".join(out) + "\n")
-
-
 if __name__ == "__main__":
-    main()
+    main(CASES, __doc__, table=gpu_table, sizes="1,32,256")

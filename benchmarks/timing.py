@@ -238,8 +238,12 @@ def cpu_table(cases: Sequence[Case], T: int = 32, V: int = 32000) -> str:
 
 
 def main(cases: Sequence[Case], description: str, *, V: int = 151936,
-         extra_gpu: Callable[[], str] | None = None):
-    """Command line of every benchmark script: GPU tables when CUDA is present, the CPU table always."""
+         extra_gpu: Callable[[], str] | None = None, table: Callable[..., str] | None = None,
+         sizes: str = "1,32,256,1024"):
+    """Command line of every benchmark script: GPU tables when CUDA is present (`table(case, V,
+    bandwidth, Ts)`, gpu_table by default, at the batch sizes BENCH_T or `sizes`), then the CPU tables
+    at one thread and at all threads (on a shared VM a parallel region waits whenever a vCPU is
+    descheduled, so one thread is the stable figure)."""
     parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", help="also write the tables (markdown) to this file")
     parser.add_argument("--cpu-only", action="store_true", help="skip the GPU tables even if CUDA is present")
@@ -251,12 +255,15 @@ def main(cases: Sequence[Case], description: str, *, V: int = 151936,
         out.append(f"Copy bandwidth (read + write): {bw:.0f} GB/s. "
                    "Floor = (read + write of the logits) / copy bandwidth.")
         print(out[-1])
-        sizes = tuple(int(t) for t in os.environ.get("BENCH_T", "1,32,256,1024").split(","))
-        out += [gpu_table(case, V, bw, sizes) for case in cases]
+        Ts = tuple(int(t) for t in os.environ.get("BENCH_T", sizes).split(","))
+        out += [(table or gpu_table)(case, V, bw, Ts) for case in cases]
         if extra_gpu is not None:
             out.append(extra_gpu())
-    if os.environ.get("BENCH_CPU", "1") != "0":  # BENCH_CPU=0: the GPU tables only
+    threads = torch.get_num_threads()
+    for n in sorted({1, threads}) if os.environ.get("BENCH_CPU", "1") != "0" else ():  # BENCH_CPU=0: GPU only
+        torch.set_num_threads(n)
         out.append(cpu_table(cases))
+    torch.set_num_threads(threads)
     if args.out:
         with open(args.out, "w") as f:
             f.write("\n".join(out) + "\n")
