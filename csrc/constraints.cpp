@@ -3,8 +3,8 @@
 #include "ops.h"
 
 #include <cstring>
-#include <vector>
 #include <type_traits>
+#include <vector>
 
 namespace tso {
 namespace {
@@ -13,8 +13,10 @@ namespace {
 class IndexView {
  public:
   explicit IndexView(const at::Tensor& t)
-      : data_(t.data_ptr()), is64_(t.scalar_type() == at::kLong),
-        row_stride_(t.dim() == 2 ? t.stride(0) : 0), elem_stride_(t.dim() == 1 ? t.stride(0) : 1) {}
+      : data_(t.data_ptr()),
+        is64_(t.scalar_type() == at::kLong),
+        row_stride_(t.dim() == 2 ? t.stride(0) : 0),
+        elem_stride_(t.dim() == 1 ? t.stride(0) : 1) {}
   int64_t operator[](int64_t i) const { return at(0, i); }
   int64_t at(int64_t row, int64_t i) const {
     const int64_t k = row * row_stride_ + i * elem_stride_;
@@ -28,12 +30,16 @@ class IndexView {
 };
 
 // A ragged per-slot list read in place: slot r holds ids[r, :clamp(num[r], 0, W)], the count
-// clamped in 64 bits. `visit(r, f)` calls f(ids, n) with the slot's ids as an int32 or int64 pointer.
+// clamped in 64 bits. `visit(r, f)` calls f(ids, n) with the slot's ids as an int32 or int64
+// pointer.
 class ListView {
  public:
   ListView(const at::Tensor& ids, const at::Tensor& num)
-      : data_(ids.data_ptr()), is64_(ids.scalar_type() == at::kLong), stride_(ids.stride(0)),
-        num_(num), width_(ids.size(1)) {}
+      : data_(ids.data_ptr()),
+        is64_(ids.scalar_type() == at::kLong),
+        stride_(ids.stride(0)),
+        num_(num),
+        width_(ids.size(1)) {}
   int64_t size(int64_t slot) const { return std::clamp<int64_t>(num_[slot], 0, width_); }
   template <typename F>
   void visit(int64_t slot, F&& f) const {
@@ -53,7 +59,9 @@ class ListView {
     });
   }
   template <typename I>
-  static bool in_vocab(I id, int64_t vocab) { return static_cast<uint64_t>(id) < static_cast<uint64_t>(vocab); }
+  static bool in_vocab(I id, int64_t vocab) {
+    return static_cast<uint64_t>(id) < static_cast<uint64_t>(vocab);
+  }
 
  private:
   const void* data_;
@@ -68,7 +76,8 @@ class ListView {
 constexpr int64_t kPrefetchAhead = 16;
 
 template <typename scalar_t, typename I>
-inline void prefetch_listed(const scalar_t* row, const I* ids, int64_t i, int64_t n, int64_t vocab) {
+inline void prefetch_listed(const scalar_t* row, const I* ids, int64_t i, int64_t n,
+                            int64_t vocab) {
   if (i + kPrefetchAhead < n) {
     const I id = ids[i + kPrefetchAhead];
     __builtin_prefetch(row + (ListView::in_vocab(id, vocab) ? static_cast<int64_t>(id) : 0), 1);
@@ -92,10 +101,11 @@ bool any_finite(const scalar_t* row, int64_t vocab) {
 }
 
 // Per row, in the contract's order. Allowed list: the allowed logits are saved, the row filled with
-// -inf (a vectorised fill) and the saved logits written back. Bias: every biased logit is read before
-// any is written, so a duplicated id gets one bias. Min tokens: the stop logits are saved and set to
-// -inf; a finite logit is then looked for among the allowed ids (every other token is -inf or NaN)
-// or along the row (stopping at the first); if there is none, the stops get their saved values back.
+// -inf (a vectorised fill) and the saved logits written back. Bias: every biased logit is read
+// before any is written, so a duplicated id gets one bias. Min tokens: the stop logits are saved
+// and set to -inf; a finite logit is then looked for among the allowed ids (every other token is
+// -inf or NaN) or along the row (stopping at the first); if there is none, the stops get their
+// saved values back.
 template <typename scalar_t>
 void logit_bias_kernel(at::Tensor& logits, const IndexView& slots, const IndexView& output_lens,
                        const ListView& allowed, const ListView& bias, const at::Tensor& bias_values,
@@ -198,9 +208,10 @@ void token_bitmask_kernel(at::Tensor& logits, const at::Tensor& bitmask, const i
 void logit_bias(at::Tensor logits, const at::Tensor& idx_mapping, const at::Tensor& output_lens,
                 const at::Tensor& allowed_ids, const at::Tensor& num_allowed,
                 const at::Tensor& bias_ids, const at::Tensor& bias_values,
-                const at::Tensor& num_bias, const at::Tensor& stop_ids,
-                const at::Tensor& num_stop, const at::Tensor& min_tokens) {
-  const ListView allowed(allowed_ids, num_allowed), bias(bias_ids, num_bias), stop(stop_ids, num_stop);
+                const at::Tensor& num_bias, const at::Tensor& stop_ids, const at::Tensor& num_stop,
+                const at::Tensor& min_tokens) {
+  const ListView allowed(allowed_ids, num_allowed), bias(bias_ids, num_bias),
+      stop(stop_ids, num_stop);
   const IndexView slots(idx_mapping), lens(output_lens);
   TSO_DISPATCH_LOGITS(logits.scalar_type(), "logit_bias", [&] {
     logit_bias_kernel<scalar_t>(logits, slots, lens, allowed, bias, bias_values, stop, min_tokens);

@@ -31,7 +31,8 @@ inline bits select_bits(bool take, bits a, bits b) {
 }
 
 // The repetition penalty of a seen token. A true float32 division (no reciprocal) and, after it,
-// one fused multiply-add for frequency and presence, as the Triton kernel: CPU and CUDA agree bitwise.
+// one fused multiply-add for frequency and presence, as the Triton kernel: CPU and CUDA agree
+// bitwise.
 inline float repeat(float x, float rep) {
   const float divided = x / rep, multiplied = x * rep;
   uint32_t d, m;
@@ -45,8 +46,8 @@ inline float repeat(float x, float rep) {
 
 template <typename scalar_t>
 void penalties_kernel(at::Tensor& logits, const int64_t* slots, const at::Tensor& prompt_mask,
-                      const at::Tensor& output_mask, const at::Tensor& output_counts, const float* rep_p,
-                      const float* freq_p, const float* pres_p, int64_t R) {
+                      const at::Tensor& output_mask, const at::Tensor& output_counts,
+                      const float* rep_p, const float* freq_p, const float* pres_p, int64_t R) {
   const int64_t T = logits.size(0), V = logits.size(1), row_stride = logits.stride(0);
   const int64_t words = (V + 31) / 32;
   scalar_t* base = logits.data_ptr<scalar_t>();
@@ -61,7 +62,8 @@ void penalties_kernel(at::Tensor& logits, const int64_t* slots, const at::Tensor
       if (r < 0) continue;
       const float rep = rep_p[r], freq = freq_p[r], pres = pres_p[r];
       if (rep == 1.0f && freq == 0.0f && pres == 0.0f) continue;  // all off: the row is not read
-      // Repetition off: only output tokens change (x / 1 and x * 1 are exact), the prompt mask is not read.
+      // Repetition off: only output tokens change (x / 1 and x * 1 are exact), the prompt mask is
+      // not read.
       const bool use_prompt = rep != 1.0f;
       scalar_t* row = base + t * row_stride;
       const uint32_t* prompt_row = prompt + r * prompt_stride;
@@ -75,7 +77,8 @@ void penalties_kernel(at::Tensor& logits, const int64_t* slots, const at::Tensor
         scalar_t* tokens = row + first;
         if (first + 32 <= V && __builtin_popcount(seen) > kDenseBits) {
           // Many seen tokens: repetition on all 32 lanes (a select, no branch on the random sign or
-          // bit), the output tokens one by one, then the seen lanes stored; unseen lanes keep their bits.
+          // bit), the output tokens one by one, then the seen lanes stored; unseen lanes keep their
+          // bits.
           float y[32];
           for (int b = 0; b < 32; ++b) y[b] = repeat(static_cast<float>(tokens[b]), rep);
           for (uint32_t o = out_word; o != 0; o &= o - 1) {
@@ -96,7 +99,8 @@ void penalties_kernel(at::Tensor& logits, const int64_t* slots, const at::Tensor
           seen &= seen - 1;
           if (first + j >= V) break;  // bits past V are ignored
           float x = repeat(static_cast<float>(tokens[j]), rep);
-          if ((out_word >> j) & 1u) x -= std::fma(freq, static_cast<float>(counts_row[first + j]), pres);
+          if ((out_word >> j) & 1u)
+            x -= std::fma(freq, static_cast<float>(counts_row[first + j]), pres);
           tokens[j] = static_cast<scalar_t>(x);
         }
       }
@@ -107,7 +111,8 @@ void penalties_kernel(at::Tensor& logits, const int64_t* slots, const at::Tensor
 template <typename scalar_t>
 void bad_words_kernel(at::Tensor& logits, const int64_t* slots, const int64_t* ids, int64_t W,
                       const int32_t* offsets, int64_t offsets_stride, int64_t N, const int64_t* num,
-                      const int32_t* history, int64_t history_stride, int64_t L, const int64_t* hist_lens, int64_t R) {
+                      const int32_t* history, int64_t history_stride, int64_t L,
+                      const int64_t* hist_lens, int64_t R) {
   const int64_t T = logits.size(0), V = logits.size(1), row_stride = logits.stride(0);
   scalar_t* base = logits.data_ptr<scalar_t>();
   // A row costs about its slot's list length: short lists stay on one thread (a parallel region
@@ -132,7 +137,8 @@ void bad_words_kernel(at::Tensor& logits, const int64_t* slots, const int64_t* i
         if (last < 0 || last >= V) continue;
         const int32_t* tail = hist_row + (hist_len - prefix);
         bool match = true;
-        for (int64_t k = 0; k < prefix && match; ++k) match = ids_row[start + k] == static_cast<int64_t>(tail[k]);
+        for (int64_t k = 0; k < prefix && match; ++k)
+          match = ids_row[start + k] == static_cast<int64_t>(tail[k]);
         if (match) row[last] = kNegInf;
       }
     }
@@ -149,13 +155,14 @@ void penalties(at::Tensor logits, const at::Tensor& idx_mapping, const at::Tenso
   const at::Tensor rep = repetition_penalty.contiguous(), freq = frequency_penalty.contiguous(),
                    pres = presence_penalty.contiguous();
   TSO_DISPATCH_LOGITS(logits.scalar_type(), "penalties", [&] {
-    penalties_kernel<scalar_t>(logits, slots.data_ptr<int64_t>(), prompt_mask, output_mask, output_counts,
-                               rep.data_ptr<float>(), freq.data_ptr<float>(), pres.data_ptr<float>(), rep.size(0));
+    penalties_kernel<scalar_t>(logits, slots.data_ptr<int64_t>(), prompt_mask, output_mask,
+                               output_counts, rep.data_ptr<float>(), freq.data_ptr<float>(),
+                               pres.data_ptr<float>(), rep.size(0));
   });
 }
 
-void update_output_counts(at::Tensor output_counts, at::Tensor output_mask, const at::Tensor& idx_mapping,
-                          const at::Tensor& token_ids) {
+void update_output_counts(at::Tensor output_counts, at::Tensor output_mask,
+                          const at::Tensor& idx_mapping, const at::Tensor& token_ids) {
   const at::Tensor slots = as_int64(idx_mapping), tokens = as_int64(token_ids);
   const int64_t T = slots.size(0), R = output_counts.size(0), V = output_counts.size(1);
   const int64_t* slot_p = slots.data_ptr<int64_t>();
@@ -166,25 +173,27 @@ void update_output_counts(at::Tensor output_counts, at::Tensor output_mask, cons
   // Serial: rows may name the same slot and token, and T is a few hundred rows at most.
   for (int64_t t = 0; t < T; ++t) {
     const int64_t r = slot_p[t], tok = tok_p[t];
-    if (r < 0 || r >= R || tok < 0 || tok >= V) continue;  // -1 and out-of-range ids or slots count nothing
+    if (r < 0 || r >= R || tok < 0 || tok >= V)
+      continue;  // -1 and out-of-range ids or slots count nothing
     int32_t& count = counts[r * counts_stride + tok];
-    count = static_cast<int32_t>(static_cast<uint32_t>(count) + 1u);  // wraps as the CUDA atomic does
+    count =
+        static_cast<int32_t>(static_cast<uint32_t>(count) + 1u);  // wraps as the CUDA atomic does
     mask[r * mask_stride + (tok >> 5)] |= 1u << (tok & 31);
   }
 }
 
 void bad_words(at::Tensor logits, const at::Tensor& idx_mapping, const at::Tensor& bad_word_ids,
-               const at::Tensor& bad_word_offsets, const at::Tensor& num_bad_words, const at::Tensor& history,
-               const at::Tensor& history_lens) {
+               const at::Tensor& bad_word_offsets, const at::Tensor& num_bad_words,
+               const at::Tensor& history, const at::Tensor& history_lens) {
   const int64_t W = bad_word_ids.size(1), N = bad_word_offsets.size(1) - 1, L = history.size(1);
   if (logits.size(0) == 0 || W == 0 || N <= 0) return;  // no sequence can be listed
-  const at::Tensor slots = as_int64(idx_mapping), ids = as_int64(bad_word_ids), num = as_int64(num_bad_words),
-                   lens = as_int64(history_lens);
+  const at::Tensor slots = as_int64(idx_mapping), ids = as_int64(bad_word_ids),
+                   num = as_int64(num_bad_words), lens = as_int64(history_lens);
   TSO_DISPATCH_LOGITS(logits.scalar_type(), "bad_words", [&] {
     bad_words_kernel<scalar_t>(logits, slots.data_ptr<int64_t>(), ids.data_ptr<int64_t>(), W,
                                bad_word_offsets.data_ptr<int32_t>(), bad_word_offsets.stride(0), N,
-                               num.data_ptr<int64_t>(), history.data_ptr<int32_t>(), history.stride(0), L,
-                               lens.data_ptr<int64_t>(), num.size(0));
+                               num.data_ptr<int64_t>(), history.data_ptr<int32_t>(),
+                               history.stride(0), L, lens.data_ptr<int64_t>(), num.size(0));
   });
 }
 

@@ -12,8 +12,9 @@ namespace tso {
 namespace py = pybind11;
 
 // Per argument, the key gets what Triton specialises on, plus the tensor's device:
-//   tensor: 'T', dtype, device type, device index, '1' if the data pointer is 16-byte aligned else '0';
-//   int: 'I', then '1' (== 1), 'i' (int32 range), 'l' (int64 range) or 'u' (uint64 range), then
+//   tensor: 'T', dtype, device type, device index, '1' if the data pointer is 16-byte aligned else
+//   '0'; int: 'I', then '1' (== 1), 'i' (int32 range), 'l' (int64 range) or 'u' (uint64 range),
+//   then
 //        '1' if divisible by 16 else '0';
 //   bool 'B', float 'F', None 'N'.
 // The launcher gets tensors as their data pointers (Python ints) and the other arguments as they

@@ -27,11 +27,11 @@ void penalties(at::Tensor logits, const at::Tensor& idx_mapping, const at::Tenso
                const at::Tensor& repetition_penalty, const at::Tensor& frequency_penalty,
                const at::Tensor& presence_penalty);
 
-void update_output_counts(at::Tensor output_counts, at::Tensor output_mask, const at::Tensor& idx_mapping,
-                          const at::Tensor& token_ids);
+void update_output_counts(at::Tensor output_counts, at::Tensor output_mask,
+                          const at::Tensor& idx_mapping, const at::Tensor& token_ids);
 
 void bad_words(at::Tensor logits, const at::Tensor& idx_mapping, const at::Tensor& bad_word_ids,
-               const at::Tensor& bad_word_offsets, const at::Tensor& num_bad_words, const at::Tensor& history,
-               const at::Tensor& history_lens);
+               const at::Tensor& bad_word_offsets, const at::Tensor& num_bad_words,
+               const at::Tensor& history, const at::Tensor& history_lens);
 
 }  // namespace tso
