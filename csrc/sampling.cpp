@@ -3,6 +3,8 @@
 #include "ops.h"
 #include "random_stream.h"
 
+#include <ATen/cpu/vec/vec.h>
+
 #include <cmath>
 #include <vector>
 
@@ -19,51 +21,60 @@ inline float logit_at(const scalar_t* row, int64_t j) {
 // (value, index) ordering of the logprobs top-k: larger value first, lower index among ties.
 inline bool ranks_before(float a, int64_t ia, float b, int64_t ib) { return a > b || (a == b && ia < ib); }
 
+// The sum of exp(x[j] - m) over a float32 row, vectorized (x holds no NaN).
+float sum_exp(const float* x, int64_t V, float m) {
+  using Vec = at::vec::Vectorized<float>;
+  const Vec vm(m);
+  Vec acc(0.0f);
+  int64_t j = 0;
+  for (; j + Vec::size() <= V; j += Vec::size()) acc = acc + (Vec::loadu(x + j) - vm).exp();
+  float lanes[Vec::size()];
+  acc.store(lanes);
+  float s = 0.0f;
+  for (int k = 0; k < Vec::size(); ++k) s += lanes[k];
+  for (; j < V; ++j) s += std::exp(x[j] - m);
+  return s;
+}
+
 template <typename scalar_t>
 void logprobs_kernel(const at::Tensor& logits, const int64_t* tokens, int64_t k, int64_t* topk_ids,
                      float* topk_lp, float* token_lp, int64_t* ranks) {
   const int64_t T = logits.size(0), V = logits.size(1), row_stride = logits.stride(0);
   const scalar_t* base = logits.data_ptr<scalar_t>();
   at::parallel_for(0, T, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> vals(k);
+    std::vector<float> vals(k), x(V);
     std::vector<int64_t> ids(k);
     for (int64_t t = begin; t < end; ++t) {
       const scalar_t* row = base + t * row_stride;
+      const int64_t tok = tokens[t];
+      const bool tok_ok = tok >= 0 && tok < V;
+      const float x_tok = tok_ok ? logit_at(row, tok) : kNegInf;
+      // One pass: the row as float32 (NaN as -inf), its max, the count of larger logits and the k
+      // best (value, index) pairs, kept sorted by insertion (k is small; few tokens enter the list).
       float m = kNegInf;
-      for (int64_t j = 0; j < V; ++j) m = std::max(m, logit_at(row, j));
-      float s = 0.0f;
-      if (m > kNegInf)
-        for (int64_t j = 0; j < V; ++j) s += std::exp(logit_at(row, j) - m);
-      const float lse = m > kNegInf ? m + std::log(s) : kNegInf;
-      auto logprob = [&](float x) { return lse > kNegInf ? x - lse : kNegInf; };
-      // The k best (value, index) pairs, kept sorted by insertion: k is small.
-      int64_t held = 0;
-      for (int64_t j = 0; j < V && k > 0; ++j) {
-        const float x = logit_at(row, j);
-        if (held == k && !ranks_before(x, j, vals[k - 1], ids[k - 1])) continue;
+      int64_t larger = 0, held = 0;
+      for (int64_t j = 0; j < V; ++j) {
+        const float xj = logit_at(row, j);
+        x[j] = xj;
+        m = xj > m ? xj : m;
+        larger += xj > x_tok;
+        if (k == 0 || (held == k && !ranks_before(xj, j, vals[k - 1], ids[k - 1]))) continue;
         int64_t i = held < k ? held++ : k - 1;
-        for (; i > 0 && ranks_before(x, j, vals[i - 1], ids[i - 1]); --i) {
+        for (; i > 0 && ranks_before(xj, j, vals[i - 1], ids[i - 1]); --i) {
           vals[i] = vals[i - 1];
           ids[i] = ids[i - 1];
         }
-        vals[i] = x;
+        vals[i] = xj;
         ids[i] = j;
       }
+      const float lse = m > kNegInf ? m + std::log(sum_exp(x.data(), V, m)) : kNegInf;
+      auto logprob = [&](float v) { return lse > kNegInf ? v - lse : kNegInf; };
       for (int64_t i = 0; i < k; ++i) {
         topk_ids[t * k + i] = ids[i];
         topk_lp[t * k + i] = logprob(vals[i]);
       }
-      const int64_t tok = tokens[t];
-      if (tok < 0 || tok >= V) {
-        token_lp[t] = kNegInf;
-        ranks[t] = -1;
-        continue;
-      }
-      const float x = logit_at(row, tok);
-      int64_t larger = 0;
-      for (int64_t j = 0; j < V; ++j) larger += logit_at(row, j) > x;
-      token_lp[t] = logprob(x);
-      ranks[t] = 1 + larger;
+      token_lp[t] = tok_ok ? logprob(x_tok) : kNegInf;
+      ranks[t] = tok_ok ? 1 + larger : -1;
     }
   });
 }

@@ -21,7 +21,8 @@ and a split of each row over several programs at small T, are future work.
 `logprobs`: one program a row, one read of the row: the token's logit is loaded first, then each
 block updates the running max and sum of exponentials, the count of logits strictly larger than the
 token's, and a running top-k of (value, index) keys (a sortable int64: order-preserving float bits
-above, V-inverted index below, so ties go to the lower index), merged per block with `tl.topk`.
+above, V-inverted index below, so ties go to the lower index), merged with `tl.topk` for each block
+holding a key above the running k-th.
 """
 from __future__ import annotations
 
@@ -132,8 +133,11 @@ def _logprobs_kernel(logits_ptr, logits_stride, token_ids_ptr, topk_ids_ptr, top
             run_sum = run_sum * tl.exp(run_max - new_max) + tl.sum(tl.exp(x - new_max), axis=0)
             run_max = new_max
         if HAS_TOPK:
-            block_best = tl.topk(_sortable_key(x, offs), K)
-            best = tl.topk(tl.reshape(tl.join(best, block_best), (2 * K,)), K)
+            keys = _sortable_key(x, offs)
+            # Merge only a block that beats the running k-th best: past the first blocks of a row, few do.
+            if tl.max(keys, axis=0) > tl.min(best, axis=0):
+                block_best = tl.topk(keys, K)
+                best = tl.topk(tl.reshape(tl.join(best, block_best), (2 * K,)), K)
     lse = run_max + tl.log(run_sum)
     no_mass = run_max == float("-inf")
     token_lp = tl.where(no_mass, float("-inf"), x_token - lse)
