@@ -11,12 +11,15 @@ top); the Gumbel noise -log(-log(u)) is computed in float32, where the two logs 
 whose last bit may differ between devices. The stream has no state: a row's draw depends only on
 (seed, position, token), never on the batch, the launch grid or a CUDA-graph replay count.
 
-`sample` on CUDA (a first version): one launch copies each row, divided by its temperature with an
-IEEE division as the `temperature` op, into a float32 [T, V] workspace; the `min_p` and
-`top_k_top_p` launchers run on the workspace (rows whose filters are off are not read); then one
-program a row takes the argmax of value + Gumbel noise over the tokens above -inf (greedy rows: the
-plain argmax), ties to the lower index. A single pass that fuses scaling, filtering and the draw,
-and a split of each row over several programs at small T, are future work.
+`sample` on CUDA (a first version): one launch copies each row that has a filter on,
+divided by its temperature (greedy rows as they are) with an IEEE division as the `temperature` op, into a float32 [T, V]
+workspace; the `min_p` and `top_k_top_p` launchers run on the workspace (rows whose filters are off
+are not read); then one program a row takes the argmax of value + Gumbel noise over the tokens above
+-inf, ties to the lower index, reading the workspace row, or for a row without filters its logits
+(divided on the fly: the same bits), or for a greedy row the plain argmax of its logits (the
+filters always keep it). Greedy and unfiltered rows thus cost one read of the row. A single pass
+that fuses the filters and the draw, and a split of each row over several programs at small T,
+are future work.
 
 `logprobs`: one program a row, one read of the row: the token's logit is loaded first, then each
 block updates the running max and sum of exponentials, the count of logits strictly larger than the
@@ -217,46 +220,78 @@ def logprobs(logits: torch.Tensor, token_ids: torch.Tensor,
 
 
 @triton.jit
-def _scale_rows_kernel(logits_ptr, logits_stride, ws_ptr, idx_mapping_ptr, temperature_ptr, num_slots, vocab_size,
-                       BLOCK_V: tl.constexpr):
-    """ws[t] = logits[t] / temperature (IEEE division), or logits[t] for greedy and out-of-range rows."""
-    t = tl.program_id(0)
-    slot = load_slot(idx_mapping_ptr, t, num_slots)
-    temp = tl.load(temperature_ptr + tl.maximum(slot, 0))
-    offs = tl.program_id(1) * BLOCK_V + tl.arange(0, BLOCK_V)
-    in_row = offs < vocab_size
-    x = tl.load(logits_ptr + t.to(tl.int64) * logits_stride + offs, mask=in_row).to(tl.float32)
-    scaled = tl.where((slot >= 0) & (temp != 0.0), tl.math.div_rn(x, tl.where(temp != 0.0, temp, 1.0)), x)
-    tl.store(ws_ptr + t.to(tl.int64) * vocab_size + offs, scaled, mask=in_row)
+def _row_is_filtered(slot, min_p_ptr, top_k_ptr, top_p_ptr, vocab_size):
+    """Whether any of the row's filters is on (as the filter ops read their parameters)."""
+    k = tl.load(top_k_ptr + slot)
+    return (tl.load(min_p_ptr + slot) != 0.0) | ((k > 0) & (k < vocab_size)) | (tl.load(top_p_ptr + slot) < 1.0)
 
 
 @triton.jit
-def _gumbel_argmax_kernel(ws_ptr, idx_mapping_ptr, temperature_ptr, seeds_ptr, output_lens_ptr, out_ptr, num_slots,
-                          vocab_size, BLOCK_V: tl.constexpr):
-    """out[t] = argmax_j of ws[t, j] + gumbel(seed, position, j) over the tokens above -inf (the plain
-    argmax for greedy rows), the lower index among ties; -1 without such a token or slot."""
+def _scale_rows_kernel(logits_ptr, logits_stride, ws_ptr, idx_mapping_ptr, temperature_ptr, min_p_ptr, top_k_ptr,
+                       top_p_ptr, num_slots, vocab_size, BLOCK_V: tl.constexpr):
+    """ws[t] = logits[t] / temperature (IEEE division; as they are for greedy rows) for the rows with a
+    filter on, the rows the filters will read; the others are drawn from the logits directly."""
     t = tl.program_id(0)
     slot = load_slot(idx_mapping_ptr, t, num_slots)
     if slot < 0:
-        tl.store(out_ptr + t, -1)
         return
-    greedy = tl.load(temperature_ptr + slot) == 0.0
-    key = stream_key(tl.load(seeds_ptr + slot).to(tl.int64), tl.load(output_lens_ptr + t).to(tl.int64))
-    row_ptr = ws_ptr + t.to(tl.int64) * vocab_size
+    if not _row_is_filtered(slot, min_p_ptr, top_k_ptr, top_p_ptr, vocab_size):
+        return
+    temp = tl.load(temperature_ptr + slot)
+    offs = tl.program_id(1) * BLOCK_V + tl.arange(0, BLOCK_V)
+    in_row = offs < vocab_size
+    x = tl.load(logits_ptr + t.to(tl.int64) * logits_stride + offs, mask=in_row).to(tl.float32)
+    x = tl.where(temp != 0.0, tl.math.div_rn(x, tl.where(temp != 0.0, temp, 1.0)), x)
+    tl.store(ws_ptr + t.to(tl.int64) * vocab_size + offs, x, mask=in_row)
+
+
+@triton.jit
+def _gumbel_argmax_row(row_ptr, vocab_size, key, temp, SAMPLED: tl.constexpr, SCALE: tl.constexpr,
+                       BLOCK_V: tl.constexpr):
+    """The token of one row: argmax_j of x_j (/ temp with SCALE) (+ Gumbel noise with SAMPLED) over the
+    tokens above -inf, the lower index among ties; vocab_size when there is none."""
     best = tl.full((BLOCK_V,), float("-inf"), dtype=tl.float32)
     best_j = tl.full((BLOCK_V,), -1, dtype=tl.int32)
     for start in range(0, vocab_size, BLOCK_V):
         offs = start + tl.arange(0, BLOCK_V)
-        x = tl.load(row_ptr + offs, mask=offs < vocab_size, other=float("-inf"))
+        x = tl.load(row_ptr + offs, mask=offs < vocab_size, other=float("-inf")).to(tl.float32)
+        if SCALE:
+            x = tl.math.div_rn(x, temp)
         live = x > float("-inf")  # false for -inf and NaN: never drawn
-        noise = tl.where(greedy, 0.0, stream_gumbel(stream_bits(key, offs)))
-        score = x + noise
+        if SAMPLED:
+            score = x + stream_gumbel(stream_bits(key, offs))
+        else:
+            score = x
         # Strictly larger: a lane keeps its earlier (lower) index on ties.
         take = live & ((best_j < 0) | (score > best))
         best = tl.where(take, score, best)
         best_j = tl.where(take, offs, best_j)
     top = tl.max(tl.where(best_j >= 0, best, float("-inf")), axis=0)
-    token = tl.min(tl.where((best_j >= 0) & (best == top), best_j, vocab_size), axis=0)
+    return tl.min(tl.where((best_j >= 0) & (best == top), best_j, vocab_size), axis=0)
+
+
+@triton.jit
+def _gumbel_argmax_kernel(logits_ptr, logits_stride, ws_ptr, idx_mapping_ptr, temperature_ptr, min_p_ptr, top_k_ptr,
+                          top_p_ptr, seeds_ptr, output_lens_ptr, out_ptr, num_slots, vocab_size,
+                          BLOCK_V: tl.constexpr):
+    """out[t] = argmax_j of x[t, j] + gumbel(seed, position, j) over the tokens above -inf, with x the
+    filtered workspace row or, for a row without filters, logits / temperature; the plain argmax of
+    the logits for greedy rows (the filters always keep it); -1 without such a token or slot."""
+    t = tl.program_id(0)
+    slot = load_slot(idx_mapping_ptr, t, num_slots)
+    if slot < 0:
+        tl.store(out_ptr + t, -1)
+        return
+    temp = tl.load(temperature_ptr + slot)
+    key = stream_key(tl.load(seeds_ptr + slot).to(tl.int64), tl.load(output_lens_ptr + t).to(tl.int64))
+    logits_row = logits_ptr + t.to(tl.int64) * logits_stride
+    if temp == 0.0:
+        token = _gumbel_argmax_row(logits_row, vocab_size, key, temp, SAMPLED=False, SCALE=False, BLOCK_V=BLOCK_V)
+    elif _row_is_filtered(slot, min_p_ptr, top_k_ptr, top_p_ptr, vocab_size):
+        token = _gumbel_argmax_row(ws_ptr + t.to(tl.int64) * vocab_size, vocab_size, key, temp, SAMPLED=True,
+                                   SCALE=False, BLOCK_V=BLOCK_V)
+    else:
+        token = _gumbel_argmax_row(logits_row, vocab_size, key, temp, SAMPLED=True, SCALE=True, BLOCK_V=BLOCK_V)
     tl.store(out_ptr + t, tl.where(token < vocab_size, token, -1).to(tl.int64))
 
 
@@ -291,11 +326,14 @@ def _sample_triton(logits, idx_mapping, temperature, top_k, top_p, min_p, seeds,
         return out
     R = temperature.shape[0]
     ws = logits.new_empty((T, V), dtype=torch.float32)
-    launch(_scale_rows_kernel, (T, triton.cdiv(V, _BLOCK_V)), logits, logits.stride()[0], ws, idx_mapping,
-           temperature, R, V, BLOCK_V=_BLOCK_V, num_warps=8)
-    _min_p_triton(ws, idx_mapping, min_p)  # greedy rows too: the filters always keep the argmax
+    params = (idx_mapping, temperature, min_p, top_k, top_p)
+    launch(_scale_rows_kernel, (T, triton.cdiv(V, _BLOCK_V)), logits, logits.stride()[0], ws, *params, R, V,
+           BLOCK_V=_BLOCK_V, num_warps=8)
+    # The filters read only the rows whose parameters turn them on: exactly the rows written above
+    # (greedy ones included, filtered for nothing: the draw takes their argmax from the logits).
+    _min_p_triton(ws, idx_mapping, min_p)
     _top_k_top_p_triton(ws, idx_mapping, top_k, top_p)
-    launch(_gumbel_argmax_kernel, (T,), ws, idx_mapping, temperature, seeds, output_lens, out, R, V,
+    launch(_gumbel_argmax_kernel, (T,), logits, logits.stride()[0], ws, *params, seeds, output_lens, out, R, V,
            BLOCK_V=_BLOCK_V, num_warps=8)
     return out
 
