@@ -29,6 +29,8 @@ holding a key above the running k-th.
 """
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
@@ -40,6 +42,12 @@ from .filtering import _min_p_triton
 from .truncation import _top_k_top_p_triton
 
 _BLOCK_V = 4096
+# The draw splits each row into segments of this many tokens, one program each, below
+# _SPLIT_MAX_T rows (a row alone would otherwise be streamed by one SM); a second launch reduces the
+# segments' (score, index) pairs in order. The argmax is exact whatever the split, so a row's token
+# does not depend on it.
+_SEGMENT = 2 * _BLOCK_V if os.environ.get("TRITON_INTERPRET") != "1" else 1024
+_SPLIT_MAX_T = 128
 _MAX_TOPK = 1024  # largest num_logprobs of the Triton kernel's running list (registers); more is rejected
 
 # ----------------------------------------------------------------------------------------------
@@ -246,15 +254,16 @@ def _scale_rows_kernel(logits_ptr, logits_stride, ws_ptr, idx_mapping_ptr, tempe
 
 
 @triton.jit
-def _gumbel_argmax_row(row_ptr, vocab_size, key, temp, SAMPLED: tl.constexpr, SCALE: tl.constexpr,
+def _gumbel_argmax_row(row_ptr, begin, end, vocab_size, key, temp, SAMPLED: tl.constexpr, SCALE: tl.constexpr,
                        BLOCK_V: tl.constexpr):
-    """The token of one row: argmax_j of x_j (/ temp with SCALE) (+ Gumbel noise with SAMPLED) over the
-    tokens above -inf, the lower index among ties; vocab_size when there is none."""
+    """(score, token) of tokens [begin, end) (end <= vocab_size) of one row: argmax_j of x_j (/ temp with SCALE) (+ Gumbel
+    noise with SAMPLED) over the tokens above -inf, the lower index among ties; token vocab_size
+    (score -inf) when there is none."""
     best = tl.full((BLOCK_V,), float("-inf"), dtype=tl.float32)
     best_j = tl.full((BLOCK_V,), -1, dtype=tl.int32)
-    for start in range(0, vocab_size, BLOCK_V):
+    for start in range(begin, end, BLOCK_V):
         offs = start + tl.arange(0, BLOCK_V)
-        x = tl.load(row_ptr + offs, mask=offs < vocab_size, other=float("-inf")).to(tl.float32)
+        x = tl.load(row_ptr + offs, mask=offs < end, other=float("-inf")).to(tl.float32)
         if SCALE:
             x = tl.math.div_rn(x, temp)
         live = x > float("-inf")  # false for -inf and NaN: never drawn
@@ -267,32 +276,65 @@ def _gumbel_argmax_row(row_ptr, vocab_size, key, temp, SAMPLED: tl.constexpr, SC
         best = tl.where(take, score, best)
         best_j = tl.where(take, offs, best_j)
     top = tl.max(tl.where(best_j >= 0, best, float("-inf")), axis=0)
-    return tl.min(tl.where((best_j >= 0) & (best == top), best_j, vocab_size), axis=0)
+    return top, tl.min(tl.where((best_j >= 0) & (best == top), best_j, vocab_size), axis=0)
 
 
 @triton.jit
 def _gumbel_argmax_kernel(logits_ptr, logits_stride, ws_ptr, idx_mapping_ptr, temperature_ptr, min_p_ptr, top_k_ptr,
-                          top_p_ptr, seeds_ptr, output_lens_ptr, out_ptr, num_slots, vocab_size,
-                          BLOCK_V: tl.constexpr):
+                          top_p_ptr, seeds_ptr, output_lens_ptr, out_ptr, part_score_ptr, part_token_ptr, num_slots,
+                          vocab_size, SEGMENT: tl.constexpr, SPLIT: tl.constexpr, BLOCK_V: tl.constexpr):
     """out[t] = argmax_j of x[t, j] + gumbel(seed, position, j) over the tokens above -inf, with x the
     filtered workspace row or, for a row without filters, logits / temperature; the plain argmax of
-    the logits for greedy rows (the filters always keep it); -1 without such a token or slot."""
+    the logits for greedy rows (the filters always keep it); -1 without such a token or slot. With
+    SPLIT, program (t, s) takes segment s and stores its (score, token) pair for _reduce_segments_kernel."""
     t = tl.program_id(0)
     slot = load_slot(idx_mapping_ptr, t, num_slots)
     if slot < 0:
-        tl.store(out_ptr + t, -1)
+        if not SPLIT:
+            tl.store(out_ptr + t, -1)
         return
+    if SPLIT:
+        begin = tl.program_id(1) * SEGMENT
+        end = tl.minimum(begin + SEGMENT, vocab_size)
+    else:
+        begin = 0
+        end = vocab_size
     temp = tl.load(temperature_ptr + slot)
     key = stream_key(tl.load(seeds_ptr + slot).to(tl.int64), tl.load(output_lens_ptr + t).to(tl.int64))
     logits_row = logits_ptr + t.to(tl.int64) * logits_stride
     if temp == 0.0:
-        token = _gumbel_argmax_row(logits_row, vocab_size, key, temp, SAMPLED=False, SCALE=False, BLOCK_V=BLOCK_V)
+        score, token = _gumbel_argmax_row(logits_row, begin, end, vocab_size, key, temp, SAMPLED=False, SCALE=False,
+                                          BLOCK_V=BLOCK_V)
     elif _row_is_filtered(slot, min_p_ptr, top_k_ptr, top_p_ptr, vocab_size):
-        token = _gumbel_argmax_row(ws_ptr + t.to(tl.int64) * vocab_size, vocab_size, key, temp, SAMPLED=True,
-                                   SCALE=False, BLOCK_V=BLOCK_V)
+        score, token = _gumbel_argmax_row(ws_ptr + t.to(tl.int64) * vocab_size, begin, end, vocab_size, key, temp,
+                                          SAMPLED=True, SCALE=False, BLOCK_V=BLOCK_V)
     else:
-        token = _gumbel_argmax_row(logits_row, vocab_size, key, temp, SAMPLED=True, SCALE=True, BLOCK_V=BLOCK_V)
-    tl.store(out_ptr + t, tl.where(token < vocab_size, token, -1).to(tl.int64))
+        score, token = _gumbel_argmax_row(logits_row, begin, end, vocab_size, key, temp, SAMPLED=True, SCALE=True,
+                                          BLOCK_V=BLOCK_V)
+    if SPLIT:
+        part = t.to(tl.int64) * tl.num_programs(1) + tl.program_id(1)
+        tl.store(part_score_ptr + part, score)
+        tl.store(part_token_ptr + part, token)
+    else:
+        tl.store(out_ptr + t, tl.where(token < vocab_size, token, -1).to(tl.int64))
+
+
+@triton.jit
+def _reduce_segments_kernel(idx_mapping_ptr, part_score_ptr, part_token_ptr, out_ptr, num_slots, vocab_size,
+                            num_segments, SEGMENTS_P2: tl.constexpr):
+    """out[t] = the token of the best segment pair of row t (ties: the lower token), -1 if none."""
+    t = tl.program_id(0)
+    if load_slot(idx_mapping_ptr, t, num_slots) < 0:
+        tl.store(out_ptr + t, -1)
+        return
+    s = tl.arange(0, SEGMENTS_P2)
+    part = t.to(tl.int64) * num_segments + s
+    score = tl.load(part_score_ptr + part, mask=s < num_segments, other=float("-inf"))
+    token = tl.load(part_token_ptr + part, mask=s < num_segments, other=vocab_size)
+    live = token < vocab_size
+    top = tl.max(tl.where(live, score, float("-inf")), axis=0)
+    best = tl.min(tl.where(live & (score == top), token, vocab_size), axis=0)
+    tl.store(out_ptr + t, tl.where(best < vocab_size, best, -1).to(tl.int64))
 
 
 def _check_sample(logits, idx_mapping, temperature, top_k, top_p, min_p, seeds, output_lens) -> None:
@@ -333,8 +375,17 @@ def _sample_triton(logits, idx_mapping, temperature, top_k, top_p, min_p, seeds,
     # (greedy ones included, filtered for nothing: the draw takes their argmax from the logits).
     _min_p_triton(ws, idx_mapping, min_p)
     _top_k_top_p_triton(ws, idx_mapping, top_k, top_p)
-    launch(_gumbel_argmax_kernel, (T,), logits, logits.stride()[0], ws, *params, seeds, output_lens, out, R, V,
-           BLOCK_V=_BLOCK_V, num_warps=8)
+    segments = triton.cdiv(V, _SEGMENT) if T < _SPLIT_MAX_T else 1
+    if segments == 1:
+        launch(_gumbel_argmax_kernel, (T, 1), logits, logits.stride()[0], ws, *params, seeds, output_lens, out,
+               out, out, R, V, SEGMENT=_SEGMENT, SPLIT=False, BLOCK_V=_BLOCK_V, num_warps=8)
+        return out
+    part_score = logits.new_empty((T, segments), dtype=torch.float32)
+    part_token = logits.new_empty((T, segments), dtype=torch.int32)
+    launch(_gumbel_argmax_kernel, (T, segments), logits, logits.stride()[0], ws, *params, seeds, output_lens, out,
+           part_score, part_token, R, V, SEGMENT=_SEGMENT, SPLIT=True, BLOCK_V=min(_BLOCK_V, _SEGMENT), num_warps=8)
+    launch(_reduce_segments_kernel, (T,), idx_mapping, part_score, part_token, out, R, V, segments,
+           SEGMENTS_P2=triton.next_power_of_2(segments), num_warps=1)
     return out
 
 
