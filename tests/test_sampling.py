@@ -230,6 +230,29 @@ def test_sample_distribution_chi_square(backend, draws, params):
         assert _chi_square(counts, probs) < _chi_square_bound(df)
 
 
+@pytest.mark.parametrize("backend, draws", [("cpu", 300), pytest.param("cuda", 20000, marks=pytest.mark.cuda)])
+@pytest.mark.parametrize("params", [dict(), dict(top_k=50, top_p=0.9, temperature=0.8)], ids=str)
+def test_sample_distribution_chi_square_full_vocabulary(backend, draws, params):
+    """V = 151936, a peaked row (a few tokens hold most of the mass), one row expanded to many positions."""
+    V = 151936
+    gen = torch.Generator().manual_seed(9)
+    row = torch.randn(V, generator=gen) * 3
+    row[torch.randperm(V, generator=gen)[:6]] += torch.tensor([14.0, 13.5, 13.0, 12.0, 11.0, 10.0])
+    device = device_of(backend)
+    logits = row.to(device).expand(draws, V)  # row stride 0: one row read at every position
+    temperature, top_k, top_p, min_p, seeds = _broadcast_params(1, **params)
+    args = [logits, torch.zeros(draws, dtype=torch.int64), temperature, top_k, top_p, min_p, seeds,
+            torch.arange(draws)]
+    args = [args[0]] + [a.to(device) for a in args[1:]]
+    tokens = run_op(backend, "sample", *args).cpu()
+    probs = torch.softmax(reference.filtered_logits(row.unsqueeze(0), torch.zeros(1, dtype=torch.int64),
+                                                    *[a.cpu() for a in args[2:6]])[0], dim=0)
+    counts = torch.bincount(tokens, minlength=V).double()
+    assert bool((counts[probs == 0] == 0).all()), "a removed token was drawn"
+    df = max(int((probs * draws >= 5).sum()), 1)  # categories kept by the pooling of _chi_square
+    assert _chi_square(counts, probs) < _chi_square_bound(df)
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_sample_batch_invariance_and_positions(backend, gen):
     """A row's token depends on its row, parameters, seed and position only: alone or inside a batch of
