@@ -76,6 +76,30 @@ def apply_token_bitmask(logits, bitmask, idx_mapping=None):
     logits.masked_fill_(bits.reshape(T, -1)[:, :V] == 0, float("-inf"))
 
 
+def sample(logits, idx_mapping, temperature, top_k, top_p, min_p_, seeds, output_lens):
+    """The composed sampler of the serving stacks: temperature, min_p, the sort-based top-k/top-p above,
+    softmax and an exponential race (argmax of p / q, q ~ Exp(1): a draw from p); greedy rows take the
+    argmax. Not seeded per request (the global generator), so not batch-invariant; `logits` is kept."""
+    slots = idx_mapping.long()
+    t = temperature[slots]
+    greedy = t == 0
+    x = logits.float() / torch.where(greedy, 1.0, t).unsqueeze(1)
+    min_p(x, idx_mapping, min_p_)
+    top_k_top_p(x, idx_mapping, top_k, top_p)
+    probs = x.softmax(dim=1)
+    race = (probs / torch.empty_like(probs).exponential_()).argmax(dim=1)
+    return torch.where(greedy, logits.argmax(dim=1), race)
+
+
+def logprobs(logits, token_ids, num_logprobs):
+    """log_softmax materialised as [T, V] float32, topk, a gather and a count of larger logprobs."""
+    lp = logits.float().log_softmax(dim=1)
+    top = lp.topk(num_logprobs, dim=1)
+    token_lp = lp.gather(1, token_ids.long().unsqueeze(1)).squeeze(1)
+    ranks = (lp > token_lp.unsqueeze(1)).sum(dim=1) + 1
+    return top.indices, top.values, token_lp, ranks
+
+
 BASELINES = {
     "temperature": temperature,
     "min_p": min_p,

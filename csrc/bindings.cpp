@@ -15,5 +15,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("penalties", &tso::penalties);
   m.def("update_output_counts", &tso::update_output_counts);
   m.def("bad_words", &tso::bad_words);
+  m.def("random_stream", &tso::random_stream);
+  m.def("logprobs", &tso::logprobs);
+  m.def("sample", &tso::sample);
   m.def("bind_launch_args", &tso::bind_launch_args);
 }

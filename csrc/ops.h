@@ -34,4 +34,15 @@ void bad_words(at::Tensor logits, const at::Tensor& idx_mapping, const at::Tenso
                const at::Tensor& bad_word_offsets, const at::Tensor& num_bad_words,
                const at::Tensor& history, const at::Tensor& history_lens);
 
+std::tuple<at::Tensor, at::Tensor> random_stream(const at::Tensor& seeds, const at::Tensor& positions,
+                                                 const at::Tensor& tokens);
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> logprobs(const at::Tensor& logits,
+                                                                    const at::Tensor& token_ids,
+                                                                    int64_t num_logprobs);
+
+at::Tensor sample(const at::Tensor& logits, const at::Tensor& idx_mapping, const at::Tensor& temperature,
+                  const at::Tensor& top_k, const at::Tensor& top_p, const at::Tensor& min_p, const at::Tensor& seeds,
+                  const at::Tensor& output_lens);
+
 }  // namespace tso

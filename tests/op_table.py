@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 import test_constraints
 import test_history
+import test_sampling
 import test_truncation
 import torch
 
@@ -54,10 +55,17 @@ class OpSpec:
     check: Callable | None = None
     # a fresh tensor made from the first argument, for the op to write in place inside a compiled step
     fresh: Callable[[torch.Tensor], torch.Tensor] = lambda first: first * 2.0
+    # the op returns its results (checked by `check`) and writes nothing in place
+    returns: bool = False
 
     @property
     def op(self) -> torch._ops.OpOverload:
         return getattr(torch.ops.sampling, self.name).default
+
+    def run(self, args: list):
+        """Calls the op; returns what it produced: its outputs, or its first argument written in place."""
+        out = self.op(*args)
+        return out if self.returns else args[0]
 
     def assert_matches(self, out: torch.Tensor, original: torch.Tensor, state: list) -> None:
         if self.check is not None:
@@ -126,6 +134,38 @@ def _bad_words_args(device, gen, T=5, V=1000):
     args = test_history.bad_words_args(T, V, gen, device)
     args[1] = _slots(T, 3, gen).to(device)
     return args
+
+
+def _logprobs_args(device, gen, T=5, V=1000):
+    logits = make_logits(T, V, torch.float32, device, generator=gen)
+    return [logits, torch.randint(-2, V + 2, (T,), generator=gen).to(device), 7]
+
+
+def _logprobs_check(out, original, state):
+    test_sampling.assert_logprobs(out, original, *state)
+
+
+def _sample_args(device, gen, T=5, V=1000):
+    return test_sampling.sample_args(T, V, gen, device, R=6)
+
+
+def _sample_check(out, original, state):
+    """The reference's tokens (all but one row: a near tie may go the other way), inside the filtered set."""
+    expected = reference.sample(original, *state)
+    assert out.dtype == torch.int64 and out.shape == expected.shape
+    assert int((out != expected).sum()) <= 1, f"{out} != {expected}"
+    test_sampling.assert_inside_filtered_set(out, [original, *state])
+
+
+def to_cpu(x):
+    """x with every tensor (also inside a tuple or list) moved to the CPU."""
+    if isinstance(x, (tuple, list)):
+        return type(x)(to_cpu(a) for a in x)
+    return x.cpu() if isinstance(x, torch.Tensor) else x
+
+
+def clone_args(args: list) -> list:
+    return [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
 
 
 def _set(arg_index: int, index, value):
@@ -228,6 +268,22 @@ OPS += [
         ],
         bad_values=[BadValue("history_lens", "past_history", _set(6, 0, 10**6)),
                     BadValue("bad_word_offsets", "past_ids", _set(3, (0, 1), 10**6))],
+    ),
+]
+OPS += [
+    OpSpec(
+        "logprobs", _logprobs_args, frozenset({"logits"}),
+        bad=[Bad("num_logprobs", "negative", lambda a, d: -1, ValueError),
+             Bad("num_logprobs", "past_vocabulary", lambda a, d: 1001, ValueError)],
+        bad_values=[NAN_LOGITS], check=_logprobs_check, returns=True,
+    ),
+    OpSpec(
+        "sample", _sample_args, frozenset({"logits", "temperature"}),
+        bad=_filter_bad("temperature") + [Bad("seeds", "int32", lambda a, d: a.int(), TypeError)],
+        bad_values=[BadValue("temperature", "negative", _set(2, 1, -0.5)),
+                    BadValue("top_p", "zero", _set(4, 1, 0.0)), BadValue("min_p", "above_one", _set(5, 1, 1.5)),
+                    NAN_LOGITS],
+        check=_sample_check, returns=True,
     ),
 ]
 BY_NAME = {spec.name: spec for spec in OPS}

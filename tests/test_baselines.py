@@ -43,3 +43,21 @@ def test_baseline_matches_reference(name, gen):
     got = args[0].clone()
     baselines.BASELINES[name](got, *args[1:])
     torch.testing.assert_close(got.double(), expected, atol=1e-5, rtol=1e-5)
+
+
+def test_sample_and_logprobs_baselines(gen):
+    """The composed sampler draws inside the filtered set (greedy rows: the argmax); the composed
+    logprobs match the reference."""
+    logits = torch.randn(T, V, generator=gen) * 3
+    idx = torch.arange(T, dtype=torch.int32) % R
+    params = [torch.tensor([0.0, 1.0, 0.7, 1.2]), torch.tensor([0, 0, 50, 5], dtype=torch.int32),
+              torch.tensor([1.0, 0.9, 1.0, 0.5]), torch.tensor([0.0, 0.0, 0.1, 0.0])]
+    seeds, lens = torch.zeros(R, dtype=torch.int64), torch.zeros(T, dtype=torch.int64)
+    tokens = baselines.sample(logits, idx, *params, seeds, lens)
+    kept = reference.filtered_logits(logits, idx, *params)
+    assert bool((kept.gather(1, tokens.unsqueeze(1)) > float("-inf")).all())
+    assert torch.equal(tokens[idx == 0], logits[idx == 0].argmax(dim=1))
+    ids = torch.randint(0, V, (T,), generator=gen)
+    got, expected = baselines.logprobs(logits, ids, 5), reference.logprobs(logits, ids, 5)
+    assert torch.equal(got[0], expected[0]) and torch.equal(got[3], expected[3])
+    torch.testing.assert_close(got[1].double(), expected[1], atol=1e-5, rtol=1e-5)

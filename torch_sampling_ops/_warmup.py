@@ -19,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 import triton
 
-from . import _launch, _registry
+from . import _launch, _registry, sampling
 from .truncation import plan as truncation_plan
 
 
@@ -35,7 +35,8 @@ def _truncation_row_counts(vocab_size: int, max_num_tokens: int, pdl: bool) -> l
     return rows
 
 
-def _launch_all(vocab_size, dtypes, max_num_tokens, device, num_slots, index_dtype, logit_bias_widths) -> int:
+def _launch_all(vocab_size, dtypes, max_num_tokens, device, num_slots, index_dtype, logit_bias_widths,
+                num_logprobs=(0, 20)) -> int:
     """Runs every launcher once per variant (under compiling_only); returns the number of op calls."""
     V, R = vocab_size, num_slots
     words = (V + 31) // 32
@@ -58,9 +59,22 @@ def _launch_all(vocab_size, dtypes, max_num_tokens, device, num_slots, index_dty
                               empty(R, bias_w, dtype=torch.float32), empty(R), empty(R, stop_w), empty(R),
                               empty(R, dtype=torch.int32))
             calls += 1
+        for k in num_logprobs:
+            run("logprobs")(one, empty(1), k)
+            calls += 1
         for T in _truncation_row_counts(V, max_num_tokens, pdl):
             run("top_k_top_p")(empty(T, V, dtype=dtype), empty(T), empty(R, dtype=torch.int32),
                                empty(R, dtype=torch.float32))
+            # sample runs min_p and top_k_top_p on a float32 [T, V] workspace of its own
+            f32 = [empty(R, dtype=torch.float32) for _ in range(3)]
+            run("sample")(empty(T, V, dtype=dtype), empty(T), f32[0], empty(R, dtype=torch.int32), f32[1], f32[2],
+                          empty(R, dtype=torch.int64), empty(T))
+            calls += 2
+        if max_num_tokens >= sampling._SPLIT_MAX_T:  # sample's draw without the row split
+            T = sampling._SPLIT_MAX_T
+            f32 = [empty(R, dtype=torch.float32) for _ in range(3)]
+            run("sample")(empty(T, V, dtype=dtype), empty(T), f32[0], empty(R, dtype=torch.int32), f32[1], f32[2],
+                          empty(R, dtype=torch.int64), empty(T))
             calls += 1
         mask, f32 = empty(R, words, dtype=torch.int32), empty(R, dtype=torch.float32)
         run("penalties")(one, empty(1), mask, mask, empty(R, V, dtype=torch.int32), f32, f32, f32)
@@ -80,6 +94,7 @@ def warmup(
     num_slots: int | None = None,
     index_dtype: torch.dtype = torch.int32,
     logit_bias_widths: Sequence[tuple[int, int, int]] = ((1024, 1024, 128),),
+    num_logprobs: Sequence[int] = (0, 20),
     parallel: bool = True,
 ) -> dict:
     """Compiles every Triton kernel variant the ops launch for this vocabulary, so that a server pays
@@ -94,6 +109,8 @@ def warmup(
             Triton compiles R == 1 apart from R > 1).
         index_dtype: the dtype of idx_mapping and of the logit_bias lists and counts.
         logit_bias_widths: (allowed, bias, stop) list widths W of the logit_bias calls to prepare.
+        num_logprobs: the num_logprobs values of the logprobs calls to prepare (its kernel is
+            compiled per power of two >= num_logprobs, and once for 0).
         parallel: compile the variants on a thread pool.
 
     Returns ``{"seconds": wall time, "calls": op calls made}``. On the CPU, or under the Triton
@@ -106,7 +123,8 @@ def warmup(
         device = torch.device("cuda", torch.cuda.current_device())
     num_slots = max_num_tokens if num_slots is None else num_slots
     start = time.perf_counter()
-    args = (vocab_size, tuple(dtypes), max_num_tokens, device, num_slots, index_dtype, tuple(logit_bias_widths))
+    args = (vocab_size, tuple(dtypes), max_num_tokens, device, num_slots, index_dtype, tuple(logit_bias_widths),
+            tuple(num_logprobs))
     with torch.cuda.device(device), _launch.compiling_only():
         if parallel and hasattr(triton, "AsyncCompileMode"):
             workers = max(1, min(16, os.cpu_count() or 1))

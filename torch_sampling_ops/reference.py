@@ -189,3 +189,89 @@ def bad_words(logits, idx_mapping, bad_word_ids, bad_word_offsets, num_bad_words
     banned = torch.zeros(T, V + 1, dtype=torch.bool, device=logits.device)
     banned.scatter_(1, torch.where(matched, last, V), True)
     return out.masked_fill_(banned[:, :V], NEG_INF)
+
+
+# ----------------------------------------------------------------------------------------------
+# The random stream of sampling (the definition; see torch_sampling_ops/sampling.py), in int64
+# arithmetic masked to 32 bits: a wrapped int64 product keeps the low 32 bits of the exact one.
+
+_U32 = 0xFFFFFFFF
+
+
+def _mix32(h: torch.Tensor) -> torch.Tensor:
+    h = h ^ (h >> 16)
+    h = (h * 0x85EBCA6B) & _U32
+    h = h ^ (h >> 13)
+    h = (h * 0xC2B2AE35) & _U32
+    return h ^ (h >> 16)
+
+
+def stream_key(seeds: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """uint32 key (held in int64) of the stream of each (seed, position), int64 tensors."""
+    s, p = seeds.long(), positions.long()
+    k = _mix32((s & _U32) ^ 0x9E3779B9)
+    k = _mix32(k ^ ((s >> 32) & _U32))
+    k = _mix32(k ^ (p & _U32))
+    return _mix32(k ^ ((p >> 32) & _U32))
+
+
+def stream_bits(key: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """uint32 random bits (held in int64) of token indices `tokens` of the streams `key` (broadcast)."""
+    return _mix32((_mix32(key ^ tokens.long()) + 0x6A09E667) & _U32)
+
+
+def stream_uniform(bits: torch.Tensor, dtype=torch.float64) -> torch.Tensor:
+    """u = ((bits >> 9) + 1/2) / 2**23 in (0, 1), exact in float32."""
+    return ((bits >> 9).to(dtype) + 0.5) * 2.0**-23
+
+
+def stream_gumbel(bits: torch.Tensor, dtype=torch.float64) -> torch.Tensor:
+    """Gumbel noise -log(-log(u)) of the stream's bits."""
+    return -torch.log(-torch.log(stream_uniform(bits, dtype)))
+
+
+def logprobs(logits, token_ids, num_logprobs, *, compute_dtype=torch.float64):
+    """(topk_ids, topk_logprobs, token_logprobs, token_ranks): the log-softmax of each row (NaN read
+    as -inf; every logprob -inf in a row without a logit above -inf), its k largest entries (larger
+    first, lower index among ties), the given token's logprob and rank (1 + count of strictly larger
+    logits); -inf and rank -1 for a token id outside [0, V)."""
+    T, V = logits.shape
+    x = logits.to(compute_dtype)
+    x = torch.where(x.isnan(), NEG_INF, x)
+    lse = torch.logsumexp(x, dim=1, keepdim=True)
+    lp = torch.where(lse > NEG_INF, x - lse, NEG_INF)
+    # A stable sort by descending value keeps the lower index first among ties.
+    order = torch.sort(x, dim=1, descending=True, stable=True).indices[:, :num_logprobs]
+    tokens = token_ids.long()
+    ok = (tokens >= 0) & (tokens < V)
+    safe = tokens.clamp(0, V - 1).unsqueeze(1)
+    x_token = x.gather(1, safe)
+    ranks = torch.where(ok, 1 + (x > x_token).sum(dim=1), -1)
+    token_lp = torch.where(ok, lp.gather(1, safe).squeeze(1), NEG_INF)
+    return order, lp.gather(1, order), token_lp, ranks
+
+
+def filtered_logits(logits, idx_mapping, temperature_, top_k, top_p, min_p_, *, compute_dtype=torch.float64):
+    """The logits `sample` draws from: divided by the temperature, then min_p, then top_k_top_p
+    (greedy rows as given); -inf marks a removed token."""
+    out = temperature(logits, idx_mapping, temperature_, compute_dtype=compute_dtype)
+    out = min_p(out, idx_mapping, min_p_, compute_dtype=compute_dtype)
+    return top_k_top_p(out, idx_mapping, top_k, top_p, compute_dtype=compute_dtype)
+
+
+def sample(logits, idx_mapping, temperature_, top_k, top_p, min_p_, seeds, output_lens, *,
+           compute_dtype=torch.float64) -> torch.Tensor:
+    """The token of each row: argmax over the filtered tokens of filtered logit + Gumbel noise of the
+    stream (seed of the slot, output_lens of the row, token index); the argmax for greedy rows (the
+    lowest index among ties); -1 for a row without a logit above -inf or whose slot is out of range."""
+    T, V = logits.shape
+    slots, valid = _slots(idx_mapping, T, temperature_.size(0), logits.device)
+    x = filtered_logits(logits, idx_mapping, temperature_, top_k, top_p, min_p_, compute_dtype=compute_dtype)
+    live = x > NEG_INF  # false for NaN
+    greedy = (temperature_[slots] == 0).unsqueeze(1)
+    key = stream_key(seeds[slots], output_lens).unsqueeze(1)
+    noise = stream_gumbel(stream_bits(key, torch.arange(V, device=logits.device)), compute_dtype)
+    score = torch.where(live, torch.where(greedy, x, x + noise), NEG_INF)
+    # argmax returns the first maximal index: the lowest among ties.
+    token = torch.where(live.any(dim=1) & valid, score.argmax(dim=1), -1)
+    return token

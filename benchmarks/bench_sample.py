@@ -1,0 +1,49 @@
+"""Benchmark of the sampling family (sample, logprobs) against the composed-PyTorch sampler
+(benchmarks/baselines.py: temperature, min_p, sort-based top-k/top-p, softmax and an exponential
+race; log_softmax + topk for logprobs).
+
+    python benchmarks/bench_sample.py            # GPU tables if CUDA is present, CPU table always
+    python benchmarks/bench_sample.py --out results.md
+    BENCH_T=1,32,256 python benchmarks/bench_sample.py
+
+Inputs: fp32 logits randn * 3, V = 151936, one slot per row. Cases: greedy (temperature 0), a plain
+draw (temperature 1, no filter), k = 50 with p = 0.9, and logprobs with 20 top entries and the rank of
+a random token. The ops only read the logits, so the "r+w floor" column of the tables (a read and a
+write of the logits) is twice the read floor of these ops.
+"""
+from __future__ import annotations
+
+import baselines
+import torch
+
+import torch_sampling_ops as tso
+
+from timing import Case, main
+
+
+def sample_inputs(T, V, device, seed, *, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0):
+    """[logits, idx_mapping, temperature, top_k, top_p, min_p, seeds, output_lens], row t in slot t."""
+    g = torch.Generator().manual_seed(seed)
+    logits = torch.randn(T, V, generator=g) * 3
+    args = [logits, torch.arange(T, dtype=torch.int32), torch.full((T,), temperature),
+            torch.full((T,), top_k, dtype=torch.int32), torch.full((T,), top_p), torch.full((T,), min_p),
+            torch.randint(0, 2**62, (T,), generator=g), torch.randint(0, 4096, (T,), generator=g)]
+    return [a.to(device) for a in args]
+
+
+def logprobs_inputs(T, V, device, seed, k=20):
+    g = torch.Generator().manual_seed(seed)
+    return [(torch.randn(T, V, generator=g) * 3).to(device), torch.randint(0, V, (T,), generator=g).to(device), k]
+
+
+CASES = [
+    Case("sample (greedy)", lambda T, V, dev, s: sample_inputs(T, V, dev, s, temperature=0.0), tso.sample,
+         baselines.sample),
+    Case("sample (plain)", lambda T, V, dev, s: sample_inputs(T, V, dev, s), tso.sample, baselines.sample),
+    Case("sample (k=50, p=0.9)", lambda T, V, dev, s: sample_inputs(T, V, dev, s, top_k=50, top_p=0.9), tso.sample,
+         baselines.sample),
+    Case("logprobs (k=20)", logprobs_inputs, tso.logprobs, baselines.logprobs),
+]
+
+if __name__ == "__main__":
+    main(CASES, __doc__)

@@ -1,0 +1,167 @@
+// CPU kernels of the sampling op family (torch_sampling_ops/sampling.py): sample and logprobs,
+// and the random stream exposed for tests.
+#include "ops.h"
+#include "random_stream.h"
+
+#include <ATen/cpu/vec/vec.h>
+
+#include <cmath>
+#include <vector>
+
+namespace tso {
+namespace {
+
+// A logit read as float32, NaN read as -inf (never drawn, never counted as larger).
+template <typename scalar_t>
+inline float logit_at(const scalar_t* row, int64_t j) {
+  const float x = static_cast<float>(row[j]);
+  return x == x ? x : kNegInf;
+}
+
+// (value, index) ordering of the logprobs top-k: larger value first, lower index among ties.
+inline bool ranks_before(float a, int64_t ia, float b, int64_t ib) { return a > b || (a == b && ia < ib); }
+
+// The sum of exp(x[j] - m) over a float32 row, vectorized (x holds no NaN).
+float sum_exp(const float* x, int64_t V, float m) {
+  using Vec = at::vec::Vectorized<float>;
+  const Vec vm(m);
+  Vec acc(0.0f);
+  int64_t j = 0;
+  for (; j + Vec::size() <= V; j += Vec::size()) acc = acc + (Vec::loadu(x + j) - vm).exp();
+  float lanes[Vec::size()];
+  acc.store(lanes);
+  float s = 0.0f;
+  for (int k = 0; k < Vec::size(); ++k) s += lanes[k];
+  for (; j < V; ++j) s += std::exp(x[j] - m);
+  return s;
+}
+
+template <typename scalar_t>
+void logprobs_kernel(const at::Tensor& logits, const int64_t* tokens, int64_t k, int64_t* topk_ids,
+                     float* topk_lp, float* token_lp, int64_t* ranks) {
+  const int64_t T = logits.size(0), V = logits.size(1), row_stride = logits.stride(0);
+  const scalar_t* base = logits.data_ptr<scalar_t>();
+  at::parallel_for(0, T, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> vals(k), x(V);
+    std::vector<int64_t> ids(k);
+    for (int64_t t = begin; t < end; ++t) {
+      const scalar_t* row = base + t * row_stride;
+      const int64_t tok = tokens[t];
+      const bool tok_ok = tok >= 0 && tok < V;
+      const float x_tok = tok_ok ? logit_at(row, tok) : kNegInf;
+      // One pass: the row as float32 (NaN as -inf), its max, the count of larger logits and the k
+      // best (value, index) pairs, kept sorted by insertion (k is small; few tokens enter the list).
+      float m = kNegInf;
+      int64_t larger = 0, held = 0;
+      for (int64_t j = 0; j < V; ++j) {
+        const float xj = logit_at(row, j);
+        x[j] = xj;
+        m = xj > m ? xj : m;
+        larger += xj > x_tok;
+        if (k == 0 || (held == k && !ranks_before(xj, j, vals[k - 1], ids[k - 1]))) continue;
+        int64_t i = held < k ? held++ : k - 1;
+        for (; i > 0 && ranks_before(xj, j, vals[i - 1], ids[i - 1]); --i) {
+          vals[i] = vals[i - 1];
+          ids[i] = ids[i - 1];
+        }
+        vals[i] = xj;
+        ids[i] = j;
+      }
+      const float lse = m > kNegInf ? m + std::log(sum_exp(x.data(), V, m)) : kNegInf;
+      auto logprob = [&](float v) { return lse > kNegInf ? v - lse : kNegInf; };
+      for (int64_t i = 0; i < k; ++i) {
+        topk_ids[t * k + i] = ids[i];
+        topk_lp[t * k + i] = logprob(vals[i]);
+      }
+      token_lp[t] = tok_ok ? logprob(x_tok) : kNegInf;
+      ranks[t] = tok_ok ? 1 + larger : -1;
+    }
+  });
+}
+
+// The token of each row: argmax of the (temperature-scaled, filtered) row plus the Gumbel noise of
+// its stream; the plain argmax for greedy rows; -1 for rows without a logit above -inf.
+void gumbel_argmax(const at::Tensor& scaled, const int64_t* slots, const float* temps, const int64_t* seeds,
+                   const int64_t* positions, int64_t R, int64_t* out) {
+  const int64_t T = scaled.size(0), V = scaled.size(1);
+  const float* base = scaled.data_ptr<float>();
+  at::parallel_for(0, T, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      const int64_t r = slots[t];
+      if (r < 0 || r >= R) {
+        out[t] = -1;
+        continue;
+      }
+      const float* row = base + t * V;
+      const bool greedy = temps[r] == 0.0f;
+      const uint32_t key = stream_key(seeds[r], positions[t]);
+      float best = kNegInf;
+      int64_t best_j = -1;
+      for (int64_t j = 0; j < V; ++j) {
+        const float x = row[j];
+        if (!(x > kNegInf)) continue;  // -inf or NaN: never drawn
+        const float score = greedy ? x : x + stream_gumbel(stream_bits(key, static_cast<uint32_t>(j)));
+        if (best_j < 0 || score > best) {
+          best = score;
+          best_j = j;
+        }
+      }
+      out[t] = best_j;
+    }
+  });
+}
+
+}  // namespace
+
+std::tuple<at::Tensor, at::Tensor> random_stream(const at::Tensor& seeds, const at::Tensor& positions,
+                                                 const at::Tensor& tokens) {
+  const at::Tensor s = as_int64(seeds), p = as_int64(positions), j = as_int64(tokens);
+  at::Tensor bits = at::empty(s.sizes(), s.options());
+  at::Tensor noise = at::empty(s.sizes(), s.options().dtype(at::kFloat));
+  for (int64_t i = 0; i < s.numel(); ++i) {
+    const uint32_t h = stream_bits(stream_key(s.data_ptr<int64_t>()[i], p.data_ptr<int64_t>()[i]),
+                                   static_cast<uint32_t>(j.data_ptr<int64_t>()[i]));
+    bits.data_ptr<int64_t>()[i] = h;
+    noise.data_ptr<float>()[i] = stream_gumbel(h);
+  }
+  return {bits, noise};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> logprobs(const at::Tensor& logits,
+                                                                    const at::Tensor& token_ids,
+                                                                    int64_t num_logprobs) {
+  const int64_t T = logits.size(0);
+  const at::Tensor tokens = as_int64(token_ids);
+  const auto opts = logits.options();
+  at::Tensor topk_ids = at::empty({T, num_logprobs}, opts.dtype(at::kLong));
+  at::Tensor topk_lp = at::empty({T, num_logprobs}, opts.dtype(at::kFloat));
+  at::Tensor token_lp = at::empty({T}, opts.dtype(at::kFloat));
+  at::Tensor ranks = at::empty({T}, opts.dtype(at::kLong));
+  TSO_DISPATCH_LOGITS(logits.scalar_type(), "logprobs", [&] {
+    logprobs_kernel<scalar_t>(logits, tokens.data_ptr<int64_t>(), num_logprobs, topk_ids.data_ptr<int64_t>(),
+                              topk_lp.data_ptr<float>(), token_lp.data_ptr<float>(), ranks.data_ptr<int64_t>());
+  });
+  return {topk_ids, topk_lp, token_lp, ranks};
+}
+
+at::Tensor sample(const at::Tensor& logits, const at::Tensor& idx_mapping, const at::Tensor& temperature,
+                  const at::Tensor& top_k, const at::Tensor& top_p, const at::Tensor& min_p, const at::Tensor& seeds,
+                  const at::Tensor& output_lens) {
+  const int64_t T = logits.size(0);
+  const at::Tensor slots = as_int64(idx_mapping), positions = as_int64(output_lens), seed = as_int64(seeds);
+  const at::Tensor temps = temperature.contiguous();
+  const int64_t R = temps.size(0);
+  // A float32 workspace: the rows divided by their temperature (a true division, as the temperature
+  // op), then min_p and top_k_top_p in place; greedy rows stay as they are (the filters always keep
+  // the argmax).
+  at::Tensor scaled = logits.to(at::kFloat, /*non_blocking=*/false, /*copy=*/true).contiguous();
+  tso::temperature(scaled, slots, temps);
+  tso::min_p(scaled, slots, min_p);
+  tso::top_k_top_p(scaled, slots, top_k, top_p);
+  at::Tensor out = at::empty({T}, logits.options().dtype(at::kLong));
+  gumbel_argmax(scaled, slots.data_ptr<int64_t>(), temps.data_ptr<float>(), seed.data_ptr<int64_t>(),
+                positions.data_ptr<int64_t>(), R, out.data_ptr<int64_t>());
+  return out;
+}
+
+}  // namespace tso

@@ -1,0 +1,413 @@
+"""Drawing tokens: `sample` and `logprobs`, and the random stream of sampling.
+
+The random stream. Token j of a row with seed s and position p (its `output_lens`) gets 32 random
+bits h = stream_bits(stream_key(s, p), j): the key mixes the four 32-bit words of (s, p), low word
+first, through the murmur3 finalizer (`_mix32`), and the token's bits are two more rounds over
+key ^ j. Every step is a wrapping uint32 operation, so Triton, the C++ kernels
+(csrc/random_stream.h) and the reference (torch int64 arithmetic masked to 32 bits, the
+definition) compute the same bits. The uniform u = ((h >> 9) + 1/2) / 2**23 lies in (0, 1) and is
+exact in float32 (23 bits, not 24: (2m + 1) / 2**25 for a 24-bit m would round to 1.0 at the
+top); the Gumbel noise -log(-log(u)) is computed in float32, where the two logs are the only steps
+whose last bit may differ between devices. The stream has no state: a row's draw depends only on
+(seed, position, token), never on the batch, the launch grid or a CUDA-graph replay count.
+
+`sample` on CUDA (a first version): one launch copies each row that has a filter on,
+divided by its temperature (greedy rows as they are) with an IEEE division as the `temperature` op, into a float32 [T, V]
+workspace; the `min_p` and `top_k_top_p` launchers run on the workspace (rows whose filters are off
+are not read); then one program a row takes the argmax of value + Gumbel noise over the tokens above
+-inf, ties to the lower index, reading the workspace row, or for a row without filters its logits
+(divided on the fly: the same bits), or for a greedy row the plain argmax of its logits (the
+filters always keep it). Greedy and unfiltered rows thus cost one read of the row. A single pass
+that fuses the filters and the draw, and a split of each row over several programs at small T,
+are future work.
+
+`logprobs`: one program a row, one read of the row: the token's logit is loaded first, then each
+block updates the running max and sum of exponentials, the count of logits strictly larger than the
+token's, and a running top-k of (value, index) keys (a sortable int64: order-preserving float bits
+above, V-inverted index below, so ties go to the lower index), merged with `tl.topk` for each block
+holding a key above the running k-th.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from . import _checks
+from ._registry import define_op, launch
+from ._triton_helpers import load_slot
+from .filtering import _min_p_triton
+from .truncation.op import _top_k_top_p_triton
+
+_BLOCK_V = 4096
+# The draw splits each row into segments of this many tokens, one program each, below
+# _SPLIT_MAX_T rows (a row alone would otherwise be streamed by one SM); a second launch reduces the
+# segments' (score, index) pairs in order. The argmax is exact whatever the split, so a row's token
+# does not depend on it.
+_SEGMENT = 2 * _BLOCK_V if os.environ.get("TRITON_INTERPRET") != "1" else 1024
+_SPLIT_MAX_T = 128
+_MAX_TOPK = 1024  # largest num_logprobs of the Triton kernel's running list (registers); more is rejected
+
+# ----------------------------------------------------------------------------------------------
+# The random stream
+
+
+@triton.jit
+def _mix32(h):
+    """The murmur3 finalizer on uint32: a bijection with full avalanche."""
+    h ^= h >> 16
+    h *= 0x85EBCA6B
+    h ^= h >> 13
+    h *= 0xC2B2AE35
+    h ^= h >> 16
+    return h
+
+
+@triton.jit
+def stream_key(seed, position):
+    """uint32 key of the stream of (seed, position), both int64."""
+    k = _mix32((seed & 0xFFFFFFFF).to(tl.uint32) ^ 0x9E3779B9)
+    k = _mix32(k ^ ((seed >> 32) & 0xFFFFFFFF).to(tl.uint32))
+    k = _mix32(k ^ (position & 0xFFFFFFFF).to(tl.uint32))
+    return _mix32(k ^ ((position >> 32) & 0xFFFFFFFF).to(tl.uint32))
+
+
+@triton.jit
+def stream_bits(key, token):
+    """uint32 random bits of token indices `token` (in [0, 2**31)) of the stream `key`."""
+    return _mix32(_mix32(key ^ token.to(tl.uint32)) + 0x6A09E667)
+
+
+@triton.jit
+def stream_gumbel(bits):
+    """Gumbel noise -log(-log(u)) in float32, u = ((bits >> 9) + 1/2) / 2**23 in (0, 1)."""
+    u = ((bits >> 9).to(tl.float32) + 0.5) * 1.1920928955078125e-07
+    return -tl.log(-tl.log(u))
+
+
+@triton.jit
+def _random_stream_kernel(seeds_ptr, positions_ptr, tokens_ptr, bits_ptr, noise_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    ok = offs < n
+    key = stream_key(tl.load(seeds_ptr + offs, mask=ok).to(tl.int64), tl.load(positions_ptr + offs, mask=ok).to(tl.int64))
+    bits = stream_bits(key, tl.load(tokens_ptr + offs, mask=ok))
+    tl.store(bits_ptr + offs, bits.to(tl.int64), mask=ok)
+    tl.store(noise_ptr + offs, stream_gumbel(bits), mask=ok)
+
+
+def random_stream_triton(seeds: torch.Tensor, positions: torch.Tensor, tokens: torch.Tensor):
+    """(bits int64, noise float32) of the stream at each (seed, position, token), elementwise over
+    1-D int64 tensors, computed by the Triton functions the kernels use (for tests)."""
+    n = seeds.numel()
+    bits = torch.empty(n, dtype=torch.int64, device=seeds.device)
+    noise = torch.empty(n, dtype=torch.float32, device=seeds.device)
+    if n:
+        _random_stream_kernel[(triton.cdiv(n, 1024),)](seeds, positions, tokens, bits, noise, n, BLOCK=1024)
+    return bits, noise
+
+
+# ----------------------------------------------------------------------------------------------
+# logprobs
+
+
+@triton.jit
+def _sortable_key(x, offs):
+    """int64 keys ordered as (x descending, offs ascending): float bits made order-preserving in the
+    high word, 2**32 - 1 - offs in the low word."""
+    bits = x.to(tl.int32, bitcast=True)
+    ordered = tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF)
+    return (ordered.to(tl.int64) << 32) | (4294967295 - offs.to(tl.int64))
+
+
+@triton.jit
+def _logprobs_kernel(logits_ptr, logits_stride, token_ids_ptr, topk_ids_ptr, topk_lp_ptr, token_lp_ptr, ranks_ptr,
+                     vocab_size, k, BLOCK_V: tl.constexpr, K: tl.constexpr, HAS_TOPK: tl.constexpr):
+    t = tl.program_id(0)
+    row_ptr = logits_ptr + t.to(tl.int64) * logits_stride
+    token = tl.load(token_ids_ptr + t).to(tl.int64)
+    token_ok = (token >= 0) & (token < vocab_size)
+    x_token = tl.load(row_ptr + tl.where(token_ok, token, 0)).to(tl.float32)
+    x_token = tl.where(x_token == x_token, x_token, float("-inf"))
+    run_max = float("-inf")
+    run_sum = 0.0
+    larger = tl.zeros((), dtype=tl.int64)
+    best = tl.full((K,), -9223372036854775807 - 1, dtype=tl.int64)
+    for start in range(0, vocab_size, BLOCK_V):
+        offs = start + tl.arange(0, BLOCK_V)
+        x = tl.load(row_ptr + offs, mask=offs < vocab_size, other=float("-inf")).to(tl.float32)
+        x = tl.where(x == x, x, float("-inf"))  # NaN is read as -inf
+        larger += tl.sum((x > x_token).to(tl.int64), axis=0)
+        new_max = tl.maximum(run_max, tl.max(x, axis=0))
+        if new_max > float("-inf"):
+            run_sum = run_sum * tl.exp(run_max - new_max) + tl.sum(tl.exp(x - new_max), axis=0)
+            run_max = new_max
+        if HAS_TOPK:
+            keys = _sortable_key(x, offs)
+            # Merge only a block that beats the running k-th best: past the first blocks of a row, few do.
+            if tl.max(keys, axis=0) > tl.min(best, axis=0):
+                block_best = tl.topk(keys, K)
+                best = tl.topk(tl.reshape(tl.join(best, block_best), (2 * K,)), K)
+    lse = run_max + tl.log(run_sum)
+    no_mass = run_max == float("-inf")
+    token_lp = tl.where(no_mass, float("-inf"), x_token - lse)
+    tl.store(token_lp_ptr + t, tl.where(token_ok, token_lp, float("-inf")))
+    tl.store(ranks_ptr + t, tl.where(token_ok, 1 + larger, -1))
+    if HAS_TOPK:
+        j = tl.arange(0, K)
+        ids = 4294967295 - (best & 4294967295)
+        ordered = (best >> 32).to(tl.int32)
+        vals = tl.where(ordered >= 0, ordered, ordered ^ 0x7FFFFFFF).to(tl.float32, bitcast=True)
+        lp = tl.where(no_mass, float("-inf"), vals - lse)
+        out = t.to(tl.int64) * k + j
+        tl.store(topk_ids_ptr + out, ids, mask=j < k)
+        tl.store(topk_lp_ptr + out, lp, mask=j < k)
+
+
+def _check_logprobs(logits, token_ids, num_logprobs) -> None:
+    op = "logprobs"
+    T, V = _checks.check_logits(op, logits)
+    _checks.check_tensor(op, "token_ids", token_ids, _checks.INDEX_DTYPES, ndim=1, device=logits.device, shape=(T,))
+    if not isinstance(num_logprobs, int) or isinstance(num_logprobs, bool):
+        raise TypeError(f"sampling.{op}: 'num_logprobs' must be an int, got {type(num_logprobs).__name__}")
+    if not 0 <= num_logprobs <= min(V, _MAX_TOPK):
+        raise ValueError(f"sampling.{op}: 'num_logprobs' must be in [0, {min(V, _MAX_TOPK)}] (at most V and "
+                         f"{_MAX_TOPK}), got {num_logprobs}")
+
+
+def _check_logprobs_values(logits, token_ids, num_logprobs) -> None:
+    _checks.check_values("logprobs", "logits", ~logits.isnan(), "no NaN")
+
+
+def _logprobs_outputs(logits, num_logprobs):
+    T = logits.shape[0]
+    return (logits.new_empty((T, num_logprobs), dtype=torch.int64),
+            logits.new_empty((T, num_logprobs), dtype=torch.float32),
+            logits.new_empty((T,), dtype=torch.float32), logits.new_empty((T,), dtype=torch.int64))
+
+
+def _logprobs_fake(logits, token_ids, num_logprobs):
+    return _logprobs_outputs(logits, num_logprobs)
+
+
+def _logprobs_triton(logits, token_ids, num_logprobs):
+    outs = _logprobs_outputs(logits, num_logprobs)
+    T, V = logits.shape
+    if T == 0:
+        return outs
+    K = triton.next_power_of_2(max(num_logprobs, 1))
+    launch(_logprobs_kernel, (T,), logits, logits.stride()[0], token_ids, *outs, V, num_logprobs,
+           BLOCK_V=max(_BLOCK_V, K), K=K, HAS_TOPK=num_logprobs > 0, num_warps=8)
+    return outs
+
+
+@define_op(mutates_args=(), check=_check_logprobs, check_values=_check_logprobs_values, triton=_logprobs_triton,
+           fake=_logprobs_fake)
+def logprobs(logits: torch.Tensor, token_ids: torch.Tensor,
+             num_logprobs: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The log-softmax of each row: its largest entries and the logprob and rank of a given token.
+
+    Args:
+        logits: ``[T, V]`` float32/float16/bfloat16, unit column stride; read only.
+        token_ids: ``[T]`` int32/int64, the token of each row whose logprob and rank are returned.
+        num_logprobs: ``k`` in ``[0, min(V, 1024)]``.
+
+    Returns ``(topk_ids int64 [T, k], topk_logprobs float32 [T, k], token_logprobs float32 [T],
+    token_ranks int64 [T])``: the ``k`` largest logits of each row (larger first, the lower index
+    among ties) with their log-probabilities ``logit - logsumexp(row)`` (float32); the
+    log-probability of ``token_ids[t]`` and its rank, 1 + the number of logits strictly larger. A
+    token id outside ``[0, V)`` gets ``-inf`` and rank ``-1``. NaN logits are read as ``-inf``
+    (probability 0, never larger than another logit). A row with no logit above ``-inf`` has every
+    logprob ``-inf``. With ``+inf`` logits the logprobs are NaN.
+    """
+
+
+# ----------------------------------------------------------------------------------------------
+# sample
+
+
+@triton.jit
+def _row_is_filtered(slot, min_p_ptr, top_k_ptr, top_p_ptr, vocab_size):
+    """Whether any of the row's filters is on (as the filter ops read their parameters)."""
+    k = tl.load(top_k_ptr + slot)
+    return (tl.load(min_p_ptr + slot) != 0.0) | ((k > 0) & (k < vocab_size)) | (tl.load(top_p_ptr + slot) < 1.0)
+
+
+@triton.jit
+def _scale_rows_kernel(logits_ptr, logits_stride, ws_ptr, idx_mapping_ptr, temperature_ptr, min_p_ptr, top_k_ptr,
+                       top_p_ptr, num_slots, vocab_size, BLOCK_V: tl.constexpr):
+    """ws[t] = logits[t] / temperature (IEEE division; as they are for greedy rows) for the rows with a
+    filter on, the rows the filters will read; the others are drawn from the logits directly."""
+    t = tl.program_id(0)
+    slot = load_slot(idx_mapping_ptr, t, num_slots)
+    if slot < 0:
+        return
+    if not _row_is_filtered(slot, min_p_ptr, top_k_ptr, top_p_ptr, vocab_size):
+        return
+    temp = tl.load(temperature_ptr + slot)
+    offs = tl.program_id(1) * BLOCK_V + tl.arange(0, BLOCK_V)
+    in_row = offs < vocab_size
+    x = tl.load(logits_ptr + t.to(tl.int64) * logits_stride + offs, mask=in_row).to(tl.float32)
+    x = tl.where(temp != 0.0, tl.math.div_rn(x, tl.where(temp != 0.0, temp, 1.0)), x)
+    tl.store(ws_ptr + t.to(tl.int64) * vocab_size + offs, x, mask=in_row)
+
+
+@triton.jit
+def _gumbel_argmax_row(row_ptr, begin, end, vocab_size, key, temp, SAMPLED: tl.constexpr, SCALE: tl.constexpr,
+                       BLOCK_V: tl.constexpr):
+    """(score, token) of tokens [begin, end) (end <= vocab_size) of one row: argmax_j of x_j (/ temp with SCALE) (+ Gumbel
+    noise with SAMPLED) over the tokens above -inf, the lower index among ties; token vocab_size
+    (score -inf) when there is none."""
+    best = tl.full((BLOCK_V,), float("-inf"), dtype=tl.float32)
+    best_j = tl.full((BLOCK_V,), -1, dtype=tl.int32)
+    for start in range(begin, end, BLOCK_V):
+        offs = start + tl.arange(0, BLOCK_V)
+        x = tl.load(row_ptr + offs, mask=offs < end, other=float("-inf")).to(tl.float32)
+        if SCALE:
+            x = tl.math.div_rn(x, temp)
+        live = x > float("-inf")  # false for -inf and NaN: never drawn
+        if SAMPLED:
+            score = x + stream_gumbel(stream_bits(key, offs))
+        else:
+            score = x
+        # Strictly larger: a lane keeps its earlier (lower) index on ties.
+        take = live & ((best_j < 0) | (score > best))
+        best = tl.where(take, score, best)
+        best_j = tl.where(take, offs, best_j)
+    top = tl.max(tl.where(best_j >= 0, best, float("-inf")), axis=0)
+    return top, tl.min(tl.where((best_j >= 0) & (best == top), best_j, vocab_size), axis=0)
+
+
+@triton.jit
+def _gumbel_argmax_kernel(logits_ptr, logits_stride, ws_ptr, idx_mapping_ptr, temperature_ptr, min_p_ptr, top_k_ptr,
+                          top_p_ptr, seeds_ptr, output_lens_ptr, out_ptr, part_score_ptr, part_token_ptr, num_slots,
+                          vocab_size, SEGMENT: tl.constexpr, SPLIT: tl.constexpr, BLOCK_V: tl.constexpr):
+    """out[t] = argmax_j of x[t, j] + gumbel(seed, position, j) over the tokens above -inf, with x the
+    filtered workspace row or, for a row without filters, logits / temperature; the plain argmax of
+    the logits for greedy rows (the filters always keep it); -1 without such a token or slot. With
+    SPLIT, program (t, s) takes segment s and stores its (score, token) pair for _reduce_segments_kernel."""
+    t = tl.program_id(0)
+    slot = load_slot(idx_mapping_ptr, t, num_slots)
+    if slot < 0:
+        if not SPLIT:
+            tl.store(out_ptr + t, -1)
+        return
+    if SPLIT:
+        begin = tl.program_id(1) * SEGMENT
+        end = tl.minimum(begin + SEGMENT, vocab_size)
+    else:
+        begin = 0
+        end = vocab_size
+    temp = tl.load(temperature_ptr + slot)
+    key = stream_key(tl.load(seeds_ptr + slot).to(tl.int64), tl.load(output_lens_ptr + t).to(tl.int64))
+    logits_row = logits_ptr + t.to(tl.int64) * logits_stride
+    if temp == 0.0:
+        score, token = _gumbel_argmax_row(logits_row, begin, end, vocab_size, key, temp, SAMPLED=False, SCALE=False,
+                                          BLOCK_V=BLOCK_V)
+    elif _row_is_filtered(slot, min_p_ptr, top_k_ptr, top_p_ptr, vocab_size):
+        score, token = _gumbel_argmax_row(ws_ptr + t.to(tl.int64) * vocab_size, begin, end, vocab_size, key, temp,
+                                          SAMPLED=True, SCALE=False, BLOCK_V=BLOCK_V)
+    else:
+        score, token = _gumbel_argmax_row(logits_row, begin, end, vocab_size, key, temp, SAMPLED=True, SCALE=True,
+                                          BLOCK_V=BLOCK_V)
+    if SPLIT:
+        part = t.to(tl.int64) * tl.num_programs(1) + tl.program_id(1)
+        tl.store(part_score_ptr + part, score)
+        tl.store(part_token_ptr + part, token)
+    else:
+        tl.store(out_ptr + t, tl.where(token < vocab_size, token, -1).to(tl.int64))
+
+
+@triton.jit
+def _reduce_segments_kernel(idx_mapping_ptr, part_score_ptr, part_token_ptr, out_ptr, num_slots, vocab_size,
+                            num_segments, SEGMENTS_P2: tl.constexpr):
+    """out[t] = the token of the best segment pair of row t (ties: the lower token), -1 if none."""
+    t = tl.program_id(0)
+    if load_slot(idx_mapping_ptr, t, num_slots) < 0:
+        tl.store(out_ptr + t, -1)
+        return
+    s = tl.arange(0, SEGMENTS_P2)
+    part = t.to(tl.int64) * num_segments + s
+    score = tl.load(part_score_ptr + part, mask=s < num_segments, other=float("-inf"))
+    token = tl.load(part_token_ptr + part, mask=s < num_segments, other=vocab_size)
+    live = token < vocab_size
+    top = tl.max(tl.where(live, score, float("-inf")), axis=0)
+    best = tl.min(tl.where(live & (score == top), token, vocab_size), axis=0)
+    tl.store(out_ptr + t, tl.where(best < vocab_size, best, -1).to(tl.int64))
+
+
+def _check_sample(logits, idx_mapping, temperature, top_k, top_p, min_p, seeds, output_lens) -> None:
+    op = "sample"
+    T, _ = _checks.check_logits(op, logits)
+    dev = logits.device
+    _checks.check_tensor(op, "idx_mapping", idx_mapping, _checks.INDEX_DTYPES, ndim=1, device=dev, shape=(T,))
+    R = _checks.check_slot_vector(op, "temperature", temperature, (torch.float32,), dev)
+    for name, value, dtypes in [("top_k", top_k, (torch.int32,)), ("top_p", top_p, (torch.float32,)),
+                                ("min_p", min_p, (torch.float32,)), ("seeds", seeds, (torch.int64,))]:
+        _checks.check_tensor(op, name, value, dtypes, ndim=1, device=dev, shape=(R,), like="logits")
+    _checks.check_tensor(op, "output_lens", output_lens, _checks.INDEX_DTYPES, ndim=1, device=dev, shape=(T,))
+
+
+def _check_sample_values(logits, idx_mapping, temperature, top_k, top_p, min_p, seeds, output_lens) -> None:
+    op = "sample"
+    _checks.check_values(op, "logits", ~logits.isnan(), "no NaN")
+    _checks.check_values(op, "temperature", torch.isfinite(temperature) & (temperature >= 0), "finite values >= 0")
+    _checks.check_values(op, "min_p", (min_p >= 0) & (min_p <= 1), "values in [0, 1]")
+    _checks.check_values(op, "top_p", (top_p > 0) & (top_p <= 1), "values in (0, 1]")
+
+
+def _sample_fake(logits, idx_mapping, temperature, top_k, top_p, min_p, seeds, output_lens):
+    return logits.new_empty((logits.shape[0],), dtype=torch.int64)
+
+
+def _sample_triton(logits, idx_mapping, temperature, top_k, top_p, min_p, seeds, output_lens):
+    T, V = logits.shape
+    out = logits.new_empty((T,), dtype=torch.int64)
+    if T == 0:
+        return out
+    R = temperature.shape[0]
+    ws = logits.new_empty((T, V), dtype=torch.float32)
+    params = (idx_mapping, temperature, min_p, top_k, top_p)
+    launch(_scale_rows_kernel, (T, triton.cdiv(V, _BLOCK_V)), logits, logits.stride()[0], ws, *params, R, V,
+           BLOCK_V=_BLOCK_V, num_warps=8)
+    # The filters read only the rows whose parameters turn them on: exactly the rows written above
+    # (greedy ones included, filtered for nothing: the draw takes their argmax from the logits).
+    _min_p_triton(ws, idx_mapping, min_p)
+    _top_k_top_p_triton(ws, idx_mapping, top_k, top_p)
+    segments = triton.cdiv(V, _SEGMENT) if T < _SPLIT_MAX_T else 1
+    if segments == 1:
+        launch(_gumbel_argmax_kernel, (T, 1), logits, logits.stride()[0], ws, *params, seeds, output_lens, out,
+               out, out, R, V, SEGMENT=_SEGMENT, SPLIT=False, BLOCK_V=_BLOCK_V, num_warps=8)
+        return out
+    part_score = logits.new_empty((T, segments), dtype=torch.float32)
+    part_token = logits.new_empty((T, segments), dtype=torch.int32)
+    launch(_gumbel_argmax_kernel, (T, segments), logits, logits.stride()[0], ws, *params, seeds, output_lens, out,
+           part_score, part_token, R, V, SEGMENT=_SEGMENT, SPLIT=True, BLOCK_V=min(_BLOCK_V, _SEGMENT), num_warps=8)
+    launch(_reduce_segments_kernel, (T,), idx_mapping, part_score, part_token, out, R, V, segments,
+           SEGMENTS_P2=triton.next_power_of_2(segments), num_warps=1)
+    return out
+
+
+@define_op(mutates_args=(), check=_check_sample, check_values=_check_sample_values, triton=_sample_triton,
+           fake=_sample_fake)
+def sample(logits: torch.Tensor, idx_mapping: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
+           top_p: torch.Tensor, min_p: torch.Tensor, seeds: torch.Tensor, output_lens: torch.Tensor) -> torch.Tensor:
+    """Draws one token a row; returns int64 ``[T]``. ``logits`` is not modified.
+
+    Row ``t`` with slot ``r = idx_mapping[t]`` draws from ``softmax(logits[t] / temperature[r])``
+    restricted by ``min_p[r]``, then ``top_k[r]``, then ``top_p[r]``, with the semantics of the ops of
+    those names: the token ``argmax_j (logits[t, j] / temperature[r] + g_j)`` over the kept tokens,
+    with ``g_j`` the Gumbel noise of the random stream keyed by ``(seeds[r], output_lens[t], j)``.
+    A greedy row (``temperature[r] == 0``) returns its argmax, the lowest index among ties.
+
+    Args:
+        logits: ``[T, V]`` float32/float16/bfloat16, unit column stride; read only.
+        idx_mapping: ``[T]`` int32/int64, the slot of each row.
+        temperature, top_p, min_p: ``[R]`` float32; top_k: ``[R]`` int32; seeds: ``[R]`` int64.
+        output_lens: ``[T]`` int32/int64, the position that keys the row's stream.
+
+    Returns ``-1`` for a row whose slot is outside ``[0, R)`` or that has no logit above ``-inf``
+    (NaN logits are never drawn). Same inputs, same tokens; advance ``output_lens`` or the seed on the
+    device for fresh draws (under CUDA graphs too).
+    """
