@@ -6,7 +6,10 @@
 #include "ops.h"
 #include "random_stream.h"
 
+#include <ATen/cpu/vec/vec.h>
+
 #include <cmath>
+#include <type_traits>
 
 namespace tso {
 namespace {
@@ -51,7 +54,20 @@ void row_max_sum(const scalar_t* row, int64_t V, float& m, float& s) {
   for (int64_t j = 0; j < V; ++j) m = std::max(m, logit_at(row, j));
   s = 0.0f;
   if (m == kNegInf) return;
-  for (int64_t j = 0; j < V; ++j) s += std::exp(logit_at(row, j) - m);
+  int64_t j = 0;
+  if constexpr (std::is_same_v<scalar_t, float>) {
+    using Vec = at::vec::Vectorized<float>;
+    const Vec vm(m), neg_inf(kNegInf);
+    Vec acc(0.0f);
+    for (; j + Vec::size() <= V; j += Vec::size()) {
+      const Vec x = Vec::loadu(row + j);
+      acc = acc + (Vec::blendv(neg_inf, x, x == x) - vm).exp();  // NaN read as -inf
+    }
+    float lanes[Vec::size()];
+    acc.store(lanes);
+    for (int k = 0; k < Vec::size(); ++k) s += lanes[k];
+  }
+  for (; j < V; ++j) s += std::exp(logit_at(row, j) - m);
 }
 
 // argmax_k log(r_k) + g_k over r = p - q > 0 (q from `probs`, or one-hot of `draft` without it);
@@ -76,8 +92,8 @@ int64_t residual_draw(const scalar_t* row, const float* probs, int64_t draft, fl
 template <typename scalar_t>
 void rejection_sample_kernel(const at::Tensor& logits, const int64_t* drafts, const float* probs, int64_t probs_stride,
                              const int64_t* cu, const float* temps, const int64_t* seeds, const int64_t* positions,
-                             int64_t N, int64_t max_spec_len, int64_t* out, int32_t* num) {
-  const int64_t B = num == nullptr ? 0 : logits.size(0) - N, V = logits.size(1), stride = logits.stride(0);
+                             int64_t B, int64_t N, int64_t max_spec_len, int64_t* out, int32_t* num) {
+  const int64_t V = logits.size(1), stride = logits.stride(0);
   const scalar_t* base = logits.data_ptr<scalar_t>();
   at::parallel_for(0, B, 1, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
@@ -143,7 +159,7 @@ std::tuple<at::Tensor, at::Tensor> rejection_sample(const at::Tensor& target_log
   TSO_DISPATCH_LOGITS(target_logits.scalar_type(), "rejection_sample", [&] {
     rejection_sample_kernel<scalar_t>(target_logits, drafts.data_ptr<int64_t>(), probs, probs_stride,
                                       cu.data_ptr<int64_t>(), temps.data_ptr<float>(), seed.data_ptr<int64_t>(),
-                                      positions.data_ptr<int64_t>(), N, max_spec_len, out.data_ptr<int64_t>(),
+                                      positions.data_ptr<int64_t>(), B, N, max_spec_len, out.data_ptr<int64_t>(),
                                       num.data_ptr<int32_t>());
   });
   return {out, num};

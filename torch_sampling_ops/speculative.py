@@ -148,7 +148,8 @@ def _rejection_sample_kernel(logits_ptr, logits_stride, draft_ids_ptr, probs_ptr
             u = ((stream_bits(key, tl.full([], 2147483647, tl.int32)) >> 9).to(tl.float32) + 0.5) * 1.1920928955078125e-07
             accept = draft_ok & (u * q_d < p_d)
             token = lo * 0 - 1
-            if not accept:
+            rejected = ~accept
+            if rejected:
                 token = _residual_pass(row_ptr, probs_row_ptr, draft, row_max, row_sum, key, vocab_size, HAS_PROBS,
                                        BLOCK_V)
         else:
@@ -226,14 +227,15 @@ def _rejection_sample_triton(target_logits, draft_token_ids, draft_probs, cu_num
     B = num.shape[0]
     if B == 0:
         return out, num
-    V = target_logits.shape[1]
-    has_probs = draft_probs is not None
+    N, V = draft_token_ids.shape[0], target_logits.shape[1]
+    # Without drafts (N == 0) the draft tensors are empty and never read: valid pointers stand in.
+    drafts = draft_token_ids if N else cu_num_draft
+    has_probs = draft_probs is not None and N > 0
     probs = draft_probs if has_probs else target_logits  # never read without draft probabilities
     probs_stride = draft_probs.stride()[0] if has_probs else 0
-    launch(_rejection_sample_kernel, (B,), target_logits, target_logits.stride()[0], draft_token_ids, probs,
-           probs_stride, cu_num_draft, temperature, seeds, output_lens, out, num, draft_token_ids.shape[0],
-           max_spec_len, V, HAS_PROBS=has_probs, BLOCK_V=_BLOCK_V, BLOCK_OUT=triton.next_power_of_2(max_spec_len + 1),
-           num_warps=8)
+    launch(_rejection_sample_kernel, (B,), target_logits, target_logits.stride()[0], drafts, probs, probs_stride,
+           cu_num_draft, temperature, seeds, output_lens, out, num, N, max_spec_len, V, HAS_PROBS=has_probs,
+           BLOCK_V=_BLOCK_V, BLOCK_OUT=triton.next_power_of_2(max_spec_len + 1), num_warps=8)
     return out, num
 
 
