@@ -150,8 +150,10 @@ def _rejection_sample_kernel(logits_ptr, logits_stride, draft_ids_ptr, probs_ptr
             token = lo * 0 - 1
             rejected = ~accept
             if rejected:
-                token = _residual_pass(row_ptr, probs_row_ptr, draft, row_max, row_sum, key, vocab_size, HAS_PROBS,
-                                       BLOCK_V)
+                # int32 (an id out of range as -1): compared with the int32 token offsets of the pass
+                draft32 = tl.where(draft_ok, draft, -1).to(tl.int32)
+                token = _residual_pass(row_ptr, probs_row_ptr, draft32, row_max, row_sum, key, vocab_size,
+                                       HAS_PROBS, BLOCK_V)
         else:
             token = _argmax_pass(row_ptr, key, vocab_size, True, BLOCK_V)
             accept = draft_ok & (draft < 0)  # no draft at the bonus row
