@@ -93,6 +93,34 @@ def test_high_acceptance_reaches_the_bonus_row(backend, gen):
     assert int((out[1] == 4).sum()) >= 3
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_int32_ids_and_positions(backend, gen):
+    """draft_token_ids and output_lens as int32: the same result as int64."""
+    device = device_of(backend)
+    args = spec_args([1, 3, 2, 0], 700, gen, device)
+    out64 = run_op(backend, "rejection_sample", *args)
+    args[1], args[6] = args[1].int(), args[6].int()
+    out32 = run_op(backend, "rejection_sample", *args)
+    assert torch.equal(out32[0], out64[0]) and torch.equal(out32[1], out64[1])
+    assert_matches_reference(out32, args)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_empty_batches_and_no_speculation(backend, gen):
+    """B = 0; N = 0 with max_spec_len = 0 (one token a request, [B, 1] outputs)."""
+    device = device_of(backend)
+    empty = torch.zeros(0, dtype=torch.int64, device=device)
+    tokens, num = run_op(backend, "rejection_sample", torch.randn(0, 50, device=device), empty, None,
+                         torch.zeros(1, dtype=torch.int32, device=device), torch.zeros(0, device=device), empty,
+                         empty, 3)
+    assert tokens.shape == (0, 4) and num.shape == (0,)
+    args = spec_args([0, 0, 0], 50, gen, device, max_spec_len=0, with_probs=False)
+    args[2] = torch.zeros(0, 50, device=device)  # empty draft probabilities
+    tokens, num = run_op(backend, "rejection_sample", *args)
+    assert tokens.shape == (3, 1) and num.tolist() == [1, 1, 1]
+    assert_matches_reference((tokens, num), args, allowed_mismatches=0)
+
+
 @pytest.mark.interpret
 @pytest.mark.parametrize("with_probs", [True, False], ids=["probs", "no_probs"])
 def test_cpu_and_interpreter_agree(with_probs, gen):
