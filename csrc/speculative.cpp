@@ -23,6 +23,12 @@ inline float logit_at(const scalar_t* row, int64_t j) {
   return x == x ? x : kNegInf;  // NaN is read as -inf
 }
 
+// An upper bound of the stream's Gumbel noise: its largest uniform 1 - 2**-24 gives 16.6355. A token
+// whose score cannot beat the running best even with this noise is skipped without computing its
+// noise; float addition is monotonic, so fl(x + g) <= fl(x + kMaxGumbel) < best and the result is
+// the same as without skipping.
+constexpr float kMaxGumbel = 16.64f;
+
 // A running argmax that keeps the lower index on ties.
 struct Argmax {
   float best = kNegInf;
@@ -42,7 +48,11 @@ int64_t row_argmax(const scalar_t* row, int64_t V, bool noise, uint32_t key) {
   for (int64_t j = 0; j < V; ++j) {
     const float x = logit_at(row, j);
     if (!(x > kNegInf)) continue;
-    am.offer(noise ? x + stream_gumbel(stream_bits(key, static_cast<uint32_t>(j))) : x, j);
+    if (!noise) {
+      am.offer(x, j);
+    } else if (am.index < 0 || !(x + kMaxGumbel < am.best)) {
+      am.offer(x + stream_gumbel(stream_bits(key, static_cast<uint32_t>(j))), j);
+    }
   }
   return am.index;
 }
@@ -79,12 +89,16 @@ int64_t residual_draw(const scalar_t* row, const float* probs, int64_t draft, fl
   for (int64_t k = 0; k < V; ++k) {
     const float x = logit_at(row, k);
     if (!(x > kNegInf)) continue;
-    const float g = stream_gumbel(stream_bits(key, static_cast<uint32_t>(k)));
     const float p = std::exp(x - m) / s;
     const float q = probs != nullptr ? probs[k] : (k == draft ? 1.0f : 0.0f);
     const float r = p - q;
-    if (r > 0.0f) from_r.offer(std::log(r) + g, k);  // false for NaN
-    from_p.offer(x + g, k);
+    const float log_r = r > 0.0f ? std::log(r) : kNegInf;  // r > 0 is false for NaN
+    const bool may_r = r > 0.0f && (from_r.index < 0 || !(log_r + kMaxGumbel < from_r.best));
+    const bool may_p = from_p.index < 0 || !(x + kMaxGumbel < from_p.best);
+    if (!may_r && !may_p) continue;
+    const float g = stream_gumbel(stream_bits(key, static_cast<uint32_t>(k)));
+    if (may_r) from_r.offer(log_r + g, k);
+    if (may_p) from_p.offer(x + g, k);
   }
   return from_r.index >= 0 ? from_r.index : from_p.index;
 }
