@@ -69,16 +69,17 @@ def _argmax_pass(row_ptr, key, vocab_size, NOISE: tl.constexpr, BLOCK_V: tl.cons
 
 @triton.jit
 def _max_sum_pass(row_ptr, vocab_size, BLOCK_V: tl.constexpr):
-    """(max, sum of exp(x - max)) of the row; (-inf, 0) without a logit above -inf."""
+    """(max, sum of exp(x - max)) of the row; (-inf, 0) without a logit above -inf. The sums stay
+    per lane until the end: one cross-warp reduction a block (the max), not two."""
     run_max = float("-inf")
-    run_sum = 0.0
+    lane_sum = tl.zeros((BLOCK_V,), dtype=tl.float32)
     for start in range(0, vocab_size, BLOCK_V):
         x = _load_row(row_ptr, start + tl.arange(0, BLOCK_V), vocab_size)
         new_max = tl.maximum(run_max, tl.max(x, axis=0))
         if new_max > float("-inf"):
-            run_sum = run_sum * tl.exp(run_max - new_max) + tl.sum(tl.exp(x - new_max), axis=0)
+            lane_sum = lane_sum * tl.exp(run_max - new_max) + tl.exp(x - new_max)
             run_max = new_max
-    return run_max, run_sum
+    return run_max, tl.sum(lane_sum, axis=0)
 
 
 @triton.jit
