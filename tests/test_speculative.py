@@ -230,6 +230,26 @@ def test_first_token_is_distributed_as_the_target(case, with_probs, gen):
         assert _chi_square(torch.bincount(bonus, minlength=V).double(), p) < _chi_square_bound(int((p > 0).sum()) - 1)
 
 
+@pytest.mark.parametrize("with_probs", [True, False], ids=["probs", "no_probs"])
+def test_second_token_is_distributed_as_its_target(with_probs, gen):
+    """Two drafts on different targets p1, p2 (drafts from q1, q2): the first token follows p1 and,
+    where the first draft was accepted, the second follows p2."""
+    V, B = 10, 40000
+    p1, p2 = _target(V, gen), _target(V, gen)
+    q1, q2 = (torch.softmax(torch.randn(V, generator=gen, dtype=torch.float64), 0) for _ in range(2))
+    rows = torch.stack([torch.log(p1), torch.log(p2), torch.log(p2)]).float()  # draft 1, draft 2, bonus
+    logits = rows.repeat(B, 1)
+    drafts = torch.stack([torch.multinomial(q, B, replacement=True, generator=gen) for q in (q1, q2)], dim=1)
+    probs = torch.stack([q1, q2]).float().repeat(B, 1) if with_probs else None
+    args = [logits, drafts.reshape(-1), probs, cu_of([2] * B), torch.ones(B), torch.full((B,), 5, dtype=torch.int64),
+            torch.arange(B) * 3, 2]
+    tokens, num = run_op("cpu", "rejection_sample", *args)
+    first = torch.bincount(tokens[:, 0], minlength=V).double()
+    second = torch.bincount(tokens[num >= 2, 1], minlength=V).double()
+    assert _chi_square(first, p1) < _chi_square_bound(V - 1)
+    assert _chi_square(second, p2) < _chi_square_bound(V - 1)
+
+
 @pytest.mark.interpret
 def test_interpreter_draws_like_the_cpu_kernel(gen):
     """The interpreter on a batch of the distribution tests: the same tokens as the C++ kernel."""
