@@ -273,4 +273,7 @@ def rejection_sample(target_logits: torch.Tensor, draft_token_ids: torch.Tensor,
     clamp(clamp(cu[i + 1], 0, N) - lo_i, 0, max_spec_len)``) so nothing is read out of bounds; a draft
     id outside ``[0, V)`` is rejected (``p(x) = 0``); NaN logits are read as ``-inf``; a row with no
     logit above ``-inf`` emits ``-1`` and ends its request (``-1`` is not counted in ``num_emitted``).
+
+    The draft model must not draw its tokens with the same ``(seed, position)`` stream (use another
+    seed): its noise would be correlated with the residual draw.
     """
