@@ -177,7 +177,9 @@ def test_zero_draft_requests_emit_the_token_sample_draws(backend, gen):
     off = torch.zeros(B, dtype=torch.int32, device=device)
     expected = run_op(backend, "sample", logits, idx, temperature, off, torch.ones(B, device=device),
                       torch.zeros(B, device=device), seeds, output_lens)
-    assert torch.equal(tokens[:, 0], expected)
+    # Identical float32 arithmetic on CPU and in the interpreter; compiled separately on CUDA, one near
+    # tie may round the other way.
+    assert int((tokens[:, 0] != expected).sum()) <= (1 if backend == "cuda" else 0)
 
 
 # ----------------------------------------------------------------------------------------------
