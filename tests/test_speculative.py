@@ -8,7 +8,7 @@ from test_sampling import _chi_square, _chi_square_bound
 
 from torch_sampling_ops import reference
 
-from conftest import BACKENDS, DTYPES, device_of, make_logits, run_op
+from conftest import BACKENDS, DTYPES, OP_BACKENDS, device_of, make_logits, run_op
 
 NEG_INF = float("-inf")
 
@@ -119,6 +119,19 @@ def test_empty_batches_and_no_speculation(backend, gen):
     tokens, num = run_op(backend, "rejection_sample", *args)
     assert tokens.shape == (3, 1) and num.tolist() == [1, 1, 1]
     assert_matches_reference((tokens, num), args, allowed_mismatches=0)
+
+
+@pytest.mark.parametrize("backend", OP_BACKENDS)
+def test_without_draft_probs_through_opcheck_and_compile(backend, gen):
+    """draft_probs=None (the op table covers a tensor): opcheck, and torch.compile(fullgraph=True)."""
+    device = device_of(backend)
+    args = spec_args([2, 0, 3], 300, gen, device, with_probs=False)
+    torch.library.opcheck(torch.ops.sampling.rejection_sample.default, args)
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda *a: torch.ops.sampling.rejection_sample(*a), fullgraph=True)
+    out = compiled(*args)
+    eager = torch.ops.sampling.rejection_sample(*args)
+    assert torch.equal(out[0], eager[0]) and torch.equal(out[1], eager[1])
 
 
 @pytest.mark.interpret
