@@ -100,6 +100,53 @@ def logprobs(logits, token_ids, num_logprobs):
     return top.indices, top.values, token_lp, ranks
 
 
+def rejection_sample(target_logits, draft_token_ids, draft_probs, cu_num_draft, temperature, seeds, output_lens,
+                     max_spec_len):
+    """Speculative verification composed of batched PyTorch ops over every row: softmax of all N + B
+    target rows, the acceptance test and a residual draw (exponential race) at every draft position,
+    then a cumulative product finds each request's first rejection. Not seeded per request (the global
+    generator); valid layouts only (counts in [0, max_spec_len], cu from 0 to N)."""
+    B, N = cu_num_draft.numel() - 1, draft_token_ids.numel()
+    S, dev = max_spec_len, target_logits.device
+    cu = cu_num_draft.long()
+    counts = cu[1:] - cu[:-1]
+    req = torch.repeat_interleave(torch.arange(B, device=dev), counts, output_size=N)
+    pos = torch.arange(N, device=dev) - cu[:-1][req]
+    draft_rows = torch.arange(N, device=dev) + req
+    bonus_rows = cu[1:] + torch.arange(B, device=dev)
+    x = target_logits.float()
+    probs = x.softmax(dim=1)
+    argmax = x.argmax(dim=1)
+    drafts = draft_token_ids.long()
+    p_draft = probs[draft_rows]
+    p_x = p_draft.gather(1, drafts.unsqueeze(1)).squeeze(1)
+    if draft_probs is None:
+        q = torch.zeros_like(p_draft).scatter_(1, drafts.unsqueeze(1), 1.0)
+    else:
+        q = draft_probs
+    q_x = q.gather(1, drafts.unsqueeze(1)).squeeze(1)
+    greedy = temperature == 0
+    accept = torch.where(greedy[req], drafts == argmax[draft_rows], torch.rand(N, device=dev) * q_x < p_x)
+    residual = (p_draft - q).clamp_(min=0)
+    recovered = (residual / torch.empty_like(residual).exponential_()).argmax(dim=1)
+    recovered = torch.where(greedy[req], argmax[draft_rows], recovered)
+    p_bonus = probs[bonus_rows]
+    bonus = torch.where(greedy, argmax[bonus_rows], (p_bonus / torch.empty_like(p_bonus).exponential_()).argmax(dim=1))
+    accepted = torch.zeros(B, S, dtype=torch.int32, device=dev)
+    accepted[req, pos] = accept.int()
+    num_accepted = accepted.cumprod(dim=1).sum(dim=1)
+    draft_mat = torch.full((B, S + 1), -1, dtype=torch.int64, device=dev)
+    draft_mat[req, pos] = drafts
+    recovered_mat = torch.zeros(B, S + 1, dtype=torch.int64, device=dev)
+    recovered_mat[req, pos] = recovered
+    places = torch.arange(S + 1, device=dev)
+    out = torch.where(places < num_accepted.unsqueeze(1), draft_mat, -1)
+    last = num_accepted.unsqueeze(1)
+    final = torch.where(num_accepted < counts, recovered_mat.gather(1, last).squeeze(1), bonus)
+    out.scatter_(1, last, final.unsqueeze(1))
+    return out, (num_accepted + 1).int()
+
+
 BASELINES = {
     "temperature": temperature,
     "min_p": min_p,

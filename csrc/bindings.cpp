@@ -18,5 +18,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("random_stream", &tso::random_stream);
   m.def("logprobs", &tso::logprobs);
   m.def("sample", &tso::sample);
+  m.def("rejection_sample", &tso::rejection_sample);
   m.def("bind_launch_args", &tso::bind_launch_args);
 }

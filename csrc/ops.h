@@ -45,4 +45,10 @@ at::Tensor sample(const at::Tensor& logits, const at::Tensor& idx_mapping, const
                   const at::Tensor& top_k, const at::Tensor& top_p, const at::Tensor& min_p, const at::Tensor& seeds,
                   const at::Tensor& output_lens);
 
+std::tuple<at::Tensor, at::Tensor> rejection_sample(const at::Tensor& target_logits, const at::Tensor& draft_token_ids,
+                                                    const std::optional<at::Tensor>& draft_probs,
+                                                    const at::Tensor& cu_num_draft, const at::Tensor& temperature,
+                                                    const at::Tensor& seeds, const at::Tensor& output_lens,
+                                                    int64_t max_spec_len);
+
 }  // namespace tso

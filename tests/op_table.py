@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import test_constraints
 import test_history
 import test_sampling
+import test_speculative
 import test_truncation
 import torch
 
@@ -157,6 +158,19 @@ def _sample_check(out, original, state):
     test_sampling.assert_inside_filtered_set(out, [original, *state])
 
 
+def _rejection_sample_args(device, gen, V=1000):
+    """Ragged drafts (N = 6 over B = 4 requests, each at most 3), greedy and random requests."""
+    while True:
+        counts = torch.randint(0, 4, (4,), generator=gen)
+        if int(counts.sum()) == 6:
+            break
+    return test_speculative.spec_args(counts.tolist(), V, gen, device, temperature=torch.tensor([0.0, 1.0, 0.8, 1.0]))
+
+
+def _rejection_sample_check(out, original, state):
+    test_speculative.assert_matches_reference(out, [original, *state])
+
+
 def to_cpu(x):
     """x with every tensor (also inside a tuple or list) moved to the CPU."""
     if isinstance(x, (tuple, list)):
@@ -284,6 +298,22 @@ OPS += [
                     BadValue("top_p", "zero", _set(4, 1, 0.0)), BadValue("min_p", "above_one", _set(5, 1, 1.5)),
                     NAN_LOGITS],
         check=_sample_check, returns=True,
+    ),
+    OpSpec(
+        "rejection_sample", _rejection_sample_args, frozenset({"target_logits", "draft_token_ids", "cu_num_draft"}),
+        bad=[Bad("target_logits", "int32", lambda a, d: a.to(torch.int32), TypeError),
+             Bad("target_logits", "one_row_short", lambda a, d: a[:-1], ValueError),
+             Bad("cu_num_draft", "int64", lambda a, d: a.long(), TypeError),
+             Bad("cu_num_draft", "empty", lambda a, d: a[:0], ValueError),
+             Bad("seeds", "int32", lambda a, d: a.int(), TypeError),
+             Bad("draft_probs", "float16", lambda a, d: a.half(), TypeError),
+             Bad("max_spec_len", "negative", lambda a, d: -1, ValueError)],
+        bad_values=[BadValue("draft_token_ids", "past_vocabulary", _set(1, 0, 1000)),
+                    BadValue("cu_num_draft", "decreasing", _set(3, 2, -1)),
+                    BadValue("temperature", "negative", _set(4, 1, -0.5)),
+                    BadValue("draft_probs", "nan", _set(2, (0, 3), float("nan"))),
+                    BadValue("target_logits", "nan", _nan_logits)],
+        check=_rejection_sample_check, returns=True,
     ),
 ]
 BY_NAME = {spec.name: spec for spec in OPS}

@@ -61,3 +61,23 @@ def test_sample_and_logprobs_baselines(gen):
     got, expected = baselines.logprobs(logits, ids, 5), reference.logprobs(logits, ids, 5)
     assert torch.equal(got[0], expected[0]) and torch.equal(got[3], expected[3])
     torch.testing.assert_close(got[1].double(), expected[1], atol=1e-5, rtol=1e-5)
+
+
+def test_rejection_sample_baseline(gen):
+    """Greedy requests: the reference's tokens exactly; random requests: padded as the contract says,
+    accepted drafts equal to the proposed ones."""
+    import test_speculative
+
+    counts = [3, 0, 2, 1, 3]
+    args = test_speculative.spec_args(counts, 500, gen, torch.device("cpu"), temperature=torch.zeros(5))
+    args[0] = args[0].contiguous()
+    tokens, num = baselines.rejection_sample(*args)
+    e_tokens, e_num = reference.rejection_sample(*args)
+    assert torch.equal(tokens, e_tokens) and torch.equal(num, e_num)
+    args[4] = torch.ones(5)
+    tokens, num = baselines.rejection_sample(*args)
+    cu = args[3]
+    for i in range(5):
+        k = int(num[i]) - 1  # accepted drafts
+        assert tokens[i, :k].tolist() == args[1][int(cu[i]): int(cu[i]) + k].tolist()
+        assert bool((tokens[i, k + 1:] == -1).all()) and 0 <= int(tokens[i, k]) < 500

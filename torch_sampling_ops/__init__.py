@@ -10,10 +10,11 @@ from .constraints import apply_token_bitmask, logit_bias
 from .filtering import min_p, temperature
 from .history import bad_words, penalties, update_output_counts
 from .sampling import logprobs, sample
+from .speculative import rejection_sample
 from .truncation import top_k_top_p
 
 __all__ = [
-    "apply_token_bitmask", "bad_words", "logit_bias", "logprobs", "min_p", "penalties", "reference", "sample",
-    "temperature", "top_k_top_p", "state", "update_output_counts", "warmup",
+    "apply_token_bitmask", "bad_words", "logit_bias", "logprobs", "min_p", "penalties", "reference", "rejection_sample",
+    "sample", "temperature", "top_k_top_p", "state", "update_output_counts", "warmup",
 ]
 __version__ = "0.1.0"

@@ -275,3 +275,97 @@ def sample(logits, idx_mapping, temperature_, top_k, top_p, min_p_, seeds, outpu
     # argmax returns the first maximal index: the lowest among ties.
     token = torch.where(live.any(dim=1) & valid, score.argmax(dim=1), -1)
     return token
+
+
+# The token index whose stream bits give a speculative position's acceptance uniform: outside every
+# vocabulary (token indices are < V < 2**31 - 1), so it is independent of the Gumbel noise of the
+# same position's residual draw.
+ACCEPT_TOKEN = 2**31 - 1
+
+
+def _spec_layout(cu_num_draft: torch.Tensor, num_drafts: int, max_spec_len: int):
+    """(first draft row, clamped draft count) of each request, as Python ints."""
+    cu = cu_num_draft.long().cpu().tolist()
+    out = []
+    for i in range(len(cu) - 1):
+        lo = min(max(cu[i], 0), num_drafts)
+        hi = min(max(cu[i + 1], 0), num_drafts)
+        out.append((lo, min(max(hi - lo, 0), max_spec_len)))
+    return out
+
+
+def rejection_sample(target_logits, draft_token_ids, draft_probs, cu_num_draft, temperature, seeds, output_lens,
+                     max_spec_len, *, compute_dtype=torch.float64):
+    """(output_token_ids int64 [B, max_spec_len + 1], num_emitted int32 [B]) of speculative decoding's
+    verification step; a loop over requests and positions (the definition, not fast).
+
+    Request i has draft rows lo_i .. lo_i + n_i - 1 (lo_i = clamp(cu[i], 0, N), n_i = clamp(clamp(cu[i + 1],
+    0, N) - lo_i, 0, max_spec_len)) and target rows lo_i + i + j, j = 0 .. n_i (the last is the bonus row).
+    Target rows are used as given (temperature already applied; NaN read as -inf).
+    - Greedy (temperature == 0): accept draft j while it equals the row's argmax (lowest index among
+      ties); at the first mismatch, or at the bonus row, emit the argmax and stop.
+    - Random: p = softmax(row), q = draft_probs row (one-hot of the draft token without draft_probs).
+      Accept draft x when u * q(x) < p(x), u the uniform of the stream (seed, output_lens + j) at token
+      index ACCEPT_TOKEN (a draft id outside [0, V) is rejected). At the first rejection emit
+      argmax_k log(r_k) + g_k over r = max(p - q, 0) > 0, g the Gumbel noise of the same stream at token
+      k (if r has no positive entry, argmax_k x_k + g_k, a draw from p); at the bonus row emit
+      argmax_k x_k + g_k with the stream at output_lens + n_i, as `sample` draws.
+    A row with no logit above -inf emits -1 and stops the request; -1 is not counted in num_emitted.
+    """
+    B = cu_num_draft.numel() - 1
+    N = draft_token_ids.numel()
+    V = target_logits.shape[1]
+    dev = target_logits.device
+    out = torch.full((B, max_spec_len + 1), -1, dtype=torch.int64, device=dev)
+    num = torch.zeros(B, dtype=torch.int32, device=dev)
+    x_all = target_logits.to(compute_dtype)
+    x_all = torch.where(x_all.isnan(), NEG_INF, x_all)
+    drafts = draft_token_ids.long().cpu().tolist()
+    tokens = torch.arange(V, device=dev)
+    for i, (lo, n) in enumerate(_spec_layout(cu_num_draft, N, max_spec_len)):
+        greedy = bool(temperature[i] == 0)
+        emitted = []
+        for j in range(n + 1):
+            x = x_all[lo + i + j]
+            live = x > NEG_INF
+            bonus = j == n
+            d = -1 if bonus else drafts[lo + j]
+            d_ok = 0 <= d < V
+            if not bool(live.any()):
+                emitted.append(-1)
+                break
+            if greedy:
+                tok = int(x.argmax())  # the first maximal index
+                if d_ok and d == tok:
+                    emitted.append(d)
+                    continue
+                emitted.append(tok)
+                break
+            key = stream_key(seeds[i : i + 1], output_lens[i : i + 1] + j)
+            g = stream_gumbel(stream_bits(key, tokens), compute_dtype)
+            from_p = int(torch.where(live, x + g, NEG_INF).argmax())
+            if bonus:
+                emitted.append(from_p)
+                break
+            p = torch.softmax(x, dim=0)
+            if draft_probs is None:
+                q = torch.zeros(V, dtype=compute_dtype, device=dev)
+                if d_ok:
+                    q[d] = 1.0
+            else:
+                q = draft_probs[lo + j].to(compute_dtype)
+            if d_ok:
+                u = stream_uniform(stream_bits(key, torch.tensor(ACCEPT_TOKEN, device=dev)), compute_dtype)
+                if bool(u * q[d] < p[d]):
+                    emitted.append(d)
+                    continue
+            r = (p - q).clamp(min=0)
+            has = r > 0  # false for NaN
+            if bool(has.any()):
+                emitted.append(int(torch.where(has, torch.log(r) + g, NEG_INF).argmax()))
+            else:
+                emitted.append(from_p)
+            break
+        out[i, : len(emitted)] = torch.tensor(emitted, dtype=torch.int64)
+        num[i] = sum(1 for t in emitted if t >= 0)
+    return out, num

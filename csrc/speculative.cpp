@@ -1,0 +1,182 @@
+// CPU kernel of speculative decoding's verification step (torch_sampling_ops/speculative.py):
+// rejection_sample. Each request walks its positions in order and stops at the first rejection,
+// reading a target row only when it reaches it and a draft-probability row in full only at the
+// rejected position. Requests run in parallel; a request's tokens depend only on its own rows,
+// seed and position (the random stream of sample, csrc/random_stream.h).
+#include "ops.h"
+#include "random_stream.h"
+
+#include <ATen/cpu/vec/vec.h>
+
+#include <cmath>
+#include <type_traits>
+
+namespace tso {
+namespace {
+
+// The token index of the acceptance uniform in a position's stream (outside every vocabulary).
+constexpr uint32_t kAcceptToken = 0x7FFFFFFFu;
+
+template <typename scalar_t>
+inline float logit_at(const scalar_t* row, int64_t j) {
+  const float x = static_cast<float>(row[j]);
+  return x == x ? x : kNegInf;  // NaN is read as -inf
+}
+
+// An upper bound of the stream's Gumbel noise: its largest uniform 1 - 2**-24 gives 16.6355. A token
+// whose score cannot beat the running best even with this noise is skipped without computing its
+// noise; float addition is monotonic, so fl(x + g) <= fl(x + kMaxGumbel) < best and the result is
+// the same as without skipping.
+constexpr float kMaxGumbel = 16.64f;
+
+// A running argmax that keeps the lower index on ties.
+struct Argmax {
+  float best = kNegInf;
+  int64_t index = -1;
+  void offer(float score, int64_t j) {
+    if (index < 0 || score > best) {
+      best = score;
+      index = j;
+    }
+  }
+};
+
+// argmax of the row (plus the Gumbel noise of `key` when `noise`) over the tokens above -inf; -1 if none.
+template <typename scalar_t>
+int64_t row_argmax(const scalar_t* row, int64_t V, bool noise, uint32_t key) {
+  Argmax am;
+  for (int64_t j = 0; j < V; ++j) {
+    const float x = logit_at(row, j);
+    if (!(x > kNegInf)) continue;
+    if (!noise) {
+      am.offer(x, j);
+    } else if (am.index < 0 || !(x + kMaxGumbel < am.best)) {
+      am.offer(x + stream_gumbel(stream_bits(key, static_cast<uint32_t>(j))), j);
+    }
+  }
+  return am.index;
+}
+
+// The max of the row and the sum of exp(x - max); (-inf, 0) without a logit above -inf.
+template <typename scalar_t>
+void row_max_sum(const scalar_t* row, int64_t V, float& m, float& s) {
+  m = kNegInf;
+  for (int64_t j = 0; j < V; ++j) m = std::max(m, logit_at(row, j));
+  s = 0.0f;
+  if (m == kNegInf) return;
+  int64_t j = 0;
+  if constexpr (std::is_same_v<scalar_t, float>) {
+    using Vec = at::vec::Vectorized<float>;
+    const Vec vm(m), neg_inf(kNegInf);
+    Vec acc(0.0f);
+    for (; j + Vec::size() <= V; j += Vec::size()) {
+      const Vec x = Vec::loadu(row + j);
+      acc = acc + (Vec::blendv(neg_inf, x, x == x) - vm).exp();  // NaN read as -inf
+    }
+    float lanes[Vec::size()];
+    acc.store(lanes);
+    for (int k = 0; k < Vec::size(); ++k) s += lanes[k];
+  }
+  for (; j < V; ++j) s += std::exp(logit_at(row, j) - m);
+}
+
+// argmax_k log(r_k) + g_k over r = p - q > 0 (q from `probs`, or one-hot of `draft` without it);
+// argmax_k x_k + g_k (a draw from p) if r has no positive entry; -1 for a row without a live logit.
+template <typename scalar_t>
+int64_t residual_draw(const scalar_t* row, const float* probs, int64_t draft, float m, float s, uint32_t key,
+                      int64_t V) {
+  Argmax from_r, from_p;
+  for (int64_t k = 0; k < V; ++k) {
+    const float x = logit_at(row, k);
+    if (!(x > kNegInf)) continue;
+    const float p = std::exp(x - m) / s;
+    const float q = probs != nullptr ? probs[k] : (k == draft ? 1.0f : 0.0f);
+    const float r = p - q;
+    const float log_r = r > 0.0f ? std::log(r) : kNegInf;  // r > 0 is false for NaN
+    const bool may_r = r > 0.0f && (from_r.index < 0 || !(log_r + kMaxGumbel < from_r.best));
+    const bool may_p = from_p.index < 0 || !(x + kMaxGumbel < from_p.best);
+    if (!may_r && !may_p) continue;
+    const float g = stream_gumbel(stream_bits(key, static_cast<uint32_t>(k)));
+    if (may_r) from_r.offer(log_r + g, k);
+    if (may_p) from_p.offer(x + g, k);
+  }
+  return from_r.index >= 0 ? from_r.index : from_p.index;
+}
+
+template <typename scalar_t>
+void rejection_sample_kernel(const at::Tensor& logits, const int64_t* drafts, const float* probs, int64_t probs_stride,
+                             const int64_t* cu, const float* temps, const int64_t* seeds, const int64_t* positions,
+                             int64_t B, int64_t N, int64_t max_spec_len, int64_t* out, int32_t* num) {
+  const int64_t V = logits.size(1), stride = logits.stride(0);
+  const scalar_t* base = logits.data_ptr<scalar_t>();
+  at::parallel_for(0, B, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      // Clamped layout: draft rows [lo, lo + n) within [0, N), target rows lo + i + j <= N + i < N + B.
+      const int64_t lo = std::clamp<int64_t>(cu[i], 0, N), hi = std::clamp<int64_t>(cu[i + 1], 0, N);
+      const int64_t n = std::clamp<int64_t>(hi - lo, 0, max_spec_len);
+      const bool greedy = temps[i] == 0.0f;
+      int64_t* out_row = out + i * (max_spec_len + 1);
+      int64_t j = 0, token = -1;
+      for (;; ++j) {
+        const scalar_t* row = base + (lo + i + j) * stride;
+        const bool is_draft = j < n;
+        const int64_t draft = is_draft ? drafts[lo + j] : -1;
+        const bool draft_ok = draft >= 0 && draft < V;
+        const uint32_t key = stream_key(seeds[i], positions[i] + j);
+        bool accept = false;
+        if (greedy) {
+          token = row_argmax(row, V, false, key);
+          accept = draft_ok && draft == token;
+        } else if (is_draft) {
+          float m, s;
+          row_max_sum(row, V, m, s);
+          const float x_d = draft_ok ? logit_at(row, draft) : kNegInf;
+          const float p_d = m > kNegInf ? std::exp(x_d - m) / s : 0.0f;
+          const float* probs_row = probs != nullptr ? probs + (lo + j) * probs_stride : nullptr;
+          const float q_d = probs_row != nullptr && draft_ok ? probs_row[draft] : 1.0f;
+          const float u = stream_uniform(stream_bits(key, kAcceptToken));
+          accept = draft_ok && u * q_d < p_d;
+          if (!accept) token = residual_draw(row, probs_row, draft, m, s, key, V);
+        } else {
+          token = row_argmax(row, V, true, key);
+        }
+        if (!accept) break;
+        out_row[j] = draft;
+      }
+      out_row[j] = token;
+      for (int64_t k = j + 1; k <= max_spec_len; ++k) out_row[k] = -1;
+      num[i] = static_cast<int32_t>(j + (token >= 0 ? 1 : 0));
+    }
+  });
+}
+
+}  // namespace
+
+std::tuple<at::Tensor, at::Tensor> rejection_sample(const at::Tensor& target_logits, const at::Tensor& draft_token_ids,
+                                                    const std::optional<at::Tensor>& draft_probs,
+                                                    const at::Tensor& cu_num_draft, const at::Tensor& temperature,
+                                                    const at::Tensor& seeds, const at::Tensor& output_lens,
+                                                    int64_t max_spec_len) {
+  const int64_t B = cu_num_draft.size(0) - 1, N = draft_token_ids.size(0);
+  const auto opts = target_logits.options();
+  at::Tensor out = at::empty({B, max_spec_len + 1}, opts.dtype(at::kLong));
+  at::Tensor num = at::empty({B}, opts.dtype(at::kInt));
+  if (B == 0) return {out, num};
+  const at::Tensor drafts = as_int64(draft_token_ids), cu = as_int64(cu_num_draft), seed = as_int64(seeds);
+  const at::Tensor positions = as_int64(output_lens), temps = temperature.contiguous();
+  const float* probs = nullptr;
+  int64_t probs_stride = 0;
+  if (draft_probs.has_value()) {
+    probs = draft_probs->data_ptr<float>();
+    probs_stride = draft_probs->stride(0);
+  }
+  TSO_DISPATCH_LOGITS(target_logits.scalar_type(), "rejection_sample", [&] {
+    rejection_sample_kernel<scalar_t>(target_logits, drafts.data_ptr<int64_t>(), probs, probs_stride,
+                                      cu.data_ptr<int64_t>(), temps.data_ptr<float>(), seed.data_ptr<int64_t>(),
+                                      positions.data_ptr<int64_t>(), B, N, max_spec_len, out.data_ptr<int64_t>(),
+                                      num.data_ptr<int32_t>());
+  });
+  return {out, num};
+}
+
+}  // namespace tso

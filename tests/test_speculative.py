@@ -1,0 +1,367 @@
+"""rejection_sample (speculative decoding's verification step) against the float64 reference, the
+greedy rule by hand, and the distribution of the emitted tokens (chi-square, fixed seeds)."""
+import math
+
+import pytest
+import torch
+from test_sampling import _chi_square, _chi_square_bound
+
+from torch_sampling_ops import reference
+
+from conftest import BACKENDS, DTYPES, OP_BACKENDS, device_of, make_logits, run_op
+
+NEG_INF = float("-inf")
+
+
+def cu_of(counts) -> torch.Tensor:
+    counts = torch.as_tensor(counts, dtype=torch.int64)
+    cu = torch.zeros(counts.numel() + 1, dtype=torch.int32)
+    cu[1:] = counts.cumsum(0)
+    return cu
+
+
+def spec_args(counts, V, gen, device, *, dtype=torch.float32, max_spec_len=3, with_probs=True, temperature=None,
+              match=0.5):
+    """Random target rows for ragged drafts `counts`; about a fraction `match` of the drafts equal their
+    row's argmax (so greedy requests accept some), the others are random ids. Temperatures alternate
+    greedy and random unless given."""
+    B, N = len(counts), int(sum(counts))
+    logits = make_logits(N + B, V, dtype, device, generator=gen)
+    cu = cu_of(counts)
+    rows = torch.cat([torch.arange(int(cu[i]) + i, int(cu[i + 1]) + i) for i in range(B)]).long()
+    drafts = torch.randint(0, V, (N,), generator=gen)
+    take = torch.rand(N, generator=gen) < match
+    drafts[take] = logits.cpu().float()[rows].argmax(1)[take]
+    probs = torch.softmax(torch.randn(N, V, generator=gen) * 2, dim=1) if with_probs else None
+    if temperature is None:
+        temperature = torch.tensor([0.0 if i % 3 == 0 else 1.0 for i in range(B)])
+    seeds = torch.randint(-(2**62), 2**62, (B,), generator=gen)
+    output_lens = torch.randint(0, 1000, (B,), generator=gen)
+    to = lambda t: None if t is None else t.to(device)  # noqa: E731
+    return [logits, to(drafts), to(probs), to(cu), to(temperature), to(seeds), to(output_lens), max_spec_len]
+
+
+def assert_matches_reference(out, args, *, allowed_mismatches=1):
+    """The reference's tokens for every request, except where float32 rounding decides a near tie
+    (at most `allowed_mismatches` requests); -1 padding past num_emitted."""
+    tokens, num = (o.cpu() for o in out)
+    cpu_args = [a.cpu() if isinstance(a, torch.Tensor) else a for a in args]
+    e_tokens, e_num = reference.rejection_sample(*cpu_args)
+    assert tokens.dtype == torch.int64 and num.dtype == torch.int32
+    assert tokens.shape == e_tokens.shape and num.shape == e_num.shape
+    differ = (tokens != e_tokens).any(dim=1) | (num != e_num)
+    assert int(differ.sum()) <= allowed_mismatches, f"{tokens[differ]} != {e_tokens[differ]}"
+    places = torch.arange(tokens.shape[1])
+    emitted = places < num.unsqueeze(1).long()
+    assert bool((tokens[~emitted] == -1).all()) and bool((tokens[emitted] >= 0).all())
+
+
+# ----------------------------------------------------------------------------------------------
+# Against the reference
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("with_probs", [True, False], ids=["probs", "no_probs"])
+def test_matches_reference(backend, dtype, with_probs, gen):
+    """Ragged drafts (0 to max_spec_len), greedy and random requests mixed, a vocabulary past one block."""
+    device = device_of(backend)
+    args = spec_args([3, 0, 2, 1, 3, 3, 0, 2, 1], 5003, gen, device, dtype=dtype, with_probs=with_probs)
+    before = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
+    out = run_op(backend, "rejection_sample", *args)
+    for a, b in zip(args, before):
+        assert torch.equal(a, b) if isinstance(a, torch.Tensor) else a == b, "an input was modified"
+    assert_matches_reference(out, args)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_high_acceptance_reaches_the_bonus_row(backend, gen):
+    """Drafts from a draft distribution close to the target: many requests accept everything and draw
+    the bonus token; the result is still the reference's."""
+    device = device_of(backend)
+    V, counts = 64, [3] * 12
+    args = spec_args(counts, V, gen, torch.device("cpu"), temperature=torch.ones(12))
+    logits = args[0]
+    cu = cu_of(counts)
+    rows = torch.cat([torch.arange(int(cu[i]) + i, int(cu[i + 1]) + i) for i in range(12)]).long()
+    p = torch.softmax(logits[rows].double(), 1)
+    args[2] = (0.9 * p + 0.1 / V).float()  # q close to p
+    args[1] = torch.multinomial(args[2], 1, generator=gen).squeeze(1)
+    args = [a.to(device) if isinstance(a, torch.Tensor) else a for a in args]
+    out = run_op(backend, "rejection_sample", *args)
+    assert_matches_reference(out, args)
+    assert int((out[1] == 4).sum()) >= 3
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_int32_ids_and_positions(backend, gen):
+    """draft_token_ids and output_lens as int32: the same result as int64."""
+    device = device_of(backend)
+    args = spec_args([1, 3, 2, 0], 700, gen, device)
+    out64 = run_op(backend, "rejection_sample", *args)
+    args[1], args[6] = args[1].int(), args[6].int()
+    out32 = run_op(backend, "rejection_sample", *args)
+    assert torch.equal(out32[0], out64[0]) and torch.equal(out32[1], out64[1])
+    assert_matches_reference(out32, args)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_empty_batches_and_no_speculation(backend, gen):
+    """B = 0; N = 0 with max_spec_len = 0 (one token a request, [B, 1] outputs)."""
+    device = device_of(backend)
+    empty = torch.zeros(0, dtype=torch.int64, device=device)
+    tokens, num = run_op(backend, "rejection_sample", torch.randn(0, 50, device=device), empty, None,
+                         torch.zeros(1, dtype=torch.int32, device=device), torch.zeros(0, device=device), empty,
+                         empty, 3)
+    assert tokens.shape == (0, 4) and num.shape == (0,)
+    args = spec_args([0, 0, 0], 50, gen, device, max_spec_len=0, with_probs=False)
+    args[2] = torch.zeros(0, 50, device=device)  # empty draft probabilities
+    tokens, num = run_op(backend, "rejection_sample", *args)
+    assert tokens.shape == (3, 1) and num.tolist() == [1, 1, 1]
+    assert_matches_reference((tokens, num), args, allowed_mismatches=0)
+
+
+@pytest.mark.parametrize("backend", OP_BACKENDS)
+def test_without_draft_probs_through_opcheck_and_compile(backend, gen):
+    """draft_probs=None (the op table covers a tensor): opcheck, and torch.compile(fullgraph=True)."""
+    device = device_of(backend)
+    args = spec_args([2, 0, 3], 300, gen, device, with_probs=False)
+    torch.library.opcheck(torch.ops.sampling.rejection_sample.default, args)
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda *a: torch.ops.sampling.rejection_sample(*a), fullgraph=True)
+    out = compiled(*args)
+    eager = torch.ops.sampling.rejection_sample(*args)
+    assert torch.equal(out[0], eager[0]) and torch.equal(out[1], eager[1])
+
+
+@pytest.mark.interpret
+@pytest.mark.parametrize("with_probs", [True, False], ids=["probs", "no_probs"])
+def test_cpu_and_interpreter_agree(with_probs, gen):
+    args = spec_args([2, 3, 0, 1, 3, 2], 4099, gen, torch.device("cpu"), with_probs=with_probs)
+    cpu = run_op("cpu", "rejection_sample", *args)
+    tri = run_op("interpret", "rejection_sample", *args)
+    differ = (cpu[0] != tri[0]).any(dim=1) | (cpu[1] != tri[1])
+    assert int(differ.sum()) <= 1
+
+
+# ----------------------------------------------------------------------------------------------
+# Greedy and zero-draft requests by hand
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_greedy_follows_the_argmax_rule(backend, gen):
+    """Request 0 matches 2 drafts then mismatches: emits them and the argmax; request 1 matches all 3
+    and emits the bonus argmax; request 2 has a tie for the maximum, broken to the lower index."""
+    device = device_of(backend)
+    V = 40
+    counts = [3, 3, 1]
+    logits = torch.randn(sum(counts) + 3, V, generator=gen)
+    argmax = logits.argmax(1)
+    # rows: request 0 -> 0..3, request 1 -> 4..7, request 2 -> 8, 9
+    logits[8, 5] = logits[8, 30] = logits[8].max() + 1.0  # tie: token 5 wins
+    argmax[8] = 5
+    wrong = (argmax[2] + 1) % V
+    drafts = torch.stack([argmax[0], argmax[1], wrong, argmax[4], argmax[5], argmax[6], torch.tensor(5)])
+    args = [logits.to(device), drafts.to(device), None, cu_of(counts).to(device), torch.zeros(3, device=device),
+            torch.arange(3, device=device), torch.zeros(3, dtype=torch.int64, device=device), 3]
+    tokens, num = (o.cpu() for o in run_op(backend, "rejection_sample", *args))
+    assert tokens.tolist() == [[int(argmax[0]), int(argmax[1]), int(argmax[2]), -1],
+                               [int(argmax[4]), int(argmax[5]), int(argmax[6]), int(argmax[7])],
+                               [5, int(argmax[9]), -1, -1]]
+    assert num.tolist() == [3, 4, 2]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_zero_draft_requests_emit_the_token_sample_draws(backend, gen):
+    """With no drafts a request emits exactly one token: the bonus row's, drawn as `sample` draws it
+    with temperature 1 (the same stream) or its argmax when greedy."""
+    device = device_of(backend)
+    B, V = 6, 300
+    logits = make_logits(B, V, torch.float32, device, generator=gen)
+    temperature = torch.tensor([1.0, 0.0, 1.0, 1.0, 0.0, 1.0], device=device)
+    seeds = torch.randint(0, 2**40, (B,), generator=gen).to(device)
+    output_lens = torch.randint(0, 100, (B,), generator=gen).to(device)
+    drafts = torch.zeros(0, dtype=torch.int64, device=device)
+    tokens, num = run_op(backend, "rejection_sample", logits, drafts, None, torch.zeros(B + 1, dtype=torch.int32,
+                         device=device), temperature, seeds, output_lens, 2)
+    assert num.tolist() == [1] * B
+    assert bool((tokens[:, 1:] == -1).all())
+    idx = torch.arange(B, device=device)
+    off = torch.zeros(B, dtype=torch.int32, device=device)
+    expected = run_op(backend, "sample", logits, idx, temperature, off, torch.ones(B, device=device),
+                      torch.zeros(B, device=device), seeds, output_lens)
+    # Identical float32 arithmetic on CPU and in the interpreter; compiled separately on CUDA, one near
+    # tie may round the other way.
+    assert int((tokens[:, 0] != expected).sum()) <= (1 if backend == "cuda" else 0)
+
+
+# ----------------------------------------------------------------------------------------------
+# Distributions (the C++ kernel; the interpreter agrees with it above)
+
+
+def _target(V, gen):
+    return torch.softmax(torch.randn(V, generator=gen, dtype=torch.float64) * 1.5, 0)
+
+
+def _draft_distributions(p, gen):
+    V = p.numel()
+    disjoint = torch.zeros(V, dtype=torch.float64)
+    disjoint[p.argsort()[: V // 2]] = 1.0  # the least likely half of the target's tokens
+    p_disjoint = p.clone()
+    p_disjoint[disjoint > 0] = 0.0  # ... and a target that gives them no mass
+    return {"same": (p, p), "disjoint": (p_disjoint / p_disjoint.sum(), disjoint / disjoint.sum()),
+            "random": (p, torch.softmax(torch.randn(V, generator=gen, dtype=torch.float64), 0))}
+
+
+def _one_position_batch(p, q, B, gen, with_probs):
+    """B requests with one draft each (drawn from q) on the same target p; output_lens = arange(B) so
+    every request draws fresh numbers."""
+    V = p.numel()
+    logits = torch.log(p).float().expand(2 * B, V).contiguous()
+    drafts = torch.multinomial(q, B, replacement=True, generator=gen)
+    probs = q.float().expand(B, V).contiguous() if with_probs else None
+    return [logits, drafts, probs, cu_of([1] * B), torch.ones(B), torch.full((B,), 77, dtype=torch.int64),
+            torch.arange(B), 1]
+
+
+@pytest.mark.parametrize("case", ["same", "disjoint", "random"])
+@pytest.mark.parametrize("with_probs", [True, False], ids=["probs", "no_probs"])
+def test_first_token_is_distributed_as_the_target(case, with_probs, gen):
+    """Whatever the drafts' distribution q, the first emitted token follows p; the acceptance rate is
+    sum_x min(p(x), q(x)) with draft probabilities, sum_x q(x) p(x) for a proposal of probability 1."""
+    V, B = 12, 40000
+    p, q = _draft_distributions(_target(V, gen), gen)[case]
+    args = _one_position_batch(p, q, B, gen, with_probs)
+    tokens, num = run_op("cpu", "rejection_sample", *args)
+    counts = torch.bincount(tokens[:, 0], minlength=V).double()
+    assert _chi_square(counts, p) < _chi_square_bound(int((p > 0).sum()) - 1)
+    accepted = (num == 2).double().mean().item()
+    expected = (torch.minimum(p, q).sum() if with_probs else (p * q).sum()).item()
+    sigma = math.sqrt(max(expected * (1 - expected), 0.0) / B)
+    assert abs(accepted - expected) <= 5 * sigma + 1e-3, (accepted, expected)
+    # The token after an accepted draft is the bonus row's draw, from p too.
+    bonus = tokens[num == 2, 1]
+    if bonus.numel() > 1000:
+        assert _chi_square(torch.bincount(bonus, minlength=V).double(), p) < _chi_square_bound(int((p > 0).sum()) - 1)
+
+
+@pytest.mark.parametrize("with_probs", [True, False], ids=["probs", "no_probs"])
+def test_second_token_is_distributed_as_its_target(with_probs, gen):
+    """Two drafts on different targets p1, p2 (drafts from q1, q2): the first token follows p1 and,
+    where the first draft was accepted, the second follows p2."""
+    V, B = 10, 40000
+    p1, p2 = _target(V, gen), _target(V, gen)
+    q1, q2 = (torch.softmax(torch.randn(V, generator=gen, dtype=torch.float64), 0) for _ in range(2))
+    rows = torch.stack([torch.log(p1), torch.log(p2), torch.log(p2)]).float()  # draft 1, draft 2, bonus
+    logits = rows.repeat(B, 1)
+    drafts = torch.stack([torch.multinomial(q, B, replacement=True, generator=gen) for q in (q1, q2)], dim=1)
+    probs = torch.stack([q1, q2]).float().repeat(B, 1) if with_probs else None
+    args = [logits, drafts.reshape(-1), probs, cu_of([2] * B), torch.ones(B), torch.full((B,), 5, dtype=torch.int64),
+            torch.arange(B) * 3, 2]
+    tokens, num = run_op("cpu", "rejection_sample", *args)
+    first = torch.bincount(tokens[:, 0], minlength=V).double()
+    second = torch.bincount(tokens[num >= 2, 1], minlength=V).double()
+    assert _chi_square(first, p1) < _chi_square_bound(V - 1)
+    assert _chi_square(second, p2) < _chi_square_bound(V - 1)
+
+
+@pytest.mark.interpret
+def test_interpreter_draws_like_the_cpu_kernel(gen):
+    """The interpreter on a batch of the distribution tests: the same tokens as the C++ kernel."""
+    p, q = _draft_distributions(_target(12, gen), gen)["random"]
+    args = _one_position_batch(p, q, 64, gen, True)
+    cpu = run_op("cpu", "rejection_sample", *args)
+    tri = run_op("interpret", "rejection_sample", *args)
+    assert int((cpu[0] != tri[0]).any(dim=1).sum()) <= 1
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_batch_invariance(backend, gen):
+    """A request's tokens do not depend on the other requests of the batch."""
+    device = device_of(backend)
+    counts = [2, 3, 0, 1, 3]
+    args = spec_args(counts, 500, gen, device, temperature=torch.tensor([1.0, 0.0, 1.0, 1.0, 1.0]))
+    tokens, num = run_op(backend, "rejection_sample", *args)
+    logits, drafts, probs, cu, temperature, seeds, output_lens, S = args
+    for i in range(len(counts)):
+        lo, hi = int(cu[i]), int(cu[i + 1])
+        alone = run_op(backend, "rejection_sample", logits[lo + i: hi + i + 1], drafts[lo:hi], probs[lo:hi],
+                       cu_of([hi - lo]).to(device), temperature[i: i + 1], seeds[i: i + 1], output_lens[i: i + 1], S)
+        assert torch.equal(alone[0][0], tokens[i]) and int(alone[1][0]) == int(num[i])
+
+
+# ----------------------------------------------------------------------------------------------
+# Bad values: the documented result, no out-of-bounds access
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_bad_values_give_the_documented_result(backend, gen):
+    """Decreasing cu_num_draft (a request then has no drafts), more drafts than max_spec_len (clamped),
+    offsets past N (clamped), draft ids outside [0, V) (rejected), a row without a live logit (-1)."""
+    device = device_of(backend)
+    V, N, B = 50, 8, 5
+    logits = torch.randn(N + B, V, generator=gen)
+    drafts = logits[:N].argmax(1)
+    drafts[6] = V + 3  # request 3's only draft (greedy)
+    drafts[7] = -2  # request 4's only draft (random)
+    cu = torch.tensor([0, 4, 2, 6, 7, 100], dtype=torch.int32)  # 4 > max_spec_len, decreasing, past N = 8
+    logits[5] = NEG_INF  # request 1's only row (cu[1] + 1): no live logit
+    args = [logits, drafts, None, cu, torch.tensor([0.0, 0.0, 1.0, 0.0, 1.0]), torch.arange(B),
+            torch.zeros(B, dtype=torch.int64), 3]
+    args = [a.to(device) if isinstance(a, torch.Tensor) else a for a in args]
+    tokens, num = (o.cpu() for o in run_op(backend, "rejection_sample", *args))
+    e_tokens, e_num = reference.rejection_sample(*[a.cpu() if isinstance(a, torch.Tensor) else a for a in args])
+    assert torch.equal(tokens, e_tokens) and torch.equal(num, e_num)
+    assert num[0] == 4 and tokens[0, :3].tolist() == drafts[:3].tolist()  # 3 of the 4 drafts, then the bonus
+    assert tokens[1].tolist() == [-1, -1, -1, -1] and num[1] == 0  # decreasing: no drafts; a dead row
+    assert num[3] == 1 and tokens[3, 0] == logits[9].argmax()  # the out-of-range draft is rejected
+    assert num[4] == 1 and 0 <= tokens[4, 0] < V
+    assert bool((tokens < V).all())
+
+
+# ----------------------------------------------------------------------------------------------
+# CUDA
+
+
+@pytest.mark.cuda
+def test_cuda_graph_replays_draw_fresh_tokens(gen):
+    """Captured once; advancing output_lens on the device gives fresh draws per replay."""
+    device = torch.device("cuda")
+    args = spec_args([3] * 16, 1000, gen, device, temperature=torch.ones(16), match=0.0)
+    output_lens = args[6]
+    run_op("cuda", "rejection_sample", *args)  # compile before capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = run_op("cuda", "rejection_sample", *args)
+    seen = []
+    for _ in range(4):
+        graph.replay()
+        assert_matches_reference(out, args)
+        seen.append(out[0].clone())
+        output_lens += 1
+    assert len({tuple(s.flatten().tolist()) for s in seen}) == 4
+
+
+@pytest.mark.cuda
+def test_offsets_past_2_pow_31():
+    """(N + B) * V > 2**31: the last request's rows lie past 32-bit element offsets."""
+    V = 151936
+    rows = 2**31 // V + 2
+    B = 2
+    N = rows - B
+    logits = torch.randn(rows, V, device="cuda", dtype=torch.float16)
+    # request 0 owns almost every draft row, request 1 the last one and its bonus row
+    cu = torch.tensor([0, N - 1, N], dtype=torch.int32, device="cuda")
+    # draft k of request i is scored by target row k + i: make every draft its row's argmax
+    drafts = torch.cat([logits[: N - 1].float().argmax(1), logits[N : N + 1].float().argmax(1)])
+    for temperature in (0.0, 1.0):
+        temps = torch.full((B,), temperature, device="cuda")
+        args = [logits, drafts, None, cu, temps, torch.tensor([5, 6], device="cuda"),
+                torch.zeros(B, dtype=torch.int64, device="cuda"), N]
+        tokens, num = run_op("cuda", "rejection_sample", *args)
+        last = logits[-2:].float().cpu()
+        if temperature == 0.0:
+            assert int(num[1]) == 2 and tokens[1, 1].item() == int(last[1].argmax())
+        e = reference.rejection_sample(last, drafts[-1:].cpu(), None, cu_of([1]), temps[1:].cpu(),
+                                       torch.tensor([6]), torch.zeros(1, dtype=torch.int64), N)
+        assert tokens[1].cpu().tolist()[:2] == e[0][0].tolist()[:2]
