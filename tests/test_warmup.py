@@ -5,7 +5,7 @@ import torch
 from triton.runtime.jit import JITFunction
 
 import torch_sampling_ops
-from torch_sampling_ops import _launch, _warmup, constraints, filtering, history, sampling
+from torch_sampling_ops import _launch, _warmup, constraints, filtering, history, sampling, speculative
 from torch_sampling_ops.truncation import plan, scan, select
 
 from conftest import HAS_CUDA, INTERPRET
@@ -25,12 +25,12 @@ def test_warmup_is_a_no_op_without_a_gpu_compiler():
 def test_warmup_covers_every_top_k_top_p_variant(monkeypatch):
     launched = _record_launches(monkeypatch)
     V = 1000
-    _warmup._launch_all(V, (torch.float32, torch.bfloat16), 256, torch.device("cpu"), 4, torch.int32, ((8, 6, 3),))
+    _warmup._launch_all(V, (torch.float32, torch.bfloat16), 256, torch.device("cpu"), 4, torch.int32, ((8, 6, 3),), 3)
     seen = {(kernel, tuple(sorted(meta.items()))) for kernel, meta in launched}
     for kernel, meta in plan._compiled_kernels(V, pdl=False):
         assert (kernel, tuple(sorted(meta.items()))) in seen, kernel
     kernels = {kernel for kernel, _ in launched}
-    for module in (constraints, filtering, history, sampling, scan, select):
+    for module in (constraints, filtering, history, sampling, speculative, scan, select):
         for name, obj in vars(module).items():
             if name in ("_random_stream_kernel", "_reduce_segments_kernel" if V <= sampling._SEGMENT else ""):
                 continue  # a kernel of the tests only; a reduction of split rows, which V = 1000 never has
@@ -46,7 +46,7 @@ def test_small_batches_skip_large_batch_variants(monkeypatch):
 
 
 def _all_kernels():
-    return [obj for module in (constraints, filtering, history, sampling, scan, select) for obj in vars(module).values()
+    return [obj for module in (constraints, filtering, history, sampling, speculative, scan, select) for obj in vars(module).values()
             if isinstance(obj, JITFunction)]
 
 

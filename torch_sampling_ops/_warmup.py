@@ -35,7 +35,7 @@ def _truncation_row_counts(vocab_size: int, max_num_tokens: int, pdl: bool) -> l
     return rows
 
 
-def _launch_all(vocab_size, dtypes, max_num_tokens, device, num_slots, index_dtype, logit_bias_widths,
+def _launch_all(vocab_size, dtypes, max_num_tokens, device, num_slots, index_dtype, logit_bias_widths, max_spec_len,
                 num_logprobs=(0, 20)) -> int:
     """Runs every launcher once per variant (under compiling_only); returns the number of op calls."""
     V, R = vocab_size, num_slots
@@ -81,6 +81,12 @@ def _launch_all(vocab_size, dtypes, max_num_tokens, device, num_slots, index_dty
         run("bad_words")(one, empty(1), empty(R, 8), empty(R, 9, dtype=torch.int32), empty(R),
                          empty(R, 8, dtype=torch.int32), empty(1))
         calls += 2
+        # rejection_sample of one request with max_spec_len drafts, with and without draft probabilities
+        n = max_spec_len
+        for probs in (empty(n, V, dtype=torch.float32), None):
+            run("rejection_sample")(empty(n + 1, V, dtype=dtype), empty(n), probs, empty(2, dtype=torch.int32),
+                                    empty(1, dtype=torch.float32), empty(1, dtype=torch.int64), empty(1), n)
+            calls += 1
     run("update_output_counts")(empty(R, V, dtype=torch.int32), empty(R, words, dtype=torch.int32), empty(1), empty(1))
     return calls + 1
 
@@ -95,6 +101,7 @@ def warmup(
     index_dtype: torch.dtype = torch.int32,
     logit_bias_widths: Sequence[tuple[int, int, int]] = ((1024, 1024, 128),),
     num_logprobs: Sequence[int] = (0, 20),
+    max_spec_len: int = 4,
     parallel: bool = True,
 ) -> dict:
     """Compiles every Triton kernel variant the ops launch for this vocabulary, so that a server pays
@@ -111,6 +118,7 @@ def warmup(
         logit_bias_widths: (allowed, bias, stop) list widths W of the logit_bias calls to prepare.
         num_logprobs: the num_logprobs values of the logprobs calls to prepare (its kernel is
             compiled per power of two >= num_logprobs, and once for 0).
+        max_spec_len: the drafts a request proposes at most, for rejection_sample.
         parallel: compile the variants on a thread pool.
 
     Returns ``{"seconds": wall time, "calls": op calls made}``. On the CPU, or under the Triton
@@ -124,7 +132,7 @@ def warmup(
     num_slots = max_num_tokens if num_slots is None else num_slots
     start = time.perf_counter()
     args = (vocab_size, tuple(dtypes), max_num_tokens, device, num_slots, index_dtype, tuple(logit_bias_widths),
-            tuple(num_logprobs))
+            max_spec_len, tuple(num_logprobs))
     with torch.cuda.device(device), _launch.compiling_only():
         if parallel and hasattr(triton, "AsyncCompileMode"):
             workers = max(1, min(16, os.cpu_count() or 1))
