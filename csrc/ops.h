@@ -34,21 +34,22 @@ void bad_words(at::Tensor logits, const at::Tensor& idx_mapping, const at::Tenso
                const at::Tensor& bad_word_offsets, const at::Tensor& num_bad_words,
                const at::Tensor& history, const at::Tensor& history_lens);
 
-std::tuple<at::Tensor, at::Tensor> random_stream(const at::Tensor& seeds, const at::Tensor& positions,
+std::tuple<at::Tensor, at::Tensor> random_stream(const at::Tensor& seeds,
+                                                 const at::Tensor& positions,
                                                  const at::Tensor& tokens);
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> logprobs(const at::Tensor& logits,
                                                                     const at::Tensor& token_ids,
                                                                     int64_t num_logprobs);
 
-at::Tensor sample(const at::Tensor& logits, const at::Tensor& idx_mapping, const at::Tensor& temperature,
-                  const at::Tensor& top_k, const at::Tensor& top_p, const at::Tensor& min_p, const at::Tensor& seeds,
-                  const at::Tensor& output_lens);
+at::Tensor sample(const at::Tensor& logits, const at::Tensor& idx_mapping,
+                  const at::Tensor& temperature, const at::Tensor& top_k, const at::Tensor& top_p,
+                  const at::Tensor& min_p, const at::Tensor& seeds, const at::Tensor& output_lens);
 
-std::tuple<at::Tensor, at::Tensor> rejection_sample(const at::Tensor& target_logits, const at::Tensor& draft_token_ids,
-                                                    const std::optional<at::Tensor>& draft_probs,
-                                                    const at::Tensor& cu_num_draft, const at::Tensor& temperature,
-                                                    const at::Tensor& seeds, const at::Tensor& output_lens,
-                                                    int64_t max_spec_len);
+std::tuple<at::Tensor, at::Tensor> rejection_sample(
+    const at::Tensor& target_logits, const at::Tensor& draft_token_ids,
+    const std::optional<at::Tensor>& draft_probs, const at::Tensor& cu_num_draft,
+    const at::Tensor& temperature, const at::Tensor& seeds, const at::Tensor& output_lens,
+    int64_t max_spec_len);
 
 }  // namespace tso

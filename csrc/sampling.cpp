@@ -19,7 +19,9 @@ inline float logit_at(const scalar_t* row, int64_t j) {
 }
 
 // (value, index) ordering of the logprobs top-k: larger value first, lower index among ties.
-inline bool ranks_before(float a, int64_t ia, float b, int64_t ib) { return a > b || (a == b && ia < ib); }
+inline bool ranks_before(float a, int64_t ia, float b, int64_t ib) {
+  return a > b || (a == b && ia < ib);
+}
 
 // The sum of exp(x[j] - m) over a float32 row, vectorized (x holds no NaN).
 float sum_exp(const float* x, int64_t V, float m) {
@@ -50,7 +52,8 @@ void logprobs_kernel(const at::Tensor& logits, const int64_t* tokens, int64_t k,
       const bool tok_ok = tok >= 0 && tok < V;
       const float x_tok = tok_ok ? logit_at(row, tok) : kNegInf;
       // One pass: the row as float32 (NaN as -inf), its max, the count of larger logits and the k
-      // best (value, index) pairs, kept sorted by insertion (k is small; few tokens enter the list).
+      // best (value, index) pairs, kept sorted by insertion (k is small; few tokens enter the
+      // list).
       float m = kNegInf;
       int64_t larger = 0, held = 0;
       for (int64_t j = 0; j < V; ++j) {
@@ -81,8 +84,8 @@ void logprobs_kernel(const at::Tensor& logits, const int64_t* tokens, int64_t k,
 
 // The token of each row: argmax of the (temperature-scaled, filtered) row plus the Gumbel noise of
 // its stream; the plain argmax for greedy rows; -1 for rows without a logit above -inf.
-void gumbel_argmax(const at::Tensor& scaled, const int64_t* slots, const float* temps, const int64_t* seeds,
-                   const int64_t* positions, int64_t R, int64_t* out) {
+void gumbel_argmax(const at::Tensor& scaled, const int64_t* slots, const float* temps,
+                   const int64_t* seeds, const int64_t* positions, int64_t R, int64_t* out) {
   const int64_t T = scaled.size(0), V = scaled.size(1);
   const float* base = scaled.data_ptr<float>();
   at::parallel_for(0, T, 1, [&](int64_t begin, int64_t end) {
@@ -100,7 +103,8 @@ void gumbel_argmax(const at::Tensor& scaled, const int64_t* slots, const float* 
       for (int64_t j = 0; j < V; ++j) {
         const float x = row[j];
         if (!(x > kNegInf)) continue;  // -inf or NaN: never drawn
-        const float score = greedy ? x : x + stream_gumbel(stream_bits(key, static_cast<uint32_t>(j)));
+        const float score =
+            greedy ? x : x + stream_gumbel(stream_bits(key, static_cast<uint32_t>(j)));
         if (best_j < 0 || score > best) {
           best = score;
           best_j = j;
@@ -113,7 +117,8 @@ void gumbel_argmax(const at::Tensor& scaled, const int64_t* slots, const float* 
 
 }  // namespace
 
-std::tuple<at::Tensor, at::Tensor> random_stream(const at::Tensor& seeds, const at::Tensor& positions,
+std::tuple<at::Tensor, at::Tensor> random_stream(const at::Tensor& seeds,
+                                                 const at::Tensor& positions,
                                                  const at::Tensor& tokens) {
   const at::Tensor s = as_int64(seeds), p = as_int64(positions), j = as_int64(tokens);
   at::Tensor bits = at::empty(s.sizes(), s.options());
@@ -138,17 +143,19 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> logprobs(const at::Te
   at::Tensor token_lp = at::empty({T}, opts.dtype(at::kFloat));
   at::Tensor ranks = at::empty({T}, opts.dtype(at::kLong));
   TSO_DISPATCH_LOGITS(logits.scalar_type(), "logprobs", [&] {
-    logprobs_kernel<scalar_t>(logits, tokens.data_ptr<int64_t>(), num_logprobs, topk_ids.data_ptr<int64_t>(),
-                              topk_lp.data_ptr<float>(), token_lp.data_ptr<float>(), ranks.data_ptr<int64_t>());
+    logprobs_kernel<scalar_t>(logits, tokens.data_ptr<int64_t>(), num_logprobs,
+                              topk_ids.data_ptr<int64_t>(), topk_lp.data_ptr<float>(),
+                              token_lp.data_ptr<float>(), ranks.data_ptr<int64_t>());
   });
   return {topk_ids, topk_lp, token_lp, ranks};
 }
 
-at::Tensor sample(const at::Tensor& logits, const at::Tensor& idx_mapping, const at::Tensor& temperature,
-                  const at::Tensor& top_k, const at::Tensor& top_p, const at::Tensor& min_p, const at::Tensor& seeds,
-                  const at::Tensor& output_lens) {
+at::Tensor sample(const at::Tensor& logits, const at::Tensor& idx_mapping,
+                  const at::Tensor& temperature, const at::Tensor& top_k, const at::Tensor& top_p,
+                  const at::Tensor& min_p, const at::Tensor& seeds, const at::Tensor& output_lens) {
   const int64_t T = logits.size(0);
-  const at::Tensor slots = as_int64(idx_mapping), positions = as_int64(output_lens), seed = as_int64(seeds);
+  const at::Tensor slots = as_int64(idx_mapping), positions = as_int64(output_lens),
+                   seed = as_int64(seeds);
   const at::Tensor temps = temperature.contiguous();
   const int64_t R = temps.size(0);
   // A float32 workspace: the rows divided by their temperature (a true division, as the temperature
@@ -159,8 +166,9 @@ at::Tensor sample(const at::Tensor& logits, const at::Tensor& idx_mapping, const
   tso::min_p(scaled, slots, min_p);
   tso::top_k_top_p(scaled, slots, top_k, top_p);
   at::Tensor out = at::empty({T}, logits.options().dtype(at::kLong));
-  gumbel_argmax(scaled, slots.data_ptr<int64_t>(), temps.data_ptr<float>(), seed.data_ptr<int64_t>(),
-                positions.data_ptr<int64_t>(), R, out.data_ptr<int64_t>());
+  gumbel_argmax(scaled, slots.data_ptr<int64_t>(), temps.data_ptr<float>(),
+                seed.data_ptr<int64_t>(), positions.data_ptr<int64_t>(), R,
+                out.data_ptr<int64_t>());
   return out;
 }
 

@@ -23,10 +23,10 @@ inline float logit_at(const scalar_t* row, int64_t j) {
   return x == x ? x : kNegInf;  // NaN is read as -inf
 }
 
-// An upper bound of the stream's Gumbel noise: its largest uniform 1 - 2**-24 gives 16.6355. A token
-// whose score cannot beat the running best even with this noise is skipped without computing its
-// noise; float addition is monotonic, so fl(x + g) <= fl(x + kMaxGumbel) < best and the result is
-// the same as without skipping.
+// An upper bound of the stream's Gumbel noise: its largest uniform 1 - 2**-24 gives 16.6355. A
+// token whose score cannot beat the running best even with this noise is skipped without computing
+// its noise; float addition is monotonic, so fl(x + g) <= fl(x + kMaxGumbel) < best and the result
+// is the same as without skipping.
 constexpr float kMaxGumbel = 16.64f;
 
 // A running argmax that keeps the lower index on ties.
@@ -41,7 +41,8 @@ struct Argmax {
   }
 };
 
-// argmax of the row (plus the Gumbel noise of `key` when `noise`) over the tokens above -inf; -1 if none.
+// argmax of the row (plus the Gumbel noise of `key` when `noise`) over the tokens above -inf; -1 if
+// none.
 template <typename scalar_t>
 int64_t row_argmax(const scalar_t* row, int64_t V, bool noise, uint32_t key) {
   Argmax am;
@@ -83,8 +84,8 @@ void row_max_sum(const scalar_t* row, int64_t V, float& m, float& s) {
 // argmax_k log(r_k) + g_k over r = p - q > 0 (q from `probs`, or one-hot of `draft` without it);
 // argmax_k x_k + g_k (a draw from p) if r has no positive entry; -1 for a row without a live logit.
 template <typename scalar_t>
-int64_t residual_draw(const scalar_t* row, const float* probs, int64_t draft, float m, float s, uint32_t key,
-                      int64_t V) {
+int64_t residual_draw(const scalar_t* row, const float* probs, int64_t draft, float m, float s,
+                      uint32_t key, int64_t V) {
   Argmax from_r, from_p;
   for (int64_t k = 0; k < V; ++k) {
     const float x = logit_at(row, k);
@@ -104,15 +105,18 @@ int64_t residual_draw(const scalar_t* row, const float* probs, int64_t draft, fl
 }
 
 template <typename scalar_t>
-void rejection_sample_kernel(const at::Tensor& logits, const int64_t* drafts, const float* probs, int64_t probs_stride,
-                             const int64_t* cu, const float* temps, const int64_t* seeds, const int64_t* positions,
-                             int64_t B, int64_t N, int64_t max_spec_len, int64_t* out, int32_t* num) {
+void rejection_sample_kernel(const at::Tensor& logits, const int64_t* drafts, const float* probs,
+                             int64_t probs_stride, const int64_t* cu, const float* temps,
+                             const int64_t* seeds, const int64_t* positions, int64_t B, int64_t N,
+                             int64_t max_spec_len, int64_t* out, int32_t* num) {
   const int64_t V = logits.size(1), stride = logits.stride(0);
   const scalar_t* base = logits.data_ptr<scalar_t>();
   at::parallel_for(0, B, 1, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
-      // Clamped layout: draft rows [lo, lo + n) within [0, N), target rows lo + i + j <= N + i < N + B.
-      const int64_t lo = std::clamp<int64_t>(cu[i], 0, N), hi = std::clamp<int64_t>(cu[i + 1], 0, N);
+      // Clamped layout: draft rows [lo, lo + n) within [0, N), target rows lo + i + j <= N + i < N
+      // + B.
+      const int64_t lo = std::clamp<int64_t>(cu[i], 0, N),
+                    hi = std::clamp<int64_t>(cu[i + 1], 0, N);
       const int64_t n = std::clamp<int64_t>(hi - lo, 0, max_spec_len);
       const bool greedy = temps[i] == 0.0f;
       int64_t* out_row = out + i * (max_spec_len + 1);
@@ -152,17 +156,18 @@ void rejection_sample_kernel(const at::Tensor& logits, const int64_t* drafts, co
 
 }  // namespace
 
-std::tuple<at::Tensor, at::Tensor> rejection_sample(const at::Tensor& target_logits, const at::Tensor& draft_token_ids,
-                                                    const std::optional<at::Tensor>& draft_probs,
-                                                    const at::Tensor& cu_num_draft, const at::Tensor& temperature,
-                                                    const at::Tensor& seeds, const at::Tensor& output_lens,
-                                                    int64_t max_spec_len) {
+std::tuple<at::Tensor, at::Tensor> rejection_sample(
+    const at::Tensor& target_logits, const at::Tensor& draft_token_ids,
+    const std::optional<at::Tensor>& draft_probs, const at::Tensor& cu_num_draft,
+    const at::Tensor& temperature, const at::Tensor& seeds, const at::Tensor& output_lens,
+    int64_t max_spec_len) {
   const int64_t B = cu_num_draft.size(0) - 1, N = draft_token_ids.size(0);
   const auto opts = target_logits.options();
   at::Tensor out = at::empty({B, max_spec_len + 1}, opts.dtype(at::kLong));
   at::Tensor num = at::empty({B}, opts.dtype(at::kInt));
   if (B == 0) return {out, num};
-  const at::Tensor drafts = as_int64(draft_token_ids), cu = as_int64(cu_num_draft), seed = as_int64(seeds);
+  const at::Tensor drafts = as_int64(draft_token_ids), cu = as_int64(cu_num_draft),
+                   seed = as_int64(seeds);
   const at::Tensor positions = as_int64(output_lens), temps = temperature.contiguous();
   const float* probs = nullptr;
   int64_t probs_stride = 0;
@@ -171,10 +176,10 @@ std::tuple<at::Tensor, at::Tensor> rejection_sample(const at::Tensor& target_log
     probs_stride = draft_probs->stride(0);
   }
   TSO_DISPATCH_LOGITS(target_logits.scalar_type(), "rejection_sample", [&] {
-    rejection_sample_kernel<scalar_t>(target_logits, drafts.data_ptr<int64_t>(), probs, probs_stride,
-                                      cu.data_ptr<int64_t>(), temps.data_ptr<float>(), seed.data_ptr<int64_t>(),
-                                      positions.data_ptr<int64_t>(), B, N, max_spec_len, out.data_ptr<int64_t>(),
-                                      num.data_ptr<int32_t>());
+    rejection_sample_kernel<scalar_t>(
+        target_logits, drafts.data_ptr<int64_t>(), probs, probs_stride, cu.data_ptr<int64_t>(),
+        temps.data_ptr<float>(), seed.data_ptr<int64_t>(), positions.data_ptr<int64_t>(), B, N,
+        max_spec_len, out.data_ptr<int64_t>(), num.data_ptr<int32_t>());
   });
   return {out, num};
 }
