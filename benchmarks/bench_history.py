@@ -35,7 +35,7 @@ import torch
 import torch_sampling_ops as tso
 from torch_sampling_ops import reference
 
-from timing import N_SETS, Case, _time_ours, bench_gpu, main, print_table, record, split_name
+from timing import Case, main, print_table, time_case
 
 REPETITION, FREQUENCY, PRESENCE = 1.1, 0.2, 0.1
 
@@ -151,18 +151,11 @@ def touched_bytes(case: Case, inputs) -> tuple[int, int]:
 def gpu_table(case: Case, V: int, bandwidth_gbps: float, Ts) -> str:
     rows = []
     for T in Ts:
-        sets = [case.make(T, V, "cuda", seed) for seed in range(N_SETS)]
-        eager = _time_ours(case, sets, bench_gpu)
-        graph = _time_ours(case, sets, functools.partial(bench_gpu, graph=True))
-        base = bench_gpu(case.baseline, sets)
-        touched, dense = touched_bytes(case, sets[0])
+        inputs, eager, graph, base = time_case(case, T, V)
+        touched, dense = touched_bytes(case, inputs)
         floor = touched / (bandwidth_gbps * 1e9) * 1e6
         dense_floor = dense / (bandwidth_gbps * 1e9) * 1e6
-        op, setting = split_name(case.name)
-        for mode, provider, us in (("eager", "ours", eager), ("graph", "ours", graph), ("eager", "pytorch", base)):
-            record(op, setting, T, V, torch.float32, mode, provider, us)
         rows.append([T, eager, graph, base, base / graph, floor, dense_floor or "-"])
-        del sets
     return print_table(f"{case.name}, V = {V}, fp32, {torch.cuda.get_device_name()}, µs (median)",
                        ["T", "ours eager", "ours graph", "PyTorch", "speed-up (graph)", "touched floor",
                         "dense floor"], rows)

@@ -23,7 +23,7 @@ import torch
 
 import torch_sampling_ops as tso
 
-from timing import Case, bench_gpu, main, print_table, record, split_name
+from timing import Case, main, print_table, time_case
 
 SPEC = 3  # drafts a request
 
@@ -73,18 +73,11 @@ CASES = [
 def spec_table(case: Case, V: int, bandwidth_gbps: float, Ts) -> str:
     """GPU table: B requests x 3 drafts, eager and CUDA-graph timings against the PyTorch baseline."""
     rows = []
-    op, setting = split_name(case.name)
     for B in Ts:
-        sets = [case.make(B, V, "cuda", seed) for seed in range(3)]
-        eager = bench_gpu(case.ours, sets)
-        graph = bench_gpu(case.ours, sets, graph=True)
-        base = bench_gpu(case.baseline, sets)
-        for mode, provider, us in (("eager", "ours", eager), ("graph", "ours", graph), ("eager", "pytorch", base)):
-            record(op, setting, B, V, torch.float32, mode, provider, us)
-        nbytes = sets[0][0].numel() * 4 + (sets[0][2].numel() * 4 if sets[0][2] is not None else 0)
+        inputs, eager, graph, base = time_case(case, B, V)
+        nbytes = inputs[0].numel() * 4 + (inputs[2].numel() * 4 if inputs[2] is not None else 0)
         floor = nbytes / (bandwidth_gbps * 1e9) * 1e6
         rows.append([B, eager, graph, base, base / graph, floor, graph / floor])
-        del sets
     return print_table(f"{case.name}, {SPEC} drafts a request, V = {V}, {torch.cuda.get_device_name()}, µs (median)",
                        ["B", "ours eager", "ours graph", "PyTorch", "speed-up (graph)", "all rows floor",
                         "ours / floor"], rows)

@@ -204,21 +204,26 @@ def _time_ours(case: Case, sets: list, timer: Callable) -> float:
     return timer(copy_and_run, work) - timer(copy, work)
 
 
+def time_case(case: Case, T: int, V: int) -> tuple[list, float, float, float]:
+    """Times `case` on the GPU at T rows: (one of its input sets, for the floors; µs of ours eager, of
+    ours in a CUDA graph, of the baseline), each time also recorded in the CSV."""
+    sets = [case.make(T, V, "cuda", seed) for seed in range(N_SETS)]
+    eager = _time_ours(case, sets, bench_gpu)
+    graph = _time_ours(case, sets, functools.partial(bench_gpu, graph=True))
+    base = bench_gpu(case.baseline, sets)
+    op, setting = split_name(case.name)
+    for mode, provider, us in (("eager", "ours", eager), ("graph", "ours", graph), ("eager", "pytorch", base)):
+        record(op, setting, T, V, sets[0][0].dtype, mode, provider, us)
+    return sets[0], eager, graph, base
+
+
 def gpu_table(case: Case, V: int, bandwidth_gbps: float, Ts=(1, 32, 256, 1024)) -> str:
     rows = []
-    op, setting = split_name(case.name)
     for T in Ts:
-        sets = [case.make(T, V, "cuda", seed) for seed in range(N_SETS)]
-        eager = _time_ours(case, sets, bench_gpu)
-        graph = _time_ours(case, sets, functools.partial(bench_gpu, graph=True))
-        base = bench_gpu(case.baseline, sets)
-        dtype = sets[0][0].dtype
-        for mode, provider, us in (("eager", "ours", eager), ("graph", "ours", graph), ("eager", "pytorch", base)):
-            record(op, setting, T, V, dtype, mode, provider, us)
-        nbytes = 2 * T * V * sets[0][0].element_size()
+        inputs, eager, graph, base = time_case(case, T, V)
+        nbytes = 2 * T * V * inputs[0].element_size()
         floor = nbytes / (bandwidth_gbps * 1e9) * 1e6
         rows.append([T, eager, graph, base, base / graph, floor, graph / floor, nbytes / (graph * 1e-6) / 1e9])
-        del sets
     return print_table(f"{case.name}, V = {V}, {torch.cuda.get_device_name()}, µs (median)",
                        ["T", "ours eager", "ours graph", "PyTorch", "speed-up (graph)", "r+w floor", "ours / floor",
                         "effective GB/s"], rows)
