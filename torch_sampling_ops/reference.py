@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import torch
 
+from .state import pack_bitmask  # noqa: F401  (the layout helper; tests and benchmarks use it from here)
+
 NEG_INF = float("-inf")
 
 
@@ -116,16 +118,6 @@ def top_k_top_p(logits, idx_mapping, top_k, top_p, *, compute_dtype=torch.float6
     threshold = torch.maximum(tau_k, tau_p)
     active = (k_on | p_on) & (row_max > NEG_INF)
     return out.masked_fill_(active.unsqueeze(1) & ~(out >= threshold.unsqueeze(1)), NEG_INF)
-
-
-def pack_bitmask(bits: torch.Tensor) -> torch.Tensor:
-    """bool [rows, V] -> int32 [rows, ceil(V/32)] token bitmask (bit j of word w is token 32 * w + j)."""
-    rows, V = bits.shape
-    words = (V + 31) // 32
-    padded = torch.zeros(rows, words * 32, dtype=torch.int64, device=bits.device)
-    padded[:, :V] = bits.long()
-    packed = (padded.view(rows, words, 32) << torch.arange(32, device=bits.device)).sum(-1)
-    return torch.where(packed >= 2**31, packed - 2**32, packed).to(torch.int32)
 
 
 def penalties(logits, idx_mapping, prompt_mask, output_mask, output_counts, repetition_penalty,

@@ -22,16 +22,24 @@ def _as_ids(token_ids, device: torch.device) -> torch.Tensor:
     return ids.to(device, non_blocking=True)
 
 
+def pack_bitmask(bits: torch.Tensor) -> torch.Tensor:
+    """bool [rows, V] -> int32 [rows, ceil(V/32)] token bitmask (bit j of word w is token 32 * w + j)."""
+    rows, V = bits.shape
+    words = (V + 31) // 32
+    padded = torch.zeros(rows, words * 32, dtype=torch.int64, device=bits.device)
+    padded[:, :V] = bits.long()
+    packed = (padded.view(rows, words, 32) << torch.arange(32, device=bits.device)).sum(-1)
+    return torch.where(packed >= 2**31, packed - 2**32, packed).to(torch.int32)
+
+
 def pack_token_bitmask(token_ids, vocab_size: int, device: torch.device | str) -> torch.Tensor:
     """int32 [ceil(V/32)] bitmask with the bit of every listed token set; ids outside [0, V) are ignored,
     duplicates are fine."""
     device = torch.device(device)
     ids = _as_ids(token_ids, device)
-    words = (vocab_size + 31) // 32
-    bits = torch.zeros(words * 32 + 1, dtype=torch.int64, device=device)  # the last entry takes ignored ids
-    bits[torch.where((ids >= 0) & (ids < vocab_size), ids, words * 32)] = 1
-    packed = (bits[:-1].view(words, 32) << torch.arange(32, device=device)).sum(1)
-    return torch.where(packed >= 2**31, packed - 2**32, packed).to(torch.int32)
+    bits = torch.zeros(vocab_size + 1, dtype=torch.bool, device=device)  # the last entry takes ignored ids
+    bits[torch.where((ids >= 0) & (ids < vocab_size), ids, vocab_size)] = True
+    return pack_bitmask(bits[None, :vocab_size])[0]
 
 
 def set_prompt_mask(prompt_mask: torch.Tensor, slot: int, prompt_token_ids, vocab_size: int) -> None:
