@@ -30,16 +30,12 @@ class _Compiled:
         self.run = lambda *a: launches.append(a)
 
 
-@pytest.fixture(params=["native", "python"])
-def toy(monkeypatch, request):
-    """A JITFunction whose plain path records its calls, with the cache enabled as on CUDA, with
-    the C++ argument binder or the Python one."""
-    if request.param == "native":
-        if _launch._native_binder() is None:
-            pytest.skip("the C++ extension is not built")
-        monkeypatch.setattr(_launch, "_bind_args", _launch._native_binder())
-    else:
-        monkeypatch.setattr(_launch, "_bind_args", _launch._bind_args_python)
+@pytest.fixture
+def toy(monkeypatch):
+    """A JITFunction whose plain path records its calls, with the cache enabled as on CUDA and the
+    C++ argument binder."""
+    pytest.importorskip("torch_sampling_ops._C")
+    monkeypatch.setattr(_launch, "_bind_args", _launch._native_binder())
     kernel = JITFunction(_toy_kernel)
     plain, launches = [], []
 

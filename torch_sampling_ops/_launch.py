@@ -10,8 +10,8 @@ as fine as Triton's specialisation. Later calls with the same key build the key,
 launcher directly with the tensors' data pointers as integers (which the launcher passes through
 without a driver query); on the Triton releases read for it, the C launch function under the
 launcher is called directly (`_direct_launch`). The key of a call is computed in C++
-(`bind_launch_args` of the extension, csrc/launch_args.cpp) or, without the extension, by a
-Python binder generated once per pattern of argument types (`_make_binder`).
+(`bind_launch_args` of the extension, csrc/launch_args.cpp); without the extension every launch
+takes the plain path.
 
 The key: the kernel, the current device, `meta` (constexprs and compile options, in call order)
 and per positional argument what Triton specialises on:
@@ -82,68 +82,23 @@ if _ENABLED:
     _get_device = torch._C._cuda_getDevice
     _get_stream = torch._C._cuda_getCurrentRawStream
 
-# Per positional argument, a generated binder computes key tokens and the launcher argument: a
-# tensor gives (dtype, device index, aligned) and its data pointer; an int a token that separates
-# what Triton specialises (== 1, divisible by 16, int32 / int64 / uint64 range) and itself; None,
-# a bool or a float nothing beyond its type, which the type pattern of the call already holds.
-_INT_TOKEN = ("(({a} == 1) + 2 * (not {a} & 15) + 4 * (-2147483648 <= {a} <= 2147483647)"
-              " + 8 * ({a} > 9223372036854775807))")
-
 # key -> an `_entry` tuple (launch function, CUfunction handle, packed metadata, constexpr values
 # after the positional arguments, the kernel), or _PLAIN: this key always takes the plain path.
 _BOUND: dict[tuple, tuple | None] = {}
 _PLAIN = None
-# type pattern of the positional arguments -> its binder, or None when a type is not handled.
-_BINDERS: dict[tuple, object] = {}
-
-
-def _make_binder(pattern: tuple):
-    """A function args -> (key tokens, launcher arguments) for arguments of these exact types."""
-    tokens, call = [], []
-    for i, t in enumerate(pattern):
-        a = f"a[{i}]"
-        if t is _Tensor:
-            tokens += [f"{a}.dtype", f"{a}.get_device()", f"not p{i} & 15"]
-            call.append(f"p{i}")
-        elif t is int:
-            tokens.append(_INT_TOKEN.format(a=a))
-            call.append(a)
-        elif t is type(None) or t is bool or t is float:
-            call.append(a)
-        else:
-            return None
-    pointers = "".join(f"    p{i} = a[{i}].data_ptr()\n" for i, t in enumerate(pattern) if t is _Tensor)
-    def as_tuple(items):
-        return "(" + "".join(f"{x}, " for x in items) + ")"
-
-    src = f"def bind(a):\n{pointers}    return {as_tuple(tokens)}, {as_tuple(call)}\n"
-    namespace: dict = {}
-    exec(src, namespace)  # noqa: S102 - generated from the types above only
-    return namespace["bind"]
-
-
-def _bind_args_python(args: tuple):
-    """(key of the positional arguments, launcher arguments), or None for an unhandled type."""
-    pattern = tuple(map(type, args))
-    binder = _BINDERS.get(pattern, False)
-    if binder is False:
-        binder = _BINDERS[pattern] = _make_binder(pattern)
-    if binder is None:
-        return None
-    tokens, call = binder(args)
-    return (pattern, tokens), call
-
 
 def _native_binder():
-    """The C++ version of _bind_args_python (csrc/launch_args.cpp), if the extension is built."""
+    """The argument binder of csrc/launch_args.cpp: args -> (key of the positional arguments, launcher
+    arguments), or None for an argument type it does not handle. Without the extension (which the
+    CPU kernels need anyway) every launch takes the plain path."""
     try:
         from ._C import bind_launch_args
     except ImportError:
-        return None
+        return lambda args: None
     return bind_launch_args
 
 
-_bind_args = _native_binder() or _bind_args_python
+_bind_args = _native_binder()
 
 
 def _hooks_installed() -> bool:
