@@ -43,6 +43,7 @@ from ._triton_helpers import load_slot
 _CHUNK_WORDS = 256
 _BLOCK_WORDS = 128  # mask words one step of a penalties program handles
 _DENSE_POPCOUNT = 12  # above this many set bits in a word of the block, test all 32 bits at once
+_PENALTIES_WARPS = 4
 _BLOCK_ROWS = 128  # rows one update_output_counts program handles
 _BLOCK_BAD_WORDS = 128  # banned sequences one step of a bad_words program compares
 _BLOCK_PREFIX = 8  # prefix tokens one step of that comparison covers
@@ -250,7 +251,7 @@ def _penalties_triton(logits, idx_mapping, prompt_mask, output_mask, output_coun
         logits, logits.stride(0), idx_mapping,
         prompt_mask, prompt_mask.stride(0), output_mask, output_mask.stride(0), output_counts, output_counts.stride(0),
         repetition_penalty, frequency_penalty, presence_penalty, repetition_penalty.size(0), V, words,
-        CHUNK_WORDS=_CHUNK_WORDS, BLOCK_WORDS=_BLOCK_WORDS, DENSE_POPCOUNT=_DENSE_POPCOUNT, num_warps=4,
+        CHUNK_WORDS=_CHUNK_WORDS, BLOCK_WORDS=_BLOCK_WORDS, DENSE_POPCOUNT=_DENSE_POPCOUNT, num_warps=_PENALTIES_WARPS,
     )
 
 
