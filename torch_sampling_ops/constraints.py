@@ -319,8 +319,10 @@ def _token_bitmask_triton(logits, bitmask, idx_mapping=None) -> None:
         return
     launch(
         _token_bitmask_kernel, (T, triton.cdiv(V, _BLOCK_V)),
-        logits, logits.stride(0), bitmask, bitmask.stride(0), idx_mapping, bitmask.size(0), V,
-        HAS_IDX_MAPPING=idx_mapping is not None, BLOCK_V=_BLOCK_V, num_warps=8,
+        # num_mask_rows only bounds idx_mapping's slots: without it, a constant, so that the kernel
+        # variant (Triton specialises ints equal to 1 or divisible by 16) does not depend on T.
+        logits, logits.stride(0), bitmask, bitmask.stride(0), idx_mapping,
+        bitmask.size(0) if idx_mapping is not None else 1, V, HAS_IDX_MAPPING=idx_mapping is not None, BLOCK_V=_BLOCK_V, num_warps=8,
     )
 
 
