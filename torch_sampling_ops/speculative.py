@@ -36,7 +36,7 @@ ACCEPT_TOKEN = 2**31 - 1  # the token index of the acceptance uniform in a posit
 _CHUNK = 8192 if os.environ.get("TRITON_INTERPRET") != "1" else 1024
 _BLOCK_V = 4096 if os.environ.get("TRITON_INTERPRET") != "1" else 256
 _NUM_WARPS = 8
-# A request's status after a level (status[level, i, :]): the state, the drafts accepted, the token.
+# A request's status after a level (status[i, level, :]): the state, the drafts accepted, the token.
 _ALIVE = tl.constexpr(0)  # the level scores position `level` (a draft's or the bonus row)
 _RESIDUAL = tl.constexpr(1)  # position level - 1 was rejected: the level draws its residual
 _DONE = tl.constexpr(2)  # the final token is known
@@ -151,7 +151,7 @@ def _combine_max_sum(max_ptr, sum_ptr, num_chunks, CHUNKS_P2: tl.constexpr):
 @triton.jit
 def _rejection_level_kernel(logits_ptr, logits_stride, draft_ids_ptr, probs_ptr, probs_stride, cu_ptr,
                             temperature_ptr, seeds_ptr, output_lens_ptr, part_f_ptr, part_i_ptr, status_ptr,
-                            out_ptr, num_ptr, num_requests, num_drafts, max_spec_len, vocab_size, num_chunks,
+                            out_ptr, num_ptr, num_drafts, max_spec_len, vocab_size, num_chunks,
                             level, HAS_PROBS: tl.constexpr, FINAL: tl.constexpr, CHUNK: tl.constexpr,
                             BLOCK_V: tl.constexpr, CHUNKS_P2: tl.constexpr, BLOCK_OUT: tl.constexpr):
     """Level `level` of request program_id(0), chunk program_id(1): decides position level - 1 from
@@ -159,11 +159,13 @@ def _rejection_level_kernel(logits_ptr, logits_stride, draft_ids_ptr, probs_ptr,
     of the level's pass. FINAL (grid (B, 1), level = max_spec_len + 1): decides the last position and
     writes the request's outputs.
 
-    Workspace: part_f float32 / part_i int32 [levels, B, 2, num_chunks] (two partials a chunk: (max,
-    sum), (score, token) or the residual's two (score, token) pairs), status int32 [levels, B, 3]."""
+    Workspace: part_f float32 / part_i int32 [B, levels, 2, num_chunks] (two partials a chunk: (max,
+    sum), (score, token) or the residual's two (score, token) pairs), status int32 [B, levels, 3],
+    levels = max_spec_len + 1. (The batch size is no argument: Triton would specialise B == 1.)"""
     i = tl.program_id(0).to(tl.int64)
     s = tl.program_id(1).to(tl.int64)
     level64 = i * 0 + level
+    levels = max_spec_len + 1
     # Clamped layout: draft rows [lo, lo + n) within [0, N), target rows lo + i + j <= N + i < N + B.
     lo = tl.minimum(tl.maximum(tl.load(cu_ptr + i).to(tl.int64), 0), num_drafts)
     hi = tl.minimum(tl.maximum(tl.load(cu_ptr + i + 1).to(tl.int64), 0), num_drafts)
@@ -185,11 +187,11 @@ def _rejection_level_kernel(logits_ptr, logits_stride, draft_ids_ptr, probs_ptr,
     row_max = tl.full([], float("-inf"), tl.float32)
     row_sum = tl.full([], 0.0, tl.float32)
     if prev >= 0:
-        status = status_ptr + (prev * num_requests + i) * 3
+        status = status_ptr + (i * levels + prev) * 3
         state = tl.load(status)
         accepted = tl.load(status + 1)
         token = tl.load(status + 2)
-        part = (prev * num_requests + i) * 2 * num_chunks
+        part = (i * levels + prev) * 2 * num_chunks
         if state == _ALIVE:
             if greedy | (prev >= n):  # the argmax, or at the bonus row the Gumbel argmax
                 token = _combine_argmax(part_f_ptr + part, part_i_ptr + part, num_chunks, CHUNKS_P2)
@@ -238,14 +240,14 @@ def _rejection_level_kernel(logits_ptr, logits_stride, draft_ids_ptr, probs_ptr,
         tl.store(num_ptr + i, accepted + (token >= 0).to(tl.int32))
     else:
         if s == 0:
-            status = status_ptr + (level64 * num_requests + i) * 3
+            status = status_ptr + (i * levels + level64) * 3
             tl.store(status, state)
             tl.store(status + 1, accepted)
             tl.store(status + 2, token)
         # (b) This chunk's partial of the level's pass.
         start = tl.program_id(1) * CHUNK  # int32 token indices, as the passes compare them with int32 ids
         limit = tl.minimum(start + CHUNK, vocab_size)
-        part = (level64 * num_requests + i) * 2 * num_chunks + s
+        part = (i * levels + level64) * 2 * num_chunks + s
         if state == _ALIVE:
             row_ptr = logits_ptr + (lo + i + level64) * logits_stride
             if greedy:
@@ -345,11 +347,11 @@ def _rejection_sample_triton(target_logits, draft_token_ids, draft_probs, cu_num
     # Workspace sized by the shapes alone: levels 0 .. max_spec_len, each chunk's two partials and
     # each request's status. Every entry a level reads was written by the level before it.
     levels, chunks = max_spec_len + 1, triton.cdiv(V, _CHUNK)
-    part_f = target_logits.new_empty((levels, B, 2, chunks), dtype=torch.float32)
-    part_i = target_logits.new_empty((levels, B, 2, chunks), dtype=torch.int32)
-    status = target_logits.new_empty((levels, B, 3), dtype=torch.int32)
+    part_f = target_logits.new_empty((B, levels, 2, chunks), dtype=torch.float32)
+    part_i = target_logits.new_empty((B, levels, 2, chunks), dtype=torch.int32)
+    status = target_logits.new_empty((B, levels, 3), dtype=torch.int32)
     args = (target_logits, target_logits.stride()[0], drafts, probs, probs_stride, cu_num_draft, temperature, seeds,
-            output_lens, part_f, part_i, status, out, num, B, N, max_spec_len, V, chunks)
+            output_lens, part_f, part_i, status, out, num, N, max_spec_len, V, chunks)
     meta = dict(HAS_PROBS=has_probs, CHUNK=_CHUNK, BLOCK_V=_BLOCK_V, CHUNKS_P2=triton.next_power_of_2(chunks),
                 BLOCK_OUT=triton.next_power_of_2(max_spec_len + 1), num_warps=_NUM_WARPS)
     for level in range(levels):
