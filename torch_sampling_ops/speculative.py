@@ -11,10 +11,23 @@ position `output_lens[i] + j`: the acceptance uniform of position j uses the res
 noise of the token indices, as `sample` does. So a request's tokens depend only on its own rows,
 seed and position, never on the batch.
 
-CUDA: one program a request; each position it reaches costs one pass over the target row (the
-argmax for greedy requests; the max and normaliser of the softmax otherwise), the rejected position
-one more pass over the target row and the draft row (the residual draw), the bonus position one
-Gumbel-max pass. Passes run in blocks of 4096 tokens over the program's 8 warps.
+CUDA, in levels: each target row is cut into chunks of `_CHUNK` tokens (a constant), and each
+position j = 0 .. max_spec_len has one launch over a (B, chunks) grid; a last launch over (B,)
+finalizes. A level-j program first combines, in chunk order, the partials its request left at level
+j - 1, and so decides position j - 1 (accept or not; for greedy requests the row's argmax): every
+program of the request takes the same decision, and chunk 0 stores the request's status (alive,
+drawing the residual of the position just rejected, or done with its token). Then it writes its
+chunk's partial of the level's pass: at a draft position reached, the (max, sum of exp(x - max)) of
+the softmax (random requests) or the (max, lowest index) argmax (greedy); at the bonus position the
+Gumbel argmax (the argmax when greedy); right after a rejection, the two argmax pairs of the
+residual draw (over r > 0, and the draw from p that stands in when r has no positive entry) over the
+rejected target row and its draft-probability row. A request that is done exits at once. The
+finalize decides the last position and writes the accepted drafts, the final token, the padding and
+num_emitted. The partials live in a workspace of the call sized by the shapes alone. Cross-chunk
+reductions run in chunk order, ties to the lower index, the sums rescaled as sum_s sum_s *
+exp(max_s - max); so a request's tokens depend on its rows, seed and position (and `_CHUNK`,
+through the float32 sum order), never on the batch. Each program walks its chunk in tiles of
+`_BLOCK_V` tokens over `_NUM_WARPS` warps.
 """
 from __future__ import annotations
 
