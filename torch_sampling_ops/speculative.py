@@ -161,7 +161,9 @@ def _combine_max_sum(max_ptr, sum_ptr, num_chunks, CHUNKS_P2: tl.constexpr):
     return row_max, tl.sum(scaled, axis=0)
 
 
-@triton.jit
+# The draft count and the level are not specialised (== 1, divisible by 16): one compiled variant
+# serves every batch and level, so `warmup` of one request covers them.
+@triton.jit(do_not_specialize=["num_drafts", "level"])
 def _rejection_level_kernel(logits_ptr, logits_stride, draft_ids_ptr, probs_ptr, probs_stride, cu_ptr,
                             temperature_ptr, seeds_ptr, output_lens_ptr, part_f_ptr, part_i_ptr, status_ptr,
                             out_ptr, num_ptr, num_drafts, max_spec_len, vocab_size, num_chunks,
@@ -352,8 +354,9 @@ def _rejection_sample_triton(target_logits, draft_token_ids, draft_probs, cu_num
     if B == 0:
         return out, num
     N, V = draft_token_ids.shape[0], target_logits.shape[1]
-    # Without drafts (N == 0) the draft tensors are empty and never read: valid pointers stand in.
-    drafts = draft_token_ids if N else cu_num_draft
+    # Without drafts (N == 0) the draft tensors are empty and never read: valid pointers of the same
+    # dtype stand in (the kernel variant does not change).
+    drafts = draft_token_ids if N else (cu_num_draft if draft_token_ids.dtype == torch.int32 else out)
     has_probs = draft_probs is not None and N > 0
     probs = draft_probs if has_probs else target_logits  # never read without draft probabilities
     probs_stride = draft_probs.stride()[0] if has_probs else 0
