@@ -266,7 +266,7 @@ def _rejection_level_kernel(logits_ptr, logits_stride, draft_ids_ptr, probs_ptr,
         if state == _ALIVE:
             row_ptr = logits_ptr + (lo + i + level64) * logits_stride
             if greedy:
-                score, best = _argmax_chunk(row_ptr, start, limit, seed, vocab_size, False, BLOCK_V)
+                score, best = _argmax_chunk(row_ptr, start, limit, 0, vocab_size, False, BLOCK_V)  # no key: no noise
                 tl.store(part_f_ptr + part, score)
                 tl.store(part_i_ptr + part, best)
             elif level64 >= n:  # the bonus row: the Gumbel argmax, as `sample` draws
