@@ -6,7 +6,7 @@ import pytest
 import torch
 from test_sampling import _chi_square, _chi_square_bound
 
-from torch_sampling_ops import reference
+from torch_sampling_ops import reference, speculative
 
 from conftest import BACKENDS, DTYPES, OP_BACKENDS, device_of, make_logits, run_op
 
@@ -142,6 +142,43 @@ def test_cpu_and_interpreter_agree(with_probs, gen):
     tri = run_op("interpret", "rejection_sample", *args)
     differ = (cpu[0] != tri[0]).any(dim=1) | (cpu[1] != tri[1])
     assert int(differ.sum()) <= 1
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("with_probs", [True, False], ids=["probs", "no_probs"])
+def test_rows_over_several_chunks(backend, with_probs, gen):
+    """A vocabulary of 4 CUDA chunks and a few tokens (partials combined across chunks, a ragged last
+    chunk): a random request that accepts everything (bonus draw), one rejected at its first draft
+    (the residual pass), a greedy one that accepts everything, a greedy argmax tied across chunks,
+    zero-draft and one-draft requests; the maxima of the rows fall in different chunks."""
+    device = device_of(backend)
+    V = 4 * speculative._CHUNK + 5
+    counts = [3, 3, 3, 0, 2, 1]
+    args = spec_args(counts, V, gen, torch.device("cpu"), with_probs=with_probs,
+                     temperature=torch.tensor([1.0, 1.0, 0.0, 1.0, 0.0, 1.0]))
+    logits, drafts = args[0], args[1]
+    cu = cu_of(counts)
+    row = lambda i, j: int(cu[i]) + i + j  # noqa: E731  (target row of request i, position j)
+    for j in range(3):  # request 0: each draft almost certain under the target, q(x) about 1/2
+        drafts[j] = (j + 1) * speculative._CHUNK + 7
+        logits[row(0, j), drafts[j]] = logits[row(0, j)].max() + 40.0
+        if with_probs:
+            args[2][j] = 0.5 * args[2][j]
+            args[2][j, drafts[j]] += 0.5
+    logits[row(1, 0), drafts[3]] = NEG_INF  # request 1: its first draft has no target probability
+    for j in range(3):  # request 2 (greedy): each draft its row's argmax
+        drafts[6 + j] = logits[row(2, j)].argmax()
+    tie = row(4, 0)  # request 4 (greedy): a maximum tied in chunks 0 and 3; its first draft takes it
+    logits[tie, 10] = logits[tie, 3 * speculative._CHUNK + 2] = logits[tie].max() + 1.0
+    drafts[9] = 10
+    drafts[10] = (logits[row(4, 1)].argmax() + 1) % V  # ... then a mismatch
+    args = [a.to(device) if isinstance(a, torch.Tensor) else a for a in args]
+    tokens, num = (o.cpu() for o in run_op(backend, "rejection_sample", *args))
+    assert_matches_reference((tokens, num), args)
+    assert num.tolist()[:5] == [4, 1, 4, 1, 2]
+    assert tokens[0, :3].tolist() == drafts[:3].tolist()
+    assert tokens[2].tolist() == drafts[6:9].tolist() + [int(logits[row(2, 3)].argmax())]
+    assert tokens[4].tolist() == [10, int(logits[row(4, 1)].argmax()), -1, -1]
 
 
 # ----------------------------------------------------------------------------------------------

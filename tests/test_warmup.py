@@ -80,6 +80,17 @@ def test_after_warmup_the_ops_compile_nothing(gen, parallel):
                   torch.arange(R, device="cuda"), torch.arange(T, dtype=torch.int32, device="cuda")]
         torch_sampling_ops.sample(logits, idx, *params[:5], params[5])
         torch_sampling_ops.logprobs(logits, idx, 20)
+        # rejection_sample: T requests with 0 .. 4 drafts (warmup's max_spec_len), N == 0 at T == 1
+        counts = torch.randint(0, 5, (T,), generator=gen) * (T > 1)
+        N = int(counts.sum())
+        cu = torch.zeros(T + 1, dtype=torch.int32)
+        cu[1:] = counts.cumsum(0)
+        target = torch.randn(N + T, V, device="cuda", dtype=dtype)
+        drafts = torch.randint(0, V, (N,), dtype=torch.int32, device="cuda")
+        for probs in (torch.rand(N, V, device="cuda"), None):
+            torch_sampling_ops.rejection_sample(target, drafts, probs, cu.cuda(), torch.ones(T, device="cuda"),
+                                                torch.arange(T, device="cuda"),
+                                                torch.zeros(T, dtype=torch.int32, device="cuda"), 4)
     torch.cuda.synchronize()
     after = {k: len(k.device_caches[device][0]) for k in _all_kernels()}
     assert after == cached, {k.fn.__name__: (cached[k], after[k]) for k in after if after[k] != cached[k]}

@@ -11,12 +11,27 @@ position `output_lens[i] + j`: the acceptance uniform of position j uses the res
 noise of the token indices, as `sample` does. So a request's tokens depend only on its own rows,
 seed and position, never on the batch.
 
-CUDA: one program a request; each position it reaches costs one pass over the target row (the
-argmax for greedy requests; the max and normaliser of the softmax otherwise), the rejected position
-one more pass over the target row and the draft row (the residual draw), the bonus position one
-Gumbel-max pass. Passes run in blocks of 4096 tokens over the program's 8 warps.
+CUDA, in levels: each target row is cut into chunks of `_CHUNK` tokens (a constant), and each
+position j = 0 .. max_spec_len has one launch over a (B, chunks) grid; a last launch over (B,)
+finalizes. A level-j program first combines, in chunk order, the partials its request left at level
+j - 1, and so decides position j - 1 (accept or not; for greedy requests the row's argmax): every
+program of the request takes the same decision, and chunk 0 stores the request's status (alive,
+drawing the residual of the position just rejected, or done with its token). Then it writes its
+chunk's partial of the level's pass: at a draft position reached, the (max, sum of exp(x - max)) of
+the softmax (random requests) or the (max, lowest index) argmax (greedy); at the bonus position the
+Gumbel argmax (the argmax when greedy); right after a rejection, the two argmax pairs of the
+residual draw (over r > 0, and the draw from p that stands in when r has no positive entry) over the
+rejected target row and its draft-probability row. A request that is done exits at once. The
+finalize decides the last position and writes the accepted drafts, the final token, the padding and
+num_emitted. The partials live in a workspace of the call sized by the shapes alone. Cross-chunk
+reductions run in chunk order, ties to the lower index, the sums rescaled as sum_s sum_s *
+exp(max_s - max); so a request's tokens depend on its rows, seed and position (and `_CHUNK`,
+through the float32 sum order), never on the batch. Each program walks its chunk in tiles of
+`_BLOCK_V` tokens over `_NUM_WARPS` warps.
 """
 from __future__ import annotations
+
+import os
 
 import torch
 import triton
@@ -27,7 +42,17 @@ from ._registry import define_op, launch
 from .sampling import stream_bits, stream_gumbel, stream_key
 
 ACCEPT_TOKEN = 2**31 - 1  # the token index of the acceptance uniform in a position's stream
-_BLOCK_V = 4096
+# Each target row is cut into chunks of _CHUNK tokens, one program a chunk; a program walks its
+# chunk in tiles of _BLOCK_V tokens over _NUM_WARPS warps. _CHUNK is a constant (smaller under the
+# interpreter, so that the tests' vocabularies span several chunks): a request's tokens never
+# depend on the batch or the launch grid.
+_CHUNK = 8192 if os.environ.get("TRITON_INTERPRET") != "1" else 1024
+_BLOCK_V = 4096 if os.environ.get("TRITON_INTERPRET") != "1" else 256
+_NUM_WARPS = 8
+# A request's status after a level (status[i, level, :]): the state, the drafts accepted, the token.
+_ALIVE = tl.constexpr(0)  # the level scores position `level` (a draft's or the bonus row)
+_RESIDUAL = tl.constexpr(1)  # position level - 1 was rejected: the level draws its residual
+_DONE = tl.constexpr(2)  # the final token is known
 
 
 @triton.jit
@@ -39,26 +64,27 @@ def _argmax_update(best, best_j, score, live, offs):
 
 @triton.jit
 def _argmax_finish(best, best_j, vocab_size):
-    """The lowest index of the largest lane score as int64, -1 if no lane took a token."""
+    """(the largest lane score, the lowest index holding it as int32); (-inf, -1) if no lane took a token."""
     top = tl.max(tl.where(best_j >= 0, best, float("-inf")), axis=0)
     token = tl.min(tl.where((best_j >= 0) & (best == top), best_j, vocab_size), axis=0)
-    return tl.where(token < vocab_size, token, -1).to(tl.int64)
+    return top, tl.where(token < vocab_size, token, -1)
 
 
 @triton.jit
-def _load_row(row_ptr, offs, vocab_size):
-    x = tl.load(row_ptr + offs, mask=offs < vocab_size, other=float("-inf")).to(tl.float32)
+def _load_row(row_ptr, offs, limit):
+    x = tl.load(row_ptr + offs, mask=offs < limit, other=float("-inf")).to(tl.float32)
     return tl.where(x == x, x, float("-inf"))  # NaN is read as -inf
 
 
 @triton.jit
-def _argmax_pass(row_ptr, key, vocab_size, NOISE: tl.constexpr, BLOCK_V: tl.constexpr):
-    """argmax of the row (plus the Gumbel noise of `key` when NOISE) over the tokens above -inf."""
+def _argmax_chunk(row_ptr, start, limit, key, vocab_size, NOISE: tl.constexpr, BLOCK_V: tl.constexpr):
+    """(score, token) of the argmax of row tokens [start, limit) (plus the Gumbel noise of `key` when
+    NOISE) over the tokens above -inf; (-inf, -1) without one."""
     best = tl.full((BLOCK_V,), float("-inf"), dtype=tl.float32)
     best_j = tl.full((BLOCK_V,), -1, dtype=tl.int32)
-    for start in range(0, vocab_size, BLOCK_V):
-        offs = start + tl.arange(0, BLOCK_V)
-        x = _load_row(row_ptr, offs, vocab_size)
+    for tile in range(start, limit, BLOCK_V):
+        offs = tile + tl.arange(0, BLOCK_V)
+        x = _load_row(row_ptr, offs, limit)
         if NOISE:
             score = x + stream_gumbel(stream_bits(key, offs))
         else:
@@ -68,13 +94,13 @@ def _argmax_pass(row_ptr, key, vocab_size, NOISE: tl.constexpr, BLOCK_V: tl.cons
 
 
 @triton.jit
-def _max_sum_pass(row_ptr, vocab_size, BLOCK_V: tl.constexpr):
-    """(max, sum of exp(x - max)) of the row; (-inf, 0) without a logit above -inf. The sums stay
-    per lane until the end: one cross-warp reduction a block (the max), not two."""
+def _max_sum_chunk(row_ptr, start, limit, BLOCK_V: tl.constexpr):
+    """(max, sum of exp(x - max)) of row tokens [start, limit); (-inf, 0) without a logit above -inf.
+    The sums stay per lane until the end: one cross-warp reduction a tile (the max), not two."""
     run_max = float("-inf")
     lane_sum = tl.zeros((BLOCK_V,), dtype=tl.float32)
-    for start in range(0, vocab_size, BLOCK_V):
-        x = _load_row(row_ptr, start + tl.arange(0, BLOCK_V), vocab_size)
+    for tile in range(start, limit, BLOCK_V):
+        x = _load_row(row_ptr, tile + tl.arange(0, BLOCK_V), limit)
         new_max = tl.maximum(run_max, tl.max(x, axis=0))
         if new_max > float("-inf"):
             lane_sum = lane_sum * tl.exp(run_max - new_max) + tl.exp(x - new_max)
@@ -83,18 +109,19 @@ def _max_sum_pass(row_ptr, vocab_size, BLOCK_V: tl.constexpr):
 
 
 @triton.jit
-def _residual_pass(row_ptr, probs_row_ptr, draft, row_max, row_sum, key, vocab_size, HAS_PROBS: tl.constexpr,
-                   BLOCK_V: tl.constexpr):
-    """argmax_k log(r_k) + g_k over r = p - q > 0; argmax_k x_k + g_k (a draw from p) if r has no
-    positive entry; -1 for a row without a logit above -inf."""
+def _residual_chunk(row_ptr, probs_row_ptr, draft, row_max, row_sum, key, start, limit, vocab_size,
+                    HAS_PROBS: tl.constexpr, BLOCK_V: tl.constexpr):
+    """Over row tokens [start, limit): the (score, token) argmax of log(r_k) + g_k over r = p - q > 0
+    and the (score, token) argmax of x_k + g_k over the tokens above -inf (the draw from p that
+    stands in when r has no positive entry in the whole row)."""
     best_r = tl.full((BLOCK_V,), float("-inf"), dtype=tl.float32)
     best_rj = tl.full((BLOCK_V,), -1, dtype=tl.int32)
     best_p = tl.full((BLOCK_V,), float("-inf"), dtype=tl.float32)
     best_pj = tl.full((BLOCK_V,), -1, dtype=tl.int32)
-    for start in range(0, vocab_size, BLOCK_V):
-        offs = start + tl.arange(0, BLOCK_V)
-        in_row = offs < vocab_size
-        x = _load_row(row_ptr, offs, vocab_size)
+    for tile in range(start, limit, BLOCK_V):
+        offs = tile + tl.arange(0, BLOCK_V)
+        in_row = offs < limit
+        x = _load_row(row_ptr, offs, limit)
         g = stream_gumbel(stream_bits(key, offs))
         p = tl.exp(x - row_max) / row_sum  # NaN for every token of a row with max -inf: never taken
         if HAS_PROBS:
@@ -105,17 +132,55 @@ def _residual_pass(row_ptr, probs_row_ptr, draft, row_max, row_sum, key, vocab_s
         has = in_row & (r > 0.0)  # false for NaN
         best_r, best_rj = _argmax_update(best_r, best_rj, tl.log(tl.where(has, r, 1.0)) + g, has, offs)
         best_p, best_pj = _argmax_update(best_p, best_pj, x + g, x > float("-inf"), offs)
-    token_r = _argmax_finish(best_r, best_rj, vocab_size)
-    token_p = _argmax_finish(best_p, best_pj, vocab_size)
-    return tl.where(token_r >= 0, token_r, token_p)
+    score_r, token_r = _argmax_finish(best_r, best_rj, vocab_size)
+    score_p, token_p = _argmax_finish(best_p, best_pj, vocab_size)
+    return score_r, token_r, score_p, token_p
 
 
 @triton.jit
-def _rejection_sample_kernel(logits_ptr, logits_stride, draft_ids_ptr, probs_ptr, probs_stride, cu_ptr,
-                             temperature_ptr, seeds_ptr, output_lens_ptr, out_ptr, num_ptr, num_drafts,
-                             max_spec_len, vocab_size, HAS_PROBS: tl.constexpr, BLOCK_V: tl.constexpr,
-                             BLOCK_OUT: tl.constexpr):
+def _combine_argmax(score_ptr, token_ptr, num_chunks, CHUNKS_P2: tl.constexpr):
+    """The token of the chunks' (score, token) partials with the largest score, the lowest token among
+    equal scores (chunks hold increasing token ranges), as int32; -1 if no chunk has a token."""
+    s = tl.arange(0, CHUNKS_P2)
+    score = tl.load(score_ptr + s, mask=s < num_chunks, other=float("-inf"))
+    token = tl.load(token_ptr + s, mask=s < num_chunks, other=-1)
+    live = token >= 0
+    top = tl.max(tl.where(live, score, float("-inf")), axis=0)
+    best = tl.min(tl.where(live & (score == top), token, 2147483647), axis=0)
+    return tl.where(best < 2147483647, best, -1)
+
+
+@triton.jit
+def _combine_max_sum(max_ptr, sum_ptr, num_chunks, CHUNKS_P2: tl.constexpr):
+    """(max, sum of exp(x - max)) of a row from its chunks' partials: sum_s sum_s * exp(max_s - max)."""
+    s = tl.arange(0, CHUNKS_P2)
+    part_max = tl.load(max_ptr + s, mask=s < num_chunks, other=float("-inf"))
+    part_sum = tl.load(sum_ptr + s, mask=s < num_chunks, other=0.0)
+    row_max = tl.max(part_max, axis=0)
+    scaled = tl.where(part_max > float("-inf"), part_sum * tl.exp(part_max - row_max), 0.0)
+    return row_max, tl.sum(scaled, axis=0)
+
+
+# The draft count and the level are not specialised (== 1, divisible by 16): one compiled variant
+# serves every batch and level, so `warmup` of one request covers them.
+@triton.jit(do_not_specialize=["num_drafts", "level"])
+def _rejection_level_kernel(logits_ptr, logits_stride, draft_ids_ptr, probs_ptr, probs_stride, cu_ptr,
+                            temperature_ptr, seeds_ptr, output_lens_ptr, part_f_ptr, part_i_ptr, status_ptr,
+                            out_ptr, num_ptr, num_drafts, max_spec_len, vocab_size, num_chunks,
+                            level, HAS_PROBS: tl.constexpr, FINAL: tl.constexpr, CHUNK: tl.constexpr,
+                            BLOCK_V: tl.constexpr, CHUNKS_P2: tl.constexpr, BLOCK_OUT: tl.constexpr):
+    """Level `level` of request program_id(0), chunk program_id(1): decides position level - 1 from
+    the partials level - 1 left (the same in every chunk program), then writes this chunk's partial
+    of the level's pass. FINAL (grid (B, 1), level = max_spec_len + 1): decides the last position and
+    writes the request's outputs.
+
+    Workspace: part_f float32 / part_i int32 [B, levels, 2, num_chunks] (two partials a chunk: (max,
+    sum), (score, token) or the residual's two (score, token) pairs), status int32 [B, levels, 3],
+    levels = max_spec_len + 1. (The batch size is no argument: Triton would specialise B == 1.)"""
     i = tl.program_id(0).to(tl.int64)
+    s = tl.program_id(1).to(tl.int64)
+    level64 = i * 0 + level
+    levels = max_spec_len + 1
     # Clamped layout: draft rows [lo, lo + n) within [0, N), target rows lo + i + j <= N + i < N + B.
     lo = tl.minimum(tl.maximum(tl.load(cu_ptr + i).to(tl.int64), 0), num_drafts)
     hi = tl.minimum(tl.maximum(tl.load(cu_ptr + i + 1).to(tl.int64), 0), num_drafts)
@@ -123,49 +188,107 @@ def _rejection_sample_kernel(logits_ptr, logits_stride, draft_ids_ptr, probs_ptr
     greedy = tl.load(temperature_ptr + i) == 0.0
     seed = tl.load(seeds_ptr + i).to(tl.int64)
     position = tl.load(output_lens_ptr + i).to(tl.int64)
-    out_row = out_ptr + i * (max_spec_len + 1)
-    j = lo * 0
-    token = lo * 0 - 1
-    done = tl.full([], 0, tl.int32)
-    while done == 0:
-        row_ptr = logits_ptr + (lo + i + j) * logits_stride
-        is_draft = j < n
-        draft = tl.load(draft_ids_ptr + lo + j, mask=is_draft, other=-1).to(tl.int64)
-        draft_ok = (draft >= 0) & (draft < vocab_size)
-        key = stream_key(seed, position + j)
-        accept = draft_ok & (draft < 0)  # false; each branch below sets it
-        if greedy:
-            token = _argmax_pass(row_ptr, key, vocab_size, False, BLOCK_V)
-            accept = draft_ok & (draft == token)
-        elif is_draft:
-            row_max, row_sum = _max_sum_pass(row_ptr, vocab_size, BLOCK_V)
-            x_d = tl.load(row_ptr + tl.where(draft_ok, draft, 0)).to(tl.float32)
-            p_d = tl.where((row_max > float("-inf")) & (x_d == x_d), tl.exp(x_d - row_max) / row_sum, 0.0)
-            probs_row_ptr = probs_ptr + (lo + j) * probs_stride
-            if HAS_PROBS:
-                q_d = tl.load(probs_row_ptr + tl.where(draft_ok, draft, 0))
+    # Position level - 1: its draft (-1 at the bonus row) and its draft row of probabilities.
+    prev = lo * 0 + level - 1
+    prev_draft = tl.load(draft_ids_ptr + lo + prev, mask=(prev >= 0) & (prev < n), other=-1).to(tl.int64)
+    prev_draft_ok = (prev_draft >= 0) & (prev_draft < vocab_size)
+    prev_key = stream_key(seed, position + prev)
+    prev_probs_ptr = probs_ptr + (lo + prev) * probs_stride
+
+    # (a) The decision of position level - 1.
+    state = tl.full([], _ALIVE, tl.int32)
+    accepted = prev.to(tl.int32) + 1
+    token = tl.full([], -1, tl.int32)
+    row_max = tl.full([], float("-inf"), tl.float32)
+    row_sum = tl.full([], 0.0, tl.float32)
+    if prev >= 0:
+        status = status_ptr + (i * levels + prev) * 3
+        state = tl.load(status)
+        accepted = tl.load(status + 1)
+        token = tl.load(status + 2)
+        part = (i * levels + prev) * 2 * num_chunks
+        if state == _ALIVE:
+            if greedy | (prev >= n):  # the argmax, or at the bonus row the Gumbel argmax
+                token = _combine_argmax(part_f_ptr + part, part_i_ptr + part, num_chunks, CHUNKS_P2)
+                if prev_draft_ok & (prev_draft == token):
+                    accepted = prev.to(tl.int32) + 1
+                else:
+                    state = tl.full([], _DONE, tl.int32)
+                    accepted = prev.to(tl.int32)
             else:
-                q_d = 1.0
-            u = ((stream_bits(key, tl.full([], 2147483647, tl.int32)) >> 9).to(tl.float32) + 0.5) * 1.1920928955078125e-07
-            accept = draft_ok & (u * q_d < p_d)
-            token = lo * 0 - 1
-            rejected = ~accept
-            if rejected:
-                # int32 (an id out of range as -1): compared with the int32 token offsets of the pass
-                draft32 = tl.where(draft_ok, draft, -1).to(tl.int32)
-                token = _residual_pass(row_ptr, probs_row_ptr, draft32, row_max, row_sum, key, vocab_size,
-                                       HAS_PROBS, BLOCK_V)
-        else:
-            token = _argmax_pass(row_ptr, key, vocab_size, True, BLOCK_V)
-            accept = draft_ok & (draft < 0)  # no draft at the bonus row
-        tl.store(out_row + j, tl.where(accept, draft, token))
-        j += accept.to(tl.int64)
-        done = (~accept).to(tl.int32)
-    # j places hold accepted drafts, place j the final token; the rest are padding. Each place is
-    # written once, so the threads of the program never race on one address.
-    k = tl.arange(0, BLOCK_OUT)
-    tl.store(out_row + k, tl.full((BLOCK_OUT,), -1, tl.int64), mask=(k > j) & (k <= max_spec_len))
-    tl.store(num_ptr + i, (j + (token >= 0).to(tl.int64)).to(tl.int32))
+                row_max, row_sum = _combine_max_sum(part_f_ptr + part, part_f_ptr + part + num_chunks, num_chunks,
+                                                    CHUNKS_P2)
+                row_ptr = logits_ptr + (lo + i + prev) * logits_stride
+                x_d = tl.load(row_ptr + tl.where(prev_draft_ok, prev_draft, 0)).to(tl.float32)
+                p_d = tl.where((row_max > float("-inf")) & (x_d == x_d), tl.exp(x_d - row_max) / row_sum, 0.0)
+                if HAS_PROBS:
+                    q_d = tl.load(prev_probs_ptr + tl.where(prev_draft_ok, prev_draft, 0))
+                else:
+                    q_d = 1.0
+                u = ((stream_bits(prev_key, tl.full([], 2147483647, tl.int32)) >> 9).to(tl.float32) + 0.5) \
+                    * 1.1920928955078125e-07
+                if prev_draft_ok & (u * q_d < p_d):
+                    accepted = prev.to(tl.int32) + 1
+                else:
+                    accepted = prev.to(tl.int32)
+                    # A row without a logit above -inf draws -1 from its residual: no pass needed.
+                    if row_max > float("-inf"):
+                        state = tl.full([], _RESIDUAL, tl.int32)
+                    else:
+                        state = tl.full([], _DONE, tl.int32)
+                        token = tl.full([], -1, tl.int32)
+        elif state == _RESIDUAL:
+            token_r = _combine_argmax(part_f_ptr + part, part_i_ptr + part, num_chunks, CHUNKS_P2)
+            token_p = _combine_argmax(part_f_ptr + part + num_chunks, part_i_ptr + part + num_chunks, num_chunks,
+                                      CHUNKS_P2)
+            token = tl.where(token_r >= 0, token_r, token_p)
+            state = tl.full([], _DONE, tl.int32)
+
+    if FINAL:
+        # `accepted` places hold accepted drafts, the next one the final token; the rest are padding.
+        # Each place is written once.
+        out_row = out_ptr + i * (max_spec_len + 1)
+        k = tl.arange(0, BLOCK_OUT)
+        drafts = tl.load(draft_ids_ptr + lo + k, mask=k < accepted, other=-1).to(tl.int64)
+        value = tl.where(k < accepted, drafts, tl.where(k == accepted, token.to(tl.int64), -1))
+        tl.store(out_row + k, value, mask=k <= max_spec_len)
+        tl.store(num_ptr + i, accepted + (token >= 0).to(tl.int32))
+    else:
+        if s == 0:
+            status = status_ptr + (i * levels + level64) * 3
+            tl.store(status, state)
+            tl.store(status + 1, accepted)
+            tl.store(status + 2, token)
+        # (b) This chunk's partial of the level's pass.
+        start = tl.program_id(1) * CHUNK  # int32 token indices, as the passes compare them with int32 ids
+        limit = tl.minimum(start + CHUNK, vocab_size)
+        part = (i * levels + level64) * 2 * num_chunks + s
+        if state == _ALIVE:
+            row_ptr = logits_ptr + (lo + i + level64) * logits_stride
+            if greedy:
+                score, best = _argmax_chunk(row_ptr, start, limit, 0, vocab_size, False, BLOCK_V)  # no key: no noise
+                tl.store(part_f_ptr + part, score)
+                tl.store(part_i_ptr + part, best)
+            elif level64 >= n:  # the bonus row: the Gumbel argmax, as `sample` draws
+                key = stream_key(seed, position + level64)
+                score, best = _argmax_chunk(row_ptr, start, limit, key, vocab_size, True, BLOCK_V)
+                tl.store(part_f_ptr + part, score)
+                tl.store(part_i_ptr + part, best)
+            else:
+                chunk_max, chunk_sum = _max_sum_chunk(row_ptr, start, limit, BLOCK_V)
+                tl.store(part_f_ptr + part, chunk_max)
+                tl.store(part_f_ptr + part + num_chunks, chunk_sum)
+        elif state == _RESIDUAL:
+            row_ptr = logits_ptr + (lo + i + prev) * logits_stride
+            # int32 (an id out of range as -1): compared with the int32 token offsets of the pass
+            draft32 = tl.where(prev_draft_ok, prev_draft, -1).to(tl.int32)
+            score_r, token_r, score_p, token_p = _residual_chunk(row_ptr, prev_probs_ptr, draft32, row_max, row_sum,
+                                                                 prev_key, start, limit, vocab_size, HAS_PROBS,
+                                                                 BLOCK_V)
+            tl.store(part_f_ptr + part, score_r)
+            tl.store(part_i_ptr + part, token_r)
+            tl.store(part_f_ptr + part + num_chunks, score_p)
+            tl.store(part_i_ptr + part + num_chunks, token_p)
 
 
 def _check_rejection_sample(target_logits, draft_token_ids, draft_probs, cu_num_draft, temperature, seeds,
@@ -231,14 +354,25 @@ def _rejection_sample_triton(target_logits, draft_token_ids, draft_probs, cu_num
     if B == 0:
         return out, num
     N, V = draft_token_ids.shape[0], target_logits.shape[1]
-    # Without drafts (N == 0) the draft tensors are empty and never read: valid pointers stand in.
-    drafts = draft_token_ids if N else cu_num_draft
+    # Without drafts (N == 0) the draft tensors are empty and never read: valid pointers of the same
+    # dtype stand in (the kernel variant does not change).
+    drafts = draft_token_ids if N else (cu_num_draft if draft_token_ids.dtype == torch.int32 else out)
     has_probs = draft_probs is not None and N > 0
     probs = draft_probs if has_probs else target_logits  # never read without draft probabilities
     probs_stride = draft_probs.stride()[0] if has_probs else 0
-    launch(_rejection_sample_kernel, (B,), target_logits, target_logits.stride()[0], drafts, probs, probs_stride,
-           cu_num_draft, temperature, seeds, output_lens, out, num, N, max_spec_len, V, HAS_PROBS=has_probs,
-           BLOCK_V=_BLOCK_V, BLOCK_OUT=triton.next_power_of_2(max_spec_len + 1), num_warps=8)
+    # Workspace sized by the shapes alone: levels 0 .. max_spec_len, each chunk's two partials and
+    # each request's status. Every entry a level reads was written by the level before it.
+    levels, chunks = max_spec_len + 1, triton.cdiv(V, _CHUNK)
+    part_f = target_logits.new_empty((B, levels, 2, chunks), dtype=torch.float32)
+    part_i = target_logits.new_empty((B, levels, 2, chunks), dtype=torch.int32)
+    status = target_logits.new_empty((B, levels, 3), dtype=torch.int32)
+    args = (target_logits, target_logits.stride()[0], drafts, probs, probs_stride, cu_num_draft, temperature, seeds,
+            output_lens, part_f, part_i, status, out, num, N, max_spec_len, V, chunks)
+    meta = dict(HAS_PROBS=has_probs, CHUNK=_CHUNK, BLOCK_V=_BLOCK_V, CHUNKS_P2=triton.next_power_of_2(chunks),
+                BLOCK_OUT=triton.next_power_of_2(max_spec_len + 1), num_warps=_NUM_WARPS)
+    for level in range(levels):
+        launch(_rejection_level_kernel, (B, chunks), *args, level, FINAL=False, **meta)
+    launch(_rejection_level_kernel, (B, 1), *args, levels, FINAL=True, **meta)
     return out, num
 
 
