@@ -381,24 +381,24 @@ def test_cuda_graph_replays_draw_fresh_tokens(gen):
 
 @pytest.mark.cuda
 def test_offsets_past_2_pow_31():
-    """(N + B) * V > 2**31: the last request's rows lie past 32-bit element offsets."""
-    V = 151936
-    rows = 2**31 // V + 2
-    B = 2
-    N = rows - B
-    logits = torch.randn(rows, V, device="cuda", dtype=torch.float16)
-    # request 0 owns almost every draft row, request 1 the last one and its bonus row
-    cu = torch.tensor([0, N - 1, N], dtype=torch.int32, device="cuda")
-    # draft k of request i is scored by target row k + i: make every draft its row's argmax
-    drafts = torch.cat([logits[: N - 1].float().argmax(1), logits[N : N + 1].float().argmax(1)])
+    """(N + B) * V > 2**31: the last requests' rows lie past 32-bit element offsets."""
+    V, drafts_each = 151936, 3
+    B = (2**31 // V + 2 + drafts_each) // (drafts_each + 1)
+    N = drafts_each * B
+    assert (N + B) * V > 2**31
+    logits = torch.randn(N + B, V, device="cuda", dtype=torch.float16)
+    cu = torch.arange(0, N + 1, drafts_each, dtype=torch.int32, device="cuda")
+    # request i scores its drafts on rows 4i..4i+2 and its bonus on 4i+3: every draft is its row's argmax
+    drafts = logits.view(B, drafts_each + 1, V)[:, :drafts_each].float().argmax(-1).reshape(-1)
+    seeds = torch.arange(B, device="cuda") + 5
+    output_lens = torch.zeros(B, dtype=torch.int64, device="cuda")
     for temperature in (0.0, 1.0):
         temps = torch.full((B,), temperature, device="cuda")
-        args = [logits, drafts, None, cu, temps, torch.tensor([5, 6], device="cuda"),
-                torch.zeros(B, dtype=torch.int64, device="cuda"), N]
-        tokens, num = run_op("cuda", "rejection_sample", *args)
-        last = logits[-2:].float().cpu()
+        tokens, num = run_op("cuda", "rejection_sample", logits, drafts, None, cu, temps, seeds, output_lens,
+                             drafts_each)
+        e_tokens, e_num = reference.rejection_sample(
+            logits[-(drafts_each + 1):].float().cpu(), drafts[-drafts_each:].cpu(), None, cu_of([drafts_each]),
+            temps[-1:].cpu(), seeds[-1:].cpu(), output_lens[-1:].cpu(), drafts_each)
+        assert tokens[-1].cpu().tolist() == e_tokens[0].tolist() and int(num[-1]) == int(e_num[0])
         if temperature == 0.0:
-            assert int(num[1]) == 2 and tokens[1, 1].item() == int(last[1].argmax())
-        e = reference.rejection_sample(last, drafts[-1:].cpu(), None, cu_of([1]), temps[1:].cpu(),
-                                       torch.tensor([6]), torch.zeros(1, dtype=torch.int64), N)
-        assert tokens[1].cpu().tolist()[:2] == e[0][0].tolist()[:2]
+            assert bool((num == drafts_each + 1).all())
