@@ -237,7 +237,8 @@ def _logprobs_combine_kernel(logits_ptr, logits_stride, token_ids_ptr, part_max_
         run_sum = (tl.where(run_max > float("-inf"), run_sum * tl.exp(run_max - new_max), 0.0) +
                    tl.where(chunk_max > float("-inf"), chunk_sum * tl.exp(chunk_max - new_max), 0.0))
         run_max = new_max
-    lse = run_max + tl.log(run_sum)
+    # logsumexp is +inf with a +inf logit (the sum is NaN then): finite logits get -inf, +inf ones NaN.
+    lse = tl.where(run_max == float("inf"), float("inf"), run_max + tl.log(run_sum))
     no_mass = run_max == float("-inf")
     token_lp = tl.where(no_mass, float("-inf"), x_token - lse)
     tl.store(token_lp_ptr + t, tl.where(token_ok, token_lp, float("-inf")))
