@@ -147,7 +147,7 @@ def _rows_over_segments(V):
     """Rows [6, V] that span several logprobs segments: random; ties across segments at the top; ties
     everywhere; one value per strided group (index mod _LOGPROBS_GROUPS), so that far more keys than
     the compaction holds pass the groups' threshold; fewer finite logits than k, NaN among them;
-    all -inf; a +inf logit."""
+    all -inf."""
     gen = torch.Generator().manual_seed(21)
     logits = torch.randn(6, V, generator=gen) * 3
     seg = sampling._LOGPROBS_SEGMENT
