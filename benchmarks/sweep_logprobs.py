@@ -71,9 +71,10 @@ def main():
                 continue
             ok = (torch.equal(out[0].cpu(), expected[0]) and torch.equal(out[3].cpu(), expected[3]) and
                   torch.allclose(out[1].cpu().double(), expected[1], atol=2e-5, rtol=1e-5))
-            times = [time_graph(lambda: sampling._logprobs_triton(logits[:T], ids[:T], k)) for T in Ts]
+            times = [time_graph(lambda T=T, k=k: sampling._logprobs_triton(logits[:T], ids[:T], k)) for T in Ts]
             print(f"k={k} {name:24s} {'ok ' if ok else 'BAD'} " + "  ".join(f"T={T}: {us:7.1f} us"
-                                                                         for T, us in zip(Ts, times)), flush=True)
+                                                                         for T, us in zip(Ts, times, strict=True)),
+                  flush=True)
 
 
 if __name__ == "__main__":
