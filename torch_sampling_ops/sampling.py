@@ -53,13 +53,14 @@ _BLOCK_V = 4096
 # does not depend on it.
 _SEGMENT = 2 * _BLOCK_V if os.environ.get("TRITON_INTERPRET") != "1" else 1024
 _SPLIT_MAX_T = 128
-_MAX_TOPK = 1024  # largest num_logprobs of the Triton kernel's running list (registers); more is rejected
-# logprobs splits each row into segments of _LOGPROBS_SEGMENT tokens, one program of
-# _LOGPROBS_WARPS warps each (a function of V only, so a row's result never depends on the batch). A
-# segment's top-K takes the fast path (a threshold from the maxima of _LOGPROBS_GROUPS strided
-# groups, then ranks among the few keys above it) when 2 * K <= _LOGPROBS_GROUPS, otherwise `tl.topk`
-# on blocks of max(_LOGPROBS_BLOCK, K) keys; the combining program merges up to
-# _LOGPROBS_MERGE_KEYS keys at once.
+_MAX_TOPK = 1024  # largest num_logprobs: the Triton kernels hold K-key lists in registers; more is rejected
+# logprobs splits each row into segments of _LOGPROBS_SEGMENT tokens, one program of _LOGPROBS_WARPS
+# warps each (a function of V only, so a row's result never depends on the batch). A segment's top K
+# (K = num_logprobs to a power of two, at least 2) takes the fast path (a threshold from the maxima of
+# _LOGPROBS_GROUPS strided groups, then ranks among at most 4 * K keys above it) when
+# 2 * K <= _LOGPROBS_GROUPS and 4 * K < _LOGPROBS_SEGMENT, otherwise `tl.topk` on blocks of
+# max(_LOGPROBS_BLOCK, K) keys; the combining program takes `tl.topk` on up to _LOGPROBS_MERGE_KEYS
+# of the segments' keys at once.
 _LOGPROBS_SEGMENT = 4096 if os.environ.get("TRITON_INTERPRET") != "1" else 1024
 _LOGPROBS_GROUPS = 64
 _LOGPROBS_BLOCK = 1024
@@ -184,7 +185,7 @@ def _logprobs_segment_kernel(logits_ptr, logits_stride, token_ids_ptr, part_max_
         out = part_keys_ptr + part * K
         if FAST:
             keys = tl.where(ok, _sortable_key(x, offs), _KEY_NONE)
-            # The maxima of GROUPS strided groups (index mod GROUPS) are distinct keys, so the K-th
+            # The maxima of GROUPS strided groups (index mod GROUPS) are distinct keys (or _KEY_NONE), so the K-th
             # largest of them, tau, has at least K keys >= it: the segment's K largest are all >= tau.
             # A key's rank is the number of keys >= it (keys are distinct), so no sort is needed.
             group_max = tl.max(tl.reshape(keys, (SEGMENT // GROUPS, GROUPS)), axis=0)
@@ -295,8 +296,9 @@ def _logprobs_triton(logits, token_ids, num_logprobs):
     S = triton.cdiv(V, _LOGPROBS_SEGMENT)
     K = triton.next_power_of_2(max(num_logprobs, 2))  # tl.topk needs k >= 2
     has_topk = num_logprobs > 0
-    fast = has_topk and 2 * K <= _LOGPROBS_GROUPS
     cap = 4 * K
+    # With fewer than K keys in a segment tau is _KEY_NONE and all SEGMENT > cap keys pass: the fallback.
+    fast = has_topk and 2 * K <= _LOGPROBS_GROUPS and cap < _LOGPROBS_SEGMENT
     part_max = logits.new_empty((T, S), dtype=torch.float32)
     part_sum = logits.new_empty((T, S), dtype=torch.float32)
     part_larger = logits.new_empty((T, S), dtype=torch.int64)
