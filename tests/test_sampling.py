@@ -143,6 +143,55 @@ def test_logprobs_k_equals_v(backend, gen):
     assert_logprobs(run_op(backend, "logprobs", logits, token_ids, 100), logits, token_ids, 100)
 
 
+def _rows_over_segments(V):
+    """Rows [6, V] that span several logprobs segments: random; ties across segments at the top; ties
+    everywhere; one value per strided group (index mod _LOGPROBS_GROUPS), so that far more keys than
+    the compaction holds pass the groups' threshold; fewer finite logits than k, NaN among them;
+    all -inf."""
+    gen = torch.Generator().manual_seed(21)
+    logits = torch.randn(6, V, generator=gen) * 3
+    seg = sampling._LOGPROBS_SEGMENT
+    logits[1, [2 * seg + 5, 10, V - 1, seg, 2 * seg - 1]] = 20.0
+    logits[2] = (torch.randn(V, generator=gen) * 2).round() / 2
+    logits[3] = -(torch.arange(V) % sampling._LOGPROBS_GROUPS).float()
+    logits[4] = NEG_INF
+    logits[4, torch.randperm(V, generator=gen)[:12]] = torch.randn(12, generator=gen)
+    logits[4, ::7] = float("nan")
+    logits[5] = NEG_INF
+    return logits
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("k", [0, 1, 20, 64, 300])
+def test_logprobs_rows_over_several_segments(backend, k):
+    """The CUDA split into segments: each path of a segment's top-k, the merge across segments (ties to
+    the lower index), and a row's result independent of the rows beside it, bit for bit."""
+    device = device_of(backend)
+    V = (4 if k <= 32 else 2) * sampling._LOGPROBS_SEGMENT + 905  # large k: blocks of tl.topk, slow interpreted
+    logits = _rows_over_segments(V).to(device)
+    token_ids = torch.tensor([int(logits[0].argmax()), 10, V - 2, -1, V, 7], device=device)
+    if k > 32:
+        logits, token_ids = logits[2:5], token_ids[2:5]
+    out = run_op(backend, "logprobs", logits, token_ids, k)
+    assert_logprobs(out, logits, token_ids, k)
+    if k == 20:
+        for t in (1, 4):
+            alone = run_op(backend, "logprobs", logits[t:t + 1].clone(), token_ids[t:t + 1].clone(), k)
+            for a, b in zip(alone, out):
+                assert torch.equal(a[0], b[t])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("V", [1024, 2 * 1024 + 5])
+def test_logprobs_largest_k(backend, V, gen):
+    """k = 1024 (the largest), = V for V = 1024, over several segments with -inf ties in the tail."""
+    device = device_of(backend)
+    logits = make_logits(2, V, torch.float32, device, generator=gen)
+    logits[1, V // 3:] = NEG_INF
+    token_ids = torch.tensor([5, V - 1], device=device)
+    assert_logprobs(run_op(backend, "logprobs", logits, token_ids, 1024), logits, token_ids, 1024)
+
+
 def test_logprobs_rejects_bad_k():
     logits, ids = torch.randn(2, 10), torch.zeros(2, dtype=torch.int64)
     with pytest.raises(ValueError, match="'num_logprobs'"):

@@ -21,11 +21,16 @@ segments in order), reading the workspace row, or for a row without filters its 
 filters always keep it). Greedy and unfiltered rows thus cost one read of the row. A single pass
 that fuses the filters and the draw is future work.
 
-`logprobs`: one program a row, one read of the row: the token's logit is loaded first, then each
-block updates the running max and sum of exponentials, the count of logits strictly larger than the
-token's, and a running top-k of (value, index) keys (a sortable int64: order-preserving float bits
-above, V-inverted index below, so ties go to the lower index), merged with `tl.topk` for each block
-holding a key above the running k-th.
+`logprobs` on CUDA: two launches. The first splits each row into fixed segments (their length a
+module constant, so a row's result never depends on the batch), one program each, which reads its
+segment once and writes its max, sum of exp(x - max), count of logits strictly larger than the
+token's, and its K largest (value, index) keys: a sortable int64 (order-preserving float bits above,
+V-inverted index below, so ties go to the lower index). The K largest come without a sort: the
+K-th largest maximum of strided groups bounds them from below, the few keys above it are compacted
+into a scratch row, and each takes the place of its rank (the number of keys above or equal);
+`tl.topk` on blocks is the path for large K or when too many keys pass. The second, one program a
+row, combines the segments in order (max and sum rescaled), sums the counts, and takes the top k of
+the segments' keys with `tl.topk`.
 """
 from __future__ import annotations
 
@@ -47,7 +52,20 @@ _BLOCK_V = 4096
 # row at one SM's bandwidth at large T); a second launch reduces the segments' (score, index) pairs
 # in order. The argmax is exact whatever the split, so a row's token does not depend on it.
 _SEGMENT = 2 * _BLOCK_V if os.environ.get("TRITON_INTERPRET") != "1" else 1024
-_MAX_TOPK = 1024  # largest num_logprobs of the Triton kernel's running list (registers); more is rejected
+_MAX_TOPK = 1024  # largest num_logprobs: the Triton kernels hold K-key lists in registers; more is rejected
+# logprobs splits each row into segments of _LOGPROBS_SEGMENT tokens, one program of _LOGPROBS_WARPS
+# warps each (a function of V only, so a row's result never depends on the batch). A segment's top K
+# (K = num_logprobs to a power of two, at least 2) takes the fast path (a threshold from the maxima of
+# _LOGPROBS_GROUPS strided groups, then ranks among at most 4 * K keys above it) when
+# 2 * K <= _LOGPROBS_GROUPS and 4 * K < _LOGPROBS_SEGMENT, otherwise `tl.topk` on blocks of
+# max(_LOGPROBS_BLOCK, K) keys; the combining program takes `tl.topk` on up to _LOGPROBS_MERGE_KEYS
+# of the segments' keys at once.
+_LOGPROBS_SEGMENT = 4096 if os.environ.get("TRITON_INTERPRET") != "1" else 1024
+_LOGPROBS_GROUPS = 64
+_LOGPROBS_BLOCK = 1024
+_LOGPROBS_MERGE_KEYS = 4096
+_LOGPROBS_WARPS = 8
+_KEY_NONE = tl.constexpr(-2**63)  # below every `_sortable_key` (its high word is a NaN's; NaN is read as -inf)
 
 # ----------------------------------------------------------------------------------------------
 # The random stream
@@ -121,40 +139,119 @@ def _sortable_key(x, offs):
 
 
 @triton.jit
-def _logprobs_kernel(logits_ptr, logits_stride, token_ids_ptr, topk_ids_ptr, topk_lp_ptr, token_lp_ptr, ranks_ptr,
-                     vocab_size, k, BLOCK_V: tl.constexpr, K: tl.constexpr, HAS_TOPK: tl.constexpr):
+def _topk_of_blocks(row_ptr, begin, end, K: tl.constexpr, BLOCK: tl.constexpr):
+    """The K largest keys of row[begin:end] (_KEY_NONE past the end), larger first: `tl.topk` on each
+    block holding a key above the running K-th."""
+    best = tl.full((K,), _KEY_NONE, dtype=tl.int64)
+    for start in range(begin, end, BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        ok = offs < end
+        x = tl.load(row_ptr + offs, mask=ok, other=float("-inf")).to(tl.float32)
+        x = tl.where(x == x, x, float("-inf"))
+        keys = tl.where(ok, _sortable_key(x, offs), _KEY_NONE)
+        if tl.max(keys, axis=0) > tl.min(best, axis=0):
+            best = tl.topk(tl.reshape(tl.join(best, tl.topk(keys, K)), (2 * K,)), K)
+    return best
+
+
+@triton.jit
+def _logprobs_segment_kernel(logits_ptr, logits_stride, token_ids_ptr, part_max_ptr, part_sum_ptr, part_larger_ptr,
+                             part_keys_ptr, scratch_ptr, vocab_size, num_segments, SEGMENT: tl.constexpr,
+                             GROUPS: tl.constexpr, K: tl.constexpr, CAP: tl.constexpr, BLOCK: tl.constexpr,
+                             HAS_TOPK: tl.constexpr, FAST: tl.constexpr):
+    """Segment s of row t: its max, sum of exp(x - max) (0 without mass), count of logits strictly
+    larger than the token's, and its K largest keys (larger first), at [t, s] of the part tensors."""
     t = tl.program_id(0)
+    s = tl.program_id(1)
+    part = t.to(tl.int64) * num_segments + s
     row_ptr = logits_ptr + t.to(tl.int64) * logits_stride
     token = tl.load(token_ids_ptr + t).to(tl.int64)
     token_ok = (token >= 0) & (token < vocab_size)
     x_token = tl.load(row_ptr + tl.where(token_ok, token, 0)).to(tl.float32)
     x_token = tl.where(x_token == x_token, x_token, float("-inf"))
+    begin = s.to(tl.int64) * SEGMENT
+    end = tl.minimum(begin + SEGMENT, vocab_size)
+    offs = begin + tl.arange(0, SEGMENT)
+    ok = offs < end
+    x = tl.load(row_ptr + offs, mask=ok, other=float("-inf")).to(tl.float32)
+    x = tl.where(x == x, x, float("-inf"))  # NaN is read as -inf
+    seg_max = tl.max(x, axis=0)
+    seg_sum = tl.where(seg_max > float("-inf"), tl.sum(tl.exp(x - seg_max), axis=0), 0.0)
+    tl.store(part_max_ptr + part, seg_max)
+    tl.store(part_sum_ptr + part, seg_sum)
+    tl.store(part_larger_ptr + part, tl.sum((x > x_token).to(tl.int32), axis=0).to(tl.int64))
+    if HAS_TOPK:
+        out = part_keys_ptr + part * K
+        if FAST:
+            keys = tl.where(ok, _sortable_key(x, offs), _KEY_NONE)
+            # The maxima of GROUPS strided groups (index mod GROUPS) are distinct keys (or _KEY_NONE), so the K-th
+            # largest of them, tau, has at least K keys >= it: the segment's K largest are all >= tau.
+            # A key's rank is the number of keys >= it (keys are distinct), so no sort is needed.
+            group_max = tl.max(tl.reshape(keys, (SEGMENT // GROUPS, GROUPS)), axis=0)
+            group_rank = tl.sum((group_max[None, :] >= group_max[:, None]).to(tl.int32), axis=1)
+            tau = tl.max(tl.where(group_rank >= K, group_max, _KEY_NONE), axis=0)
+            take = keys >= tau
+            n = tl.sum(take.to(tl.int32), axis=0)
+            if n <= CAP:
+                # Compact the n >= K keys >= tau into this program's scratch row, then write each of
+                # rank <= K at its place; the barrier orders the scatter before other threads' loads.
+                slot = tl.cumsum(take.to(tl.int32), axis=0) - 1
+                scratch = scratch_ptr + part * CAP
+                tl.store(scratch + slot, keys, mask=take)
+                tl.debug_barrier()
+                c = tl.arange(0, CAP)
+                cand = tl.load(scratch + c, mask=c < n, other=_KEY_NONE)
+                rank = tl.sum((cand[None, :] >= cand[:, None]).to(tl.int32), axis=1)
+                tl.store(out + rank - 1, cand, mask=(c < n) & (rank <= K))
+            else:
+                tl.store(out + tl.arange(0, K), _topk_of_blocks(row_ptr, begin, end, K, BLOCK))
+        else:
+            tl.store(out + tl.arange(0, K), _topk_of_blocks(row_ptr, begin, end, K, BLOCK))
+
+
+@triton.jit
+def _logprobs_combine_kernel(logits_ptr, logits_stride, token_ids_ptr, part_max_ptr, part_sum_ptr, part_larger_ptr,
+                             part_keys_ptr, topk_ids_ptr, topk_lp_ptr, token_lp_ptr, ranks_ptr, vocab_size,
+                             num_segments, k, STAT_SEGS: tl.constexpr, MERGE_SEGS: tl.constexpr, K: tl.constexpr,
+                             HAS_TOPK: tl.constexpr):
+    """Row t from its segments' parts, in segment order (chunks of STAT_SEGS and MERGE_SEGS, both
+    functions of V only): logsumexp, rank, the top-k keys, and the four outputs."""
+    t = tl.program_id(0)
+    base = t.to(tl.int64) * num_segments
+    token = tl.load(token_ids_ptr + t).to(tl.int64)
+    token_ok = (token >= 0) & (token < vocab_size)
+    x_token = tl.load(logits_ptr + t.to(tl.int64) * logits_stride + tl.where(token_ok, token, 0)).to(tl.float32)
+    x_token = tl.where(x_token == x_token, x_token, float("-inf"))
     run_max = float("-inf")
     run_sum = 0.0
     larger = tl.zeros((), dtype=tl.int64)
-    best = tl.full((K,), -9223372036854775807 - 1, dtype=tl.int64)
-    for start in range(0, vocab_size, BLOCK_V):
-        offs = start + tl.arange(0, BLOCK_V)
-        x = tl.load(row_ptr + offs, mask=offs < vocab_size, other=float("-inf")).to(tl.float32)
-        x = tl.where(x == x, x, float("-inf"))  # NaN is read as -inf
-        larger += tl.sum((x > x_token).to(tl.int64), axis=0)
-        new_max = tl.maximum(run_max, tl.max(x, axis=0))
-        if new_max > float("-inf"):
-            run_sum = run_sum * tl.exp(run_max - new_max) + tl.sum(tl.exp(x - new_max), axis=0)
-            run_max = new_max
-        if HAS_TOPK:
-            keys = _sortable_key(x, offs)
-            # Merge only a block that beats the running k-th best: past the first blocks of a row, few do.
-            if tl.max(keys, axis=0) > tl.min(best, axis=0):
-                block_best = tl.topk(keys, K)
-                best = tl.topk(tl.reshape(tl.join(best, block_best), (2 * K,)), K)
-    lse = run_max + tl.log(run_sum)
+    for first in range(0, num_segments, STAT_SEGS):
+        seg = first + tl.arange(0, STAT_SEGS)
+        m = seg < num_segments
+        seg_max = tl.load(part_max_ptr + base + seg, mask=m, other=float("-inf"))
+        seg_sum = tl.load(part_sum_ptr + base + seg, mask=m, other=0.0)
+        larger += tl.sum(tl.load(part_larger_ptr + base + seg, mask=m, other=0), axis=0)
+        chunk_max = tl.max(seg_max, axis=0)
+        chunk_sum = tl.sum(tl.where(seg_max > float("-inf"), seg_sum * tl.exp(seg_max - chunk_max), 0.0), axis=0)
+        new_max = tl.maximum(run_max, chunk_max)
+        run_sum = (tl.where(run_max > float("-inf"), run_sum * tl.exp(run_max - new_max), 0.0) +
+                   tl.where(chunk_max > float("-inf"), chunk_sum * tl.exp(chunk_max - new_max), 0.0))
+        run_max = new_max
+    # logsumexp is +inf with a +inf logit (the sum is NaN then): finite logits get -inf, +inf ones NaN.
+    lse = tl.where(run_max == float("inf"), float("inf"), run_max + tl.log(run_sum))
     no_mass = run_max == float("-inf")
     token_lp = tl.where(no_mass, float("-inf"), x_token - lse)
     tl.store(token_lp_ptr + t, tl.where(token_ok, token_lp, float("-inf")))
     tl.store(ranks_ptr + t, tl.where(token_ok, 1 + larger, -1))
     if HAS_TOPK:
         j = tl.arange(0, K)
+        best = tl.full((K,), _KEY_NONE, dtype=tl.int64)
+        for first in range(0, num_segments, MERGE_SEGS):
+            seg = first + tl.arange(0, MERGE_SEGS)
+            keys = tl.load(part_keys_ptr + (base + seg)[:, None] * K + j[None, :],
+                           mask=(seg < num_segments)[:, None], other=_KEY_NONE)
+            chunk_best = tl.topk(tl.reshape(keys, (MERGE_SEGS * K,)), K)
+            best = tl.topk(tl.reshape(tl.join(best, chunk_best), (2 * K,)), K)
         ids = 4294967295 - (best & 4294967295)
         ordered = (best >> 32).to(tl.int32)
         vals = tl.where(ordered >= 0, ordered, ordered ^ 0x7FFFFFFF).to(tl.float32, bitcast=True)
@@ -195,9 +292,25 @@ def _logprobs_triton(logits, token_ids, num_logprobs):
     T, V = logits.shape
     if T == 0:
         return outs
-    K = triton.next_power_of_2(max(num_logprobs, 1))
-    launch(_logprobs_kernel, (T,), logits, logits.stride()[0], token_ids, *outs, V, num_logprobs,
-           BLOCK_V=max(_BLOCK_V, K), K=K, HAS_TOPK=num_logprobs > 0, num_warps=8)
+    S = triton.cdiv(V, _LOGPROBS_SEGMENT)
+    K = triton.next_power_of_2(max(num_logprobs, 2))  # tl.topk needs k >= 2
+    has_topk = num_logprobs > 0
+    cap = 4 * K
+    # With fewer than K keys in a segment tau is _KEY_NONE and all SEGMENT > cap keys pass: the fallback.
+    fast = has_topk and 2 * K <= _LOGPROBS_GROUPS and cap < _LOGPROBS_SEGMENT
+    part_max = logits.new_empty((T, S), dtype=torch.float32)
+    part_sum = logits.new_empty((T, S), dtype=torch.float32)
+    part_larger = logits.new_empty((T, S), dtype=torch.int64)
+    part_keys = logits.new_empty((T, S, K) if has_topk else (1,), dtype=torch.int64)
+    scratch = logits.new_empty((T, S, cap) if fast else (1,), dtype=torch.int64)
+    launch(_logprobs_segment_kernel, (T, S), logits, logits.stride()[0], token_ids, part_max, part_sum, part_larger,
+           part_keys, scratch, V, S, SEGMENT=_LOGPROBS_SEGMENT, GROUPS=_LOGPROBS_GROUPS, K=K, CAP=cap,
+           BLOCK=max(_LOGPROBS_BLOCK, K), HAS_TOPK=has_topk, FAST=fast,
+           num_warps=_LOGPROBS_WARPS)
+    merge_segs = min(triton.next_power_of_2(S), max(1, _LOGPROBS_MERGE_KEYS // K))
+    launch(_logprobs_combine_kernel, (T,), logits, logits.stride()[0], token_ids, part_max, part_sum, part_larger,
+           part_keys, *outs, V, S, num_logprobs, STAT_SEGS=min(triton.next_power_of_2(S), 1024),
+           MERGE_SEGS=merge_segs, K=K, HAS_TOPK=has_topk, num_warps=4 if merge_segs * K <= 1024 else 8)
     return outs
 
 
