@@ -70,7 +70,9 @@ void logprobs_kernel(const at::Tensor& logits, const int64_t* tokens, int64_t k,
         vals[i] = xj;
         ids[i] = j;
       }
-      const float lse = m > kNegInf ? m + std::log(sum_exp(x.data(), V, m)) : kNegInf;
+      // A +inf logit holds all the mass: logsumexp is +inf (finite logits get -inf, +inf ones NaN).
+      const float lse =
+          m == -kNegInf ? m : (m > kNegInf ? m + std::log(sum_exp(x.data(), V, m)) : kNegInf);
       auto logprob = [&](float v) { return lse > kNegInf ? v - lse : kNegInf; };
       for (int64_t i = 0; i < k; ++i) {
         topk_ids[t * k + i] = ids[i];

@@ -133,6 +133,12 @@ def test_logprobs_ties_infinities_and_nan(backend):
     for bad_id in (-1, V, 2**40):
         out = run_op(backend, "logprobs", logits[:1], torch.tensor([bad_id], device=device), 2)
         assert out[2].item() == NEG_INF and out[3].item() == -1
+    # +inf holds all the mass: logsumexp +inf, finite logits -inf, the +inf one NaN
+    row = torch.randn(1, V, generator=torch.Generator().manual_seed(4))
+    row[0, 123] = float("inf")
+    ids, lps, token_lp, ranks = run_op(backend, "logprobs", row.to(device), torch.tensor([5], device=device), 3)
+    assert ids[0, 0] == 123 and lps[0, 0].isnan() and bool((lps[0, 1:] == NEG_INF).all())
+    assert token_lp[0] == NEG_INF and ranks[0] > 1
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
