@@ -11,15 +11,21 @@ top); the Gumbel noise -log(-log(u)) is computed in float32, where the two logs 
 whose last bit may differ between devices. The stream has no state: a row's draw depends only on
 (seed, position, token), never on the batch, the launch grid or a CUDA-graph replay count.
 
-`sample` on CUDA (a first version): one launch copies each row that has a filter on,
-divided by its temperature (greedy rows as they are) with an IEEE division as the `temperature` op, into a float32 [T, V]
-workspace; the `min_p` and `top_k_top_p` launchers run on the workspace (rows whose filters are off
-are not read); then one program a row and 8192-token segment takes the argmax of value + Gumbel
-noise over the segment's tokens above -inf, ties to the lower index (a second launch reduces the
-segments in order), reading the workspace row, or for a row without filters its logits
-(divided on the fly: the same bits), or for a greedy row the plain argmax of its logits (the
-filters always keep it). Greedy and unfiltered rows thus cost one read of the row. A single pass
-that fuses the filters and the draw is future work.
+`sample` on CUDA: rows whose draw is decided by their _SAMPLE_KMAX largest logits (greedy rows,
+and sampled rows with 0 < top_k < _SAMPLE_KMAX) take a candidate path. One launch writes each
+segment's top keys of these rows with the segment top-K of `logprobs` (below); a second, one
+program a row, merges them into the row's candidates, divides them by the temperature (IEEE
+division, monotonic: equal quotients become ties), applies min_p, top-k and top-p to them (float32
+masses) and draws argmax(value + Gumbel noise) with the bits of the full-row path. The candidates
+decide the row when every other token is below the k-th value or -inf; when ties at the k-th value
+reach the last candidate (or a quotient is +inf) the row goes to the full-row path, as do all
+other rows (top_k 0 or >= _SAMPLE_KMAX, no filter). That path copies each row with a filter on,
+divided by its temperature, into a float32 [T, V] workspace; the `min_p` and `top_k_top_p`
+launchers run on it (rows whose filters are off, or done by the candidate path, are not read); then
+one program a row and 8192-token segment takes the argmax of value + Gumbel noise over the
+segment's tokens above -inf, ties to the lower index (a second launch reduces the segments in
+order), reading the workspace row or, for a row without filters, its logits divided on the fly
+(the same bits).
 
 `logprobs` on CUDA: two launches. The first splits each row into fixed segments (their length a
 module constant, so a row's result never depends on the batch), one program each, which reads its
@@ -386,8 +392,9 @@ def _row_is_filtered(slot, min_p_ptr, top_k_ptr, top_p_ptr, vocab_size):
 @triton.jit
 def _scale_rows_kernel(logits_ptr, logits_stride, ws_ptr, idx_mapping_ptr, temperature_ptr, min_p_ptr, top_k_ptr,
                        top_p_ptr, num_slots, vocab_size, BLOCK_V: tl.constexpr):
-    """ws[t] = logits[t] / temperature (IEEE division; as they are for greedy rows) for the rows with a
-    filter on, the rows the filters will read; the others are drawn from the logits directly."""
+    """ws[t] = logits[t] / temperature (IEEE division) for the rows with a filter on, the rows the
+    filters will read; the others are drawn from the logits directly. Greedy rows never come here
+    (the candidate path draws them)."""
     t = tl.program_id(0)
     slot = load_slot(idx_mapping_ptr, t, num_slots)
     if slot < 0:
@@ -398,15 +405,14 @@ def _scale_rows_kernel(logits_ptr, logits_stride, ws_ptr, idx_mapping_ptr, tempe
     offs = tl.program_id(1) * BLOCK_V + tl.arange(0, BLOCK_V)
     in_row = offs < vocab_size
     x = tl.load(logits_ptr + t.to(tl.int64) * logits_stride + offs, mask=in_row).to(tl.float32)
-    x = tl.where(temp != 0.0, tl.math.div_rn(x, tl.where(temp != 0.0, temp, 1.0)), x)
+    x = tl.math.div_rn(x, temp)
     tl.store(ws_ptr + t.to(tl.int64) * vocab_size + offs, x, mask=in_row)
 
 
 @triton.jit
-def _gumbel_argmax_row(row_ptr, begin, end, vocab_size, key, temp, SAMPLED: tl.constexpr, SCALE: tl.constexpr,
-                       BLOCK_V: tl.constexpr):
-    """(score, token) of tokens [begin, end) (end <= vocab_size) of one row: argmax_j of x_j (/ temp with SCALE) (+ Gumbel
-    noise with SAMPLED) over the tokens above -inf, the lower index among ties; token vocab_size
+def _gumbel_argmax_row(row_ptr, begin, end, vocab_size, key, temp, SCALE: tl.constexpr, BLOCK_V: tl.constexpr):
+    """(score, token) of tokens [begin, end) (end <= vocab_size) of one row: argmax_j of x_j (/ temp with
+    SCALE) + Gumbel noise over the tokens above -inf, the lower index among ties; token vocab_size
     (score -inf) when there is none."""
     best = tl.full((BLOCK_V,), float("-inf"), dtype=tl.float32)
     best_j = tl.full((BLOCK_V,), -1, dtype=tl.int32)
@@ -416,10 +422,7 @@ def _gumbel_argmax_row(row_ptr, begin, end, vocab_size, key, temp, SAMPLED: tl.c
         if SCALE:
             x = tl.math.div_rn(x, temp)
         live = x > float("-inf")  # false for -inf and NaN: never drawn
-        if SAMPLED:
-            score = x + stream_gumbel(stream_bits(key, offs))
-        else:
-            score = x
+        score = x + stream_gumbel(stream_bits(key, offs))
         # Strictly larger: a lane keeps its earlier (lower) index on ties.
         take = live & ((best_j < 0) | (score > best))
         best = tl.where(take, score, best)
@@ -433,9 +436,9 @@ def _gumbel_argmax_kernel(logits_ptr, logits_stride, ws_ptr, idx_mapping_ptr, te
                           top_p_ptr, seeds_ptr, output_lens_ptr, out_ptr, part_score_ptr, part_token_ptr, num_slots,
                           vocab_size, SEGMENT: tl.constexpr, SPLIT: tl.constexpr, BLOCK_V: tl.constexpr):
     """out[t] = argmax_j of x[t, j] + gumbel(seed, position, j) over the tokens above -inf, with x the
-    filtered workspace row or, for a row without filters, logits / temperature; the plain argmax of
-    the logits for greedy rows (the filters always keep it); -1 without such a token or slot. With
-    SPLIT, program (t, s) takes segment s and stores its (score, token) pair for _reduce_segments_kernel."""
+    filtered workspace row or, for a row without filters, logits / temperature; -1 without such a
+    token. A row with a negative slot (greedy, drawn or out of range: done by the candidate path) is
+    not written. With SPLIT, program (t, s) takes segment s and stores its (score, token) pair for _reduce_segments_kernel."""
     t = tl.program_id(0)
     slot = load_slot(idx_mapping_ptr, t, num_slots)
     if slot < 0:  # done by _sample_candidates_kernel
@@ -449,14 +452,11 @@ def _gumbel_argmax_kernel(logits_ptr, logits_stride, ws_ptr, idx_mapping_ptr, te
     temp = tl.load(temperature_ptr + slot)
     key = stream_key(tl.load(seeds_ptr + slot).to(tl.int64), tl.load(output_lens_ptr + t).to(tl.int64))
     logits_row = logits_ptr + t.to(tl.int64) * logits_stride
-    if temp == 0.0:
-        score, token = _gumbel_argmax_row(logits_row, begin, end, vocab_size, key, temp, SAMPLED=False, SCALE=False,
-                                          BLOCK_V=BLOCK_V)
-    elif _row_is_filtered(slot, min_p_ptr, top_k_ptr, top_p_ptr, vocab_size):
+    if _row_is_filtered(slot, min_p_ptr, top_k_ptr, top_p_ptr, vocab_size):
         score, token = _gumbel_argmax_row(ws_ptr + t.to(tl.int64) * vocab_size, begin, end, vocab_size, key, temp,
-                                          SAMPLED=True, SCALE=False, BLOCK_V=BLOCK_V)
+                                          SCALE=False, BLOCK_V=BLOCK_V)
     else:
-        score, token = _gumbel_argmax_row(logits_row, begin, end, vocab_size, key, temp, SAMPLED=True, SCALE=True,
+        score, token = _gumbel_argmax_row(logits_row, begin, end, vocab_size, key, temp, SCALE=True,
                                           BLOCK_V=BLOCK_V)
     if SPLIT:
         part = t.to(tl.int64) * tl.num_programs(1) + tl.program_id(1)
@@ -469,7 +469,8 @@ def _gumbel_argmax_kernel(logits_ptr, logits_stride, ws_ptr, idx_mapping_ptr, te
 @triton.jit
 def _reduce_segments_kernel(idx_mapping_ptr, part_score_ptr, part_token_ptr, out_ptr, num_slots, vocab_size,
                             num_segments, SEGMENTS_P2: tl.constexpr):
-    """out[t] = the token of the best segment pair of row t (ties: the lower token), -1 if none."""
+    """out[t] = the token of the best segment pair of row t (ties: the lower token), -1 if none; rows
+    with a negative slot (done by the candidate path) are not written."""
     t = tl.program_id(0)
     if load_slot(idx_mapping_ptr, t, num_slots) < 0:  # done by _sample_candidates_kernel
         return
@@ -560,7 +561,8 @@ def _sample_candidates_kernel(idx_mapping_ptr, temperature_ptr, top_k_ptr, top_p
         return
     # min_p as its op: removed when below s_max + log(p) (a prefix of the candidates survives).
     p_min = tl.load(min_p_ptr + slot)
-    min_p_threshold = tl.where(p_min != 0.0, s_max + tl.log(tl.where(p_min != 0.0, p_min, 1.0)), float("-inf"))  # s_max = -inf: no token left
+    # p = 0 is off; with s_max = -inf no token is left either way.
+    min_p_threshold = tl.where(p_min != 0.0, s_max + tl.log(tl.where(p_min != 0.0, p_min, 1.0)), float("-inf"))
     f = tl.where(s < min_p_threshold, float("-inf"), s)
     # top-k: the tokens >= the k-th largest of what min_p left (ties kept).
     tau_k = tl.max(tl.where(j == k - 1, f, float("-inf")), axis=0)
@@ -635,8 +637,7 @@ def _sample_triton(logits, idx_mapping, temperature, top_k, top_p, min_p, seeds,
     params = (idx_mapping, temperature, min_p, top_k, top_p)
     launch(_scale_rows_kernel, (T, triton.cdiv(V, _BLOCK_V)), logits, logits.stride()[0], ws, *params, R, V,
            BLOCK_V=_BLOCK_V, num_warps=8)
-    # The filters read only the rows whose parameters turn them on: exactly the rows written above
-    # (greedy ones included, filtered for nothing: the draw takes their argmax from the logits).
+    # The filters read only the rows whose parameters turn them on: exactly the rows written above.
     _min_p_triton(ws, idx_mapping, min_p)
     _top_k_top_p_triton(ws, idx_mapping, top_k, top_p)
     segments = triton.cdiv(V, _SEGMENT)
