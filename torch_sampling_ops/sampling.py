@@ -11,21 +11,15 @@ top); the Gumbel noise -log(-log(u)) is computed in float32, where the two logs 
 whose last bit may differ between devices. The stream has no state: a row's draw depends only on
 (seed, position, token), never on the batch, the launch grid or a CUDA-graph replay count.
 
-`sample` on CUDA: rows whose draw is decided by their _SAMPLE_KMAX largest logits (greedy rows,
-and sampled rows with 0 < top_k < _SAMPLE_KMAX) take a candidate path. One launch writes each
-segment's top keys of these rows with the segment top-K of `logprobs` (below); a second, one
-program a row, merges them into the row's candidates, divides them by the temperature (IEEE
-division, monotonic: equal quotients become ties), applies min_p, top-k and top-p to them (float32
-masses) and draws argmax(value + Gumbel noise) with the bits of the full-row path. The candidates
-decide the row when every other token is below the k-th value or -inf; when ties at the k-th value
-reach the last candidate (or a quotient is +inf) the row goes to the full-row path, as do all
-other rows (top_k 0 or >= _SAMPLE_KMAX, no filter). That path copies each row with a filter on,
-divided by its temperature, into a float32 [T, V] workspace; the `min_p` and `top_k_top_p`
-launchers run on it (rows whose filters are off, or done by the candidate path, are not read); then
-one program a row and 8192-token segment takes the argmax of value + Gumbel noise over the
-segment's tokens above -inf, ties to the lower index (a second launch reduces the segments in
-order), reading the workspace row or, for a row without filters, its logits divided on the fly
-(the same bits).
+`sample` on CUDA (a first version): one launch copies each row that has a filter on,
+divided by its temperature (greedy rows as they are) with an IEEE division as the `temperature` op, into a float32 [T, V]
+workspace; the `min_p` and `top_k_top_p` launchers run on the workspace (rows whose filters are off
+are not read); then one program a row and 8192-token segment takes the argmax of value + Gumbel
+noise over the segment's tokens above -inf, ties to the lower index (a second launch reduces the
+segments in order), reading the workspace row, or for a row without filters its logits
+(divided on the fly: the same bits), or for a greedy row the plain argmax of its logits (the
+filters always keep it). Greedy and unfiltered rows thus cost one read of the row. A single pass
+that fuses the filters and the draw is future work.
 
 `logprobs` on CUDA: two launches. The first splits each row into fixed segments (their length a
 module constant, so a row's result never depends on the batch), one program each, which reads its
@@ -71,14 +65,6 @@ _LOGPROBS_GROUPS = 64
 _LOGPROBS_BLOCK = 1024
 _LOGPROBS_MERGE_KEYS = 4096
 _LOGPROBS_WARPS = 8
-# sample draws a row from its _SAMPLE_KMAX (a power of two) largest logits when they decide it: greedy
-# rows, and rows with 0 < top_k < _SAMPLE_KMAX unless ties at the k-th value reach the last candidate.
-# Their top keys come from segments of _SAMPLE_SEGMENT tokens (the segment top-K of logprobs, with
-# _SAMPLE_GROUPS >= 2 * _SAMPLE_KMAX groups), one program of _SAMPLE_WARPS warps each.
-_SAMPLE_KMAX = 64
-_SAMPLE_SEGMENT = 4096 if os.environ.get("TRITON_INTERPRET") != "1" else 1024
-_SAMPLE_GROUPS = 128
-_SAMPLE_WARPS = 8
 _KEY_NONE = tl.constexpr(-2**63)  # below every `_sortable_key` (its high word is a NaN's; NaN is read as -inf)
 
 # ----------------------------------------------------------------------------------------------
@@ -169,66 +155,6 @@ def _topk_of_blocks(row_ptr, begin, end, K: tl.constexpr, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _segment_topk(x, offs, ok, row_ptr, begin, end, out_ptr, scratch_ptr, SEGMENT: tl.constexpr, GROUPS: tl.constexpr,
-                  K: tl.constexpr, CAP: tl.constexpr, BLOCK: tl.constexpr, FAST: tl.constexpr):
-    """Stores at out_ptr[0:K] the K largest keys (larger first, _KEY_NONE past the end) of the segment
-    row[begin:end], whose values x at offs (in range where ok, NaN already read as -inf) are loaded.
-    FAST needs 2 * K <= GROUPS and 4 * K <= CAP < SEGMENT; scratch_ptr is this program's row of CAP keys."""
-    if FAST:
-        keys = tl.where(ok, _sortable_key(x, offs), _KEY_NONE)
-        # The maxima of GROUPS strided groups (index mod GROUPS) are distinct keys (or _KEY_NONE), so the K-th
-        # largest of them, tau, has at least K keys >= it: the segment's K largest are all >= tau.
-        # A key's rank is the number of keys >= it (keys are distinct), so no sort is needed.
-        group_max = tl.max(tl.reshape(keys, (SEGMENT // GROUPS, GROUPS)), axis=0)
-        group_rank = tl.sum((group_max[None, :] >= group_max[:, None]).to(tl.int32), axis=1)
-        tau = tl.max(tl.where(group_rank >= K, group_max, _KEY_NONE), axis=0)
-        take = keys >= tau
-        n = tl.sum(take.to(tl.int32), axis=0)
-        if n <= CAP:
-            # Compact the n >= K keys >= tau into the scratch row, then write each of rank <= K at its
-            # place; the barrier orders the scatter before other threads' loads.
-            slot = tl.cumsum(take.to(tl.int32), axis=0) - 1
-            tl.store(scratch_ptr + slot, keys, mask=take)
-            tl.debug_barrier()
-            c = tl.arange(0, CAP)
-            cand = tl.load(scratch_ptr + c, mask=c < n, other=_KEY_NONE)
-            rank = tl.sum((cand[None, :] >= cand[:, None]).to(tl.int32), axis=1)
-            tl.store(out_ptr + rank - 1, cand, mask=(c < n) & (rank <= K))
-        else:
-            tl.store(out_ptr + tl.arange(0, K), _topk_of_blocks(row_ptr, begin, end, K, BLOCK))
-    else:
-        tl.store(out_ptr + tl.arange(0, K), _topk_of_blocks(row_ptr, begin, end, K, BLOCK))
-
-
-@triton.jit
-def _merge_segment_keys(part_keys_ptr, base, num_segments, K: tl.constexpr, MERGE_SEGS: tl.constexpr):
-    """The K largest (larger first) of the K keys of each of the segments base .. base + num_segments - 1,
-    merged in segment order (chunks of MERGE_SEGS)."""
-    j = tl.arange(0, K)
-    best = tl.full((K,), _KEY_NONE, dtype=tl.int64)
-    for first in range(0, num_segments, MERGE_SEGS):
-        seg = first + tl.arange(0, MERGE_SEGS)
-        keys = tl.load(part_keys_ptr + (base + seg)[:, None] * K + j[None, :],
-                       mask=(seg < num_segments)[:, None], other=_KEY_NONE)
-        chunk_best = tl.topk(tl.reshape(keys, (MERGE_SEGS * K,)), K)
-        best = tl.topk(tl.reshape(tl.join(best, chunk_best), (2 * K,)), K)
-    return best
-
-
-@triton.jit
-def _key_value(keys):
-    """The float32 value of `_sortable_key` keys (NaN for _KEY_NONE)."""
-    ordered = (keys >> 32).to(tl.int32)
-    return tl.where(ordered >= 0, ordered, ordered ^ 0x7FFFFFFF).to(tl.float32, bitcast=True)
-
-
-@triton.jit
-def _key_index(keys):
-    """The token index of `_sortable_key` keys (2**32 - 1 for _KEY_NONE)."""
-    return 4294967295 - (keys & 4294967295)
-
-
-@triton.jit
 def _logprobs_segment_kernel(logits_ptr, logits_stride, token_ids_ptr, part_max_ptr, part_sum_ptr, part_larger_ptr,
                              part_keys_ptr, scratch_ptr, vocab_size, num_segments, SEGMENT: tl.constexpr,
                              GROUPS: tl.constexpr, K: tl.constexpr, CAP: tl.constexpr, BLOCK: tl.constexpr,
@@ -255,8 +181,32 @@ def _logprobs_segment_kernel(logits_ptr, logits_stride, token_ids_ptr, part_max_
     tl.store(part_sum_ptr + part, seg_sum)
     tl.store(part_larger_ptr + part, tl.sum((x > x_token).to(tl.int32), axis=0).to(tl.int64))
     if HAS_TOPK:
-        _segment_topk(x, offs, ok, row_ptr, begin, end, part_keys_ptr + part * K, scratch_ptr + part * CAP,
-                      SEGMENT=SEGMENT, GROUPS=GROUPS, K=K, CAP=CAP, BLOCK=BLOCK, FAST=FAST)
+        out = part_keys_ptr + part * K
+        if FAST:
+            keys = tl.where(ok, _sortable_key(x, offs), _KEY_NONE)
+            # The maxima of GROUPS strided groups (index mod GROUPS) are distinct keys (or _KEY_NONE), so the K-th
+            # largest of them, tau, has at least K keys >= it: the segment's K largest are all >= tau.
+            # A key's rank is the number of keys >= it (keys are distinct), so no sort is needed.
+            group_max = tl.max(tl.reshape(keys, (SEGMENT // GROUPS, GROUPS)), axis=0)
+            group_rank = tl.sum((group_max[None, :] >= group_max[:, None]).to(tl.int32), axis=1)
+            tau = tl.max(tl.where(group_rank >= K, group_max, _KEY_NONE), axis=0)
+            take = keys >= tau
+            n = tl.sum(take.to(tl.int32), axis=0)
+            if n <= CAP:
+                # Compact the n >= K keys >= tau into this program's scratch row, then write each of
+                # rank <= K at its place; the barrier orders the scatter before other threads' loads.
+                slot = tl.cumsum(take.to(tl.int32), axis=0) - 1
+                scratch = scratch_ptr + part * CAP
+                tl.store(scratch + slot, keys, mask=take)
+                tl.debug_barrier()
+                c = tl.arange(0, CAP)
+                cand = tl.load(scratch + c, mask=c < n, other=_KEY_NONE)
+                rank = tl.sum((cand[None, :] >= cand[:, None]).to(tl.int32), axis=1)
+                tl.store(out + rank - 1, cand, mask=(c < n) & (rank <= K))
+            else:
+                tl.store(out + tl.arange(0, K), _topk_of_blocks(row_ptr, begin, end, K, BLOCK))
+        else:
+            tl.store(out + tl.arange(0, K), _topk_of_blocks(row_ptr, begin, end, K, BLOCK))
 
 
 @triton.jit
@@ -295,9 +245,16 @@ def _logprobs_combine_kernel(logits_ptr, logits_stride, token_ids_ptr, part_max_
     tl.store(ranks_ptr + t, tl.where(token_ok, 1 + larger, -1))
     if HAS_TOPK:
         j = tl.arange(0, K)
-        best = _merge_segment_keys(part_keys_ptr, base, num_segments, K, MERGE_SEGS)
-        ids = _key_index(best)
-        vals = _key_value(best)
+        best = tl.full((K,), _KEY_NONE, dtype=tl.int64)
+        for first in range(0, num_segments, MERGE_SEGS):
+            seg = first + tl.arange(0, MERGE_SEGS)
+            keys = tl.load(part_keys_ptr + (base + seg)[:, None] * K + j[None, :],
+                           mask=(seg < num_segments)[:, None], other=_KEY_NONE)
+            chunk_best = tl.topk(tl.reshape(keys, (MERGE_SEGS * K,)), K)
+            best = tl.topk(tl.reshape(tl.join(best, chunk_best), (2 * K,)), K)
+        ids = 4294967295 - (best & 4294967295)
+        ordered = (best >> 32).to(tl.int32)
+        vals = tl.where(ordered >= 0, ordered, ordered ^ 0x7FFFFFFF).to(tl.float32, bitcast=True)
         lp = tl.where(no_mass, float("-inf"), vals - lse)
         out = t.to(tl.int64) * k + j
         tl.store(topk_ids_ptr + out, ids, mask=j < k)
@@ -392,9 +349,8 @@ def _row_is_filtered(slot, min_p_ptr, top_k_ptr, top_p_ptr, vocab_size):
 @triton.jit
 def _scale_rows_kernel(logits_ptr, logits_stride, ws_ptr, idx_mapping_ptr, temperature_ptr, min_p_ptr, top_k_ptr,
                        top_p_ptr, num_slots, vocab_size, BLOCK_V: tl.constexpr):
-    """ws[t] = logits[t] / temperature (IEEE division) for the rows with a filter on, the rows the
-    filters will read; the others are drawn from the logits directly. Greedy rows never come here
-    (the candidate path draws them)."""
+    """ws[t] = logits[t] / temperature (IEEE division; as they are for greedy rows) for the rows with a
+    filter on, the rows the filters will read; the others are drawn from the logits directly."""
     t = tl.program_id(0)
     slot = load_slot(idx_mapping_ptr, t, num_slots)
     if slot < 0:
@@ -405,14 +361,15 @@ def _scale_rows_kernel(logits_ptr, logits_stride, ws_ptr, idx_mapping_ptr, tempe
     offs = tl.program_id(1) * BLOCK_V + tl.arange(0, BLOCK_V)
     in_row = offs < vocab_size
     x = tl.load(logits_ptr + t.to(tl.int64) * logits_stride + offs, mask=in_row).to(tl.float32)
-    x = tl.math.div_rn(x, temp)
+    x = tl.where(temp != 0.0, tl.math.div_rn(x, tl.where(temp != 0.0, temp, 1.0)), x)
     tl.store(ws_ptr + t.to(tl.int64) * vocab_size + offs, x, mask=in_row)
 
 
 @triton.jit
-def _gumbel_argmax_row(row_ptr, begin, end, vocab_size, key, temp, SCALE: tl.constexpr, BLOCK_V: tl.constexpr):
-    """(score, token) of tokens [begin, end) (end <= vocab_size) of one row: argmax_j of x_j (/ temp with
-    SCALE) + Gumbel noise over the tokens above -inf, the lower index among ties; token vocab_size
+def _gumbel_argmax_row(row_ptr, begin, end, vocab_size, key, temp, SAMPLED: tl.constexpr, SCALE: tl.constexpr,
+                       BLOCK_V: tl.constexpr):
+    """(score, token) of tokens [begin, end) (end <= vocab_size) of one row: argmax_j of x_j (/ temp with SCALE) (+ Gumbel
+    noise with SAMPLED) over the tokens above -inf, the lower index among ties; token vocab_size
     (score -inf) when there is none."""
     best = tl.full((BLOCK_V,), float("-inf"), dtype=tl.float32)
     best_j = tl.full((BLOCK_V,), -1, dtype=tl.int32)
@@ -422,7 +379,10 @@ def _gumbel_argmax_row(row_ptr, begin, end, vocab_size, key, temp, SCALE: tl.con
         if SCALE:
             x = tl.math.div_rn(x, temp)
         live = x > float("-inf")  # false for -inf and NaN: never drawn
-        score = x + stream_gumbel(stream_bits(key, offs))
+        if SAMPLED:
+            score = x + stream_gumbel(stream_bits(key, offs))
+        else:
+            score = x
         # Strictly larger: a lane keeps its earlier (lower) index on ties.
         take = live & ((best_j < 0) | (score > best))
         best = tl.where(take, score, best)
@@ -436,12 +396,14 @@ def _gumbel_argmax_kernel(logits_ptr, logits_stride, ws_ptr, idx_mapping_ptr, te
                           top_p_ptr, seeds_ptr, output_lens_ptr, out_ptr, part_score_ptr, part_token_ptr, num_slots,
                           vocab_size, SEGMENT: tl.constexpr, SPLIT: tl.constexpr, BLOCK_V: tl.constexpr):
     """out[t] = argmax_j of x[t, j] + gumbel(seed, position, j) over the tokens above -inf, with x the
-    filtered workspace row or, for a row without filters, logits / temperature; -1 without such a
-    token. A row with a negative slot (greedy, drawn or out of range: done by the candidate path) is
-    not written. With SPLIT, program (t, s) takes segment s and stores its (score, token) pair for _reduce_segments_kernel."""
+    filtered workspace row or, for a row without filters, logits / temperature; the plain argmax of
+    the logits for greedy rows (the filters always keep it); -1 without such a token or slot. With
+    SPLIT, program (t, s) takes segment s and stores its (score, token) pair for _reduce_segments_kernel."""
     t = tl.program_id(0)
     slot = load_slot(idx_mapping_ptr, t, num_slots)
-    if slot < 0:  # done by _sample_candidates_kernel
+    if slot < 0:
+        if not SPLIT:
+            tl.store(out_ptr + t, -1)
         return
     if SPLIT:
         begin = tl.program_id(1) * SEGMENT
@@ -452,11 +414,14 @@ def _gumbel_argmax_kernel(logits_ptr, logits_stride, ws_ptr, idx_mapping_ptr, te
     temp = tl.load(temperature_ptr + slot)
     key = stream_key(tl.load(seeds_ptr + slot).to(tl.int64), tl.load(output_lens_ptr + t).to(tl.int64))
     logits_row = logits_ptr + t.to(tl.int64) * logits_stride
-    if _row_is_filtered(slot, min_p_ptr, top_k_ptr, top_p_ptr, vocab_size):
+    if temp == 0.0:
+        score, token = _gumbel_argmax_row(logits_row, begin, end, vocab_size, key, temp, SAMPLED=False, SCALE=False,
+                                          BLOCK_V=BLOCK_V)
+    elif _row_is_filtered(slot, min_p_ptr, top_k_ptr, top_p_ptr, vocab_size):
         score, token = _gumbel_argmax_row(ws_ptr + t.to(tl.int64) * vocab_size, begin, end, vocab_size, key, temp,
-                                          SCALE=False, BLOCK_V=BLOCK_V)
+                                          SAMPLED=True, SCALE=False, BLOCK_V=BLOCK_V)
     else:
-        score, token = _gumbel_argmax_row(logits_row, begin, end, vocab_size, key, temp, SCALE=True,
+        score, token = _gumbel_argmax_row(logits_row, begin, end, vocab_size, key, temp, SAMPLED=True, SCALE=True,
                                           BLOCK_V=BLOCK_V)
     if SPLIT:
         part = t.to(tl.int64) * tl.num_programs(1) + tl.program_id(1)
@@ -469,10 +434,10 @@ def _gumbel_argmax_kernel(logits_ptr, logits_stride, ws_ptr, idx_mapping_ptr, te
 @triton.jit
 def _reduce_segments_kernel(idx_mapping_ptr, part_score_ptr, part_token_ptr, out_ptr, num_slots, vocab_size,
                             num_segments, SEGMENTS_P2: tl.constexpr):
-    """out[t] = the token of the best segment pair of row t (ties: the lower token), -1 if none; rows
-    with a negative slot (done by the candidate path) are not written."""
+    """out[t] = the token of the best segment pair of row t (ties: the lower token), -1 if none."""
     t = tl.program_id(0)
-    if load_slot(idx_mapping_ptr, t, num_slots) < 0:  # done by _sample_candidates_kernel
+    if load_slot(idx_mapping_ptr, t, num_slots) < 0:
+        tl.store(out_ptr + t, -1)
         return
     s = tl.arange(0, SEGMENTS_P2)
     part = t.to(tl.int64) * num_segments + s
@@ -482,108 +447,6 @@ def _reduce_segments_kernel(idx_mapping_ptr, part_score_ptr, part_token_ptr, out
     top = tl.max(tl.where(live, score, float("-inf")), axis=0)
     best = tl.min(tl.where(live & (score == top), token, vocab_size), axis=0)
     tl.store(out_ptr + t, tl.where(best < vocab_size, best, -1).to(tl.int64))
-
-
-@triton.jit
-def _sample_takes_candidates(slot, temperature_ptr, top_k_ptr, vocab_size, KMAX: tl.constexpr):
-    """Whether the draw of a row with a valid slot may come from its KMAX largest logits: greedy rows
-    and sampled rows with 0 < top_k < min(KMAX, V)."""
-    k = tl.load(top_k_ptr + slot)
-    return (tl.load(temperature_ptr + slot) == 0.0) | ((k > 0) & (k < KMAX) & (k < vocab_size))
-
-
-@triton.jit
-def _sample_segment_topk_kernel(logits_ptr, logits_stride, idx_mapping_ptr, temperature_ptr, top_k_ptr, part_keys_ptr,
-                                scratch_ptr, num_slots, vocab_size, num_segments, SEGMENT: tl.constexpr,
-                                GROUPS: tl.constexpr, KMAX: tl.constexpr, CAP: tl.constexpr, BLOCK: tl.constexpr,
-                                FAST: tl.constexpr):
-    """The KMAX largest keys of segment s of row t (raw logits, NaN read as -inf) at part_keys[t, s],
-    for the rows that may take the candidate path; the other programs return at once."""
-    t = tl.program_id(0)
-    s = tl.program_id(1)
-    slot = load_slot(idx_mapping_ptr, t, num_slots)
-    if slot < 0:
-        return
-    if not _sample_takes_candidates(slot, temperature_ptr, top_k_ptr, vocab_size, KMAX):
-        return
-    part = t.to(tl.int64) * num_segments + s
-    row_ptr = logits_ptr + t.to(tl.int64) * logits_stride
-    begin = s.to(tl.int64) * SEGMENT
-    end = tl.minimum(begin + SEGMENT, vocab_size)
-    offs = begin + tl.arange(0, SEGMENT)
-    ok = offs < end
-    x = tl.load(row_ptr + offs, mask=ok, other=float("-inf")).to(tl.float32)
-    x = tl.where(x == x, x, float("-inf"))
-    _segment_topk(x, offs, ok, row_ptr, begin, end, part_keys_ptr + part * KMAX, scratch_ptr + part * CAP,
-                  SEGMENT=SEGMENT, GROUPS=GROUPS, K=KMAX, CAP=CAP, BLOCK=BLOCK, FAST=FAST)
-
-
-@triton.jit
-def _sample_candidates_kernel(idx_mapping_ptr, temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr, seeds_ptr,
-                              output_lens_ptr, part_keys_ptr, out_ptr, idx_slow_ptr, num_slots, vocab_size,
-                              num_segments, KMAX: tl.constexpr, MERGE_SEGS: tl.constexpr):
-    """Row t from its KMAX largest logits when they decide its draw: writes out[t] and idx_slow[t] = -1.
-    Otherwise writes idx_slow[t] = its slot and leaves out[t] to the full-row path. A row whose
-    slot is out of range gets out[t] = -1 here."""
-    t = tl.program_id(0)
-    slot = load_slot(idx_mapping_ptr, t, num_slots)
-    if slot < 0:
-        tl.store(out_ptr + t, -1)
-        tl.store(idx_slow_ptr + t, -1)
-        return
-    if not _sample_takes_candidates(slot, temperature_ptr, top_k_ptr, vocab_size, KMAX):
-        tl.store(idx_slow_ptr + t, slot)
-        return
-    best = _merge_segment_keys(part_keys_ptr, t.to(tl.int64) * num_segments, num_segments, KMAX, MERGE_SEGS)
-    ids = _key_index(best)
-    raw = _key_value(best)
-    raw = tl.where(raw == raw, raw, float("-inf"))  # _KEY_NONE (fewer than KMAX tokens) reads NaN
-    temp = tl.load(temperature_ptr + slot)
-    if temp == 0.0:
-        # Greedy: the largest key, the lowest index among ties; no token above -inf gives -1.
-        top = best == tl.max(best, axis=0)
-        token = tl.max(tl.where(top, ids, -1), axis=0)
-        tl.store(out_ptr + t, tl.where(tl.max(tl.where(top, raw, float("-inf")), axis=0) > float("-inf"), token, -1))
-        tl.store(idx_slow_ptr + t, -1)
-        return
-    j = tl.arange(0, KMAX)
-    k = tl.load(top_k_ptr + slot)
-    # The workspace values of the candidates, larger first (the division is monotonic; ties may appear).
-    s = tl.math.div_rn(raw, temp)
-    s_max = tl.max(s, axis=0)
-    s_kth = tl.max(tl.where(j == k - 1, s, float("-inf")), axis=0)
-    s_last = tl.max(tl.where(j == KMAX - 1, s, float("-inf")), axis=0)
-    # Every token outside the candidates is <= s_last: below the k-th value (top-k removes it, or min_p
-    # when it leaves fewer than k) or -inf. Ties at the k-th value reaching the last candidate, and +inf
-    # values, take the full-row path.
-    if not (((s_last < s_kth) | (s_last == float("-inf"))) & (s_max < float("inf"))):
-        tl.store(idx_slow_ptr + t, slot)
-        return
-    # min_p as its op: removed when below s_max + log(p) (a prefix of the candidates survives).
-    p_min = tl.load(min_p_ptr + slot)
-    # p = 0 is off; with s_max = -inf no token is left either way.
-    min_p_threshold = tl.where(p_min != 0.0, s_max + tl.log(tl.where(p_min != 0.0, p_min, 1.0)), float("-inf"))
-    f = tl.where(s < min_p_threshold, float("-inf"), s)
-    # top-k: the tokens >= the k-th largest of what min_p left (ties kept).
-    tau_k = tl.max(tl.where(j == k - 1, f, float("-inf")), axis=0)
-    in_k = f >= tau_k
-    # top-p as `reference.top_k_top_p`, in float32: the value at the first place where the cumulative
-    # mass (from the most probable, renormalised over the top-k set) reaches top_p; ties kept.
-    p_top = tl.load(top_p_ptr + slot)
-    weights = tl.where(in_k, tl.exp(f - tl.where(s_max > float("-inf"), s_max, 0.0)), 0.0)
-    mass = tl.cumsum(weights, axis=0)
-    total = tl.max(mass, axis=0)
-    first = tl.sum((mass < p_top * total).to(tl.int32), axis=0)
-    tau_p = tl.max(tl.where(j == first, f, float("-inf")), axis=0)
-    threshold = tl.maximum(tau_k, tl.where(p_top < 1.0, tau_p, float("-inf")))
-    kept = (f >= threshold) & (f > float("-inf"))
-    # The draw of the full-row path on the kept tokens: the same value + noise, ties to the lower index.
-    key = stream_key(tl.load(seeds_ptr + slot).to(tl.int64), tl.load(output_lens_ptr + t).to(tl.int64))
-    score = tl.where(kept, f + stream_gumbel(stream_bits(key, tl.where(kept, ids, 0))), float("-inf"))
-    top = tl.max(score, axis=0)
-    token = tl.min(tl.where(kept & (score == top), ids, vocab_size), axis=0)
-    tl.store(out_ptr + t, tl.where(token < vocab_size, token, -1))
-    tl.store(idx_slow_ptr + t, -1)
 
 
 def _check_sample(logits, idx_mapping, temperature, top_k, top_p, min_p, seeds, output_lens) -> None:
@@ -616,28 +479,12 @@ def _sample_triton(logits, idx_mapping, temperature, top_k, top_p, min_p, seeds,
     if T == 0:
         return out
     R = temperature.shape[0]
-    # Rows decided by their _SAMPLE_KMAX largest logits (greedy rows, small top_k) are drawn first;
-    # idx_slow holds the slot of every other row and -1 for the rows done (their out[t] is written).
-    S = triton.cdiv(V, _SAMPLE_SEGMENT)
-    cap = 4 * _SAMPLE_KMAX
-    fast = 2 * _SAMPLE_KMAX <= _SAMPLE_GROUPS and cap < _SAMPLE_SEGMENT
-    part_keys = logits.new_empty((T, S, _SAMPLE_KMAX), dtype=torch.int64)
-    scratch = logits.new_empty((T, S, cap) if fast else (1,), dtype=torch.int64)
-    idx_slow = logits.new_empty((T,), dtype=torch.int64)
-    launch(_sample_segment_topk_kernel, (T, S), logits, logits.stride()[0], idx_mapping, temperature, top_k, part_keys,
-           scratch, R, V, S, SEGMENT=_SAMPLE_SEGMENT, GROUPS=_SAMPLE_GROUPS, KMAX=_SAMPLE_KMAX, CAP=cap,
-           BLOCK=max(_LOGPROBS_BLOCK, _SAMPLE_KMAX), FAST=fast, num_warps=_SAMPLE_WARPS)
-    merge_segs = min(triton.next_power_of_2(S), max(1, _LOGPROBS_MERGE_KEYS // _SAMPLE_KMAX))
-    launch(_sample_candidates_kernel, (T,), idx_mapping, temperature, top_k, top_p, min_p, seeds, output_lens,
-           part_keys, out, idx_slow, R, V, S, KMAX=_SAMPLE_KMAX, MERGE_SEGS=merge_segs,
-           num_warps=4 if merge_segs * _SAMPLE_KMAX <= 1024 else 8)
-    # The full-row path, for the rows of idx_slow with a slot.
-    idx_mapping = idx_slow
     ws = logits.new_empty((T, V), dtype=torch.float32)
     params = (idx_mapping, temperature, min_p, top_k, top_p)
     launch(_scale_rows_kernel, (T, triton.cdiv(V, _BLOCK_V)), logits, logits.stride()[0], ws, *params, R, V,
            BLOCK_V=_BLOCK_V, num_warps=8)
-    # The filters read only the rows whose parameters turn them on: exactly the rows written above.
+    # The filters read only the rows whose parameters turn them on: exactly the rows written above
+    # (greedy ones included, filtered for nothing: the draw takes their argmax from the logits).
     _min_p_triton(ws, idx_mapping, min_p)
     _top_k_top_p_triton(ws, idx_mapping, top_k, top_p)
     segments = triton.cdiv(V, _SEGMENT)
