@@ -250,8 +250,8 @@ def test_sample_matches_reference(backend, dtype, gen):
     assert torch.equal(out.cpu()[greedy], cpu[0].float()[greedy].argmax(dim=1))
 
 
-def assert_inside_filtered_set(tokens, cpu_args):
-    filtered = reference.filtered_logits(*cpu_args[:6])
+def assert_inside_filtered_set(tokens, cpu_args, compute_dtype=torch.float64):
+    filtered = reference.filtered_logits(*cpu_args[:6], compute_dtype=compute_dtype)
     ok = tokens >= 0
     assert bool((filtered[ok.nonzero().squeeze(1), tokens[ok]] > NEG_INF).all()), "a token outside the filtered set"
 
@@ -450,3 +450,126 @@ def test_sample_past_2_pow_31_elements():
     assert out[-1].item() == 12345
     ids, lps, tlp, ranks = torch.ops.sampling.logprobs(logits, torch.full((T,), 12345, device="cuda"), 4)
     assert ids[-1, 0].item() == 12345 and ranks[-1].item() == 1
+
+
+# ----------------------------------------------------------------------------------------------
+# sample: mixed filters, ties and bad slots in one batch
+
+KMAX = 64  # top_k values around it: KMAX - 1, KMAX
+
+
+def _mixed_filter_args(T, V, gen, device):
+    """Slots with small top_k with and without top_p / min_p, top_k KMAX - 1, KMAX and 0, greedy
+    rows; idx_mapping also holds out-of-range slots."""
+    temperature = torch.tensor([0.0, 1.0, 0.7, 1.3, 0.9, 2.0, 1.0, 0.5, 1.1, 0.8, 1.0])
+    top_k = torch.tensor([0, 1, 5, 50, KMAX - 1, KMAX, 0, 20, 5, KMAX - 1, 3], dtype=torch.int32)
+    top_p = torch.tensor([1.0, 1.0, 0.9, 0.8, 1.0, 0.5, 0.9, 0.95, 1.0, 0.6, 1.0])
+    min_p = torch.tensor([0.0, 0.0, 0.05, 0.0, 0.1, 0.0, 0.0, 0.02, 0.3, 0.0, 0.0])
+    R = temperature.numel()
+    logits = make_logits(T, V, torch.float32, device, generator=gen, scale=3.0)
+    seeds = torch.randint(-(2**62), 2**62, (R,), generator=gen)
+    idx_mapping = torch.randint(-2, R + 2, (T,), generator=gen)
+    idx_mapping[:R] = torch.arange(R)  # every slot at least once
+    output_lens = torch.randint(0, 1000, (T,), generator=gen)
+    return [logits] + [a.to(device) for a in (idx_mapping, temperature, top_k, top_p, min_p, seeds, output_lens)]
+
+
+def _assert_like_cpu(out, args, rate=0.97, compute_dtype=torch.float64):
+    """Tokens in the filtered set (of the reference in compute_dtype), -1 for bad slots, greedy rows
+    exact, and the C++ kernel's tokens except at near ties."""
+    cpu_args = [a.cpu() for a in args]
+    out = out.cpu()
+    assert_inside_filtered_set(out, cpu_args, compute_dtype)
+    slots = cpu_args[1].long()
+    R = cpu_args[2].numel()
+    invalid = (slots < 0) | (slots >= R)
+    assert bool((out[invalid] == -1).all())
+    greedy = ~invalid & (cpu_args[2][slots.clamp(0, R - 1)] == 0)
+    assert torch.equal(out[greedy], cpu_args[0].float()[greedy].argmax(dim=1))
+    agree = (out == torch.ops.sampling.sample(*cpu_args)).double().mean().item()
+    assert agree >= rate, f"only {agree:.2%} of tokens match the C++ kernel"
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_sample_mixed_filters_in_one_batch(backend, gen):
+    """V over several segments (of the interpreter too); every row written."""
+    device = device_of(backend)
+    V = 2500 if backend != "cuda" else 151936
+    args = _mixed_filter_args(48, V, gen, device)
+    out = run_op(backend, "sample", *args)
+    _assert_like_cpu(out, args)
+    alone = [args[0][3:4], args[1][3:4], *args[2:7], args[7][3:4]]
+    assert run_op(backend, "sample", *alone).item() == out[3].item()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_sample_ties_at_the_kth_value(backend):
+    """Rows of mostly equal values: ties at the k-th value (all kept), and a row with fewer live
+    tokens than KMAX."""
+    device = device_of(backend)
+    V = 1500
+    gen = torch.Generator().manual_seed(21)
+    logits = torch.zeros(6, V)  # row 0: all equal
+    logits[1, :100] = 2.0  # row 1: 100 tied tokens on top
+    logits[1, 100:] = torch.randn(V - 100, generator=gen) - 5
+    logits[2] = torch.randn(V, generator=gen)
+    logits[2, torch.randperm(V, generator=gen)[:10]] = 5.0  # row 2: 10 tied tokens on top
+    logits[3] = NEG_INF
+    logits[3, torch.randperm(V, generator=gen)[:20]] = torch.randn(20, generator=gen)  # 20 live tokens
+    logits[4] = torch.randn(V, generator=gen).round()  # few distinct values
+    logits[5, ::3] = float("nan")
+    temperature, top_k, top_p, min_p, seeds = _broadcast_params(3, temperature=0.9, top_k=5)
+    top_p[1], min_p[2], top_k[2] = 0.7, 0.5, KMAX - 1
+    idx_mapping = torch.tensor([0, 0, 1, 2, 0, 1]).repeat(4)
+    logits = logits.repeat(4, 1)
+    output_lens = torch.arange(24)
+    args = [logits.to(device)] + [a.to(device) for a in (idx_mapping, temperature, top_k, top_p, min_p, seeds,
+                                                          output_lens)]
+    out = run_op(backend, "sample", *args)
+    _assert_like_cpu(out, args, rate=1.0)
+    assert len(set(out[0::6].tolist())) > 1  # a row of equal values draws from all of them
+    assert bool((out[1::6] < 100).all())
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_sample_temperature_makes_ties(backend):
+    """Distinct logits whose quotients by the temperature round to equal floats: the filters see the
+    quotients (the ties are kept at the k-th value)."""
+    device = device_of(backend)
+    V = 1200
+    gen = torch.Generator().manual_seed(22)
+    logits = torch.randn(8, V, generator=gen) - 5
+    # 1.5 + j ulp: consecutive floats whose quotients by 1.5 lie in [1, 4/3), where the ulp is twice theirs.
+    steps = 1.5 + torch.arange(KMAX + 8, dtype=torch.float32) * 2**-23
+    for t in range(8):
+        logits[t, torch.randperm(V, generator=gen)[:steps.numel()]] = steps
+    scaled = torch.div(logits[0], torch.tensor(1.5))
+    assert scaled.unique().numel() < logits[0].unique().numel()  # the division made ties
+    temperature, top_k, top_p, min_p, seeds = _broadcast_params(4, temperature=1.5)
+    top_k[:] = torch.tensor([4, 5, KMAX - 1, 1], dtype=torch.int32)
+    top_p[1] = 0.3
+    idx_mapping = torch.tensor([0, 1, 2, 3, 0, 1, 2, 3])
+    args = [logits.to(device)] + [a.to(device) for a in (idx_mapping, temperature, top_k, top_p, min_p, seeds,
+                                                          torch.arange(8) * 5)]
+    out = run_op(backend, "sample", *args)
+    # The float32 reference: its division makes the same ties (float64 would keep the values apart).
+    _assert_like_cpu(out, args, rate=1.0, compute_dtype=torch.float32)
+
+
+@pytest.mark.parametrize("backend", ["interpret", pytest.param("cuda", marks=pytest.mark.cuda)])
+def test_sample_writes_every_row(backend, monkeypatch, gen):
+    """Every allocation of the op prefilled with a sentinel: each element of out is written, for bad
+    slots too, and no workspace is read before it is written."""
+    device = device_of(backend)
+    args = _mixed_filter_args(24, 1300 if backend != "cuda" else 5003, gen, device)
+    new_empty = torch.Tensor.new_empty
+
+    def poisoned(self, *shape, **kwargs):
+        x = new_empty(self, *shape, **kwargs)
+        return x.fill_(float("nan") if x.is_floating_point() else 777777)
+
+    monkeypatch.setattr(torch.Tensor, "new_empty", poisoned)
+    out = run_op("interpret" if backend == "interpret" else "cuda", "sample", *args)
+    monkeypatch.undo()
+    assert not bool((out == 777777).any())
+    _assert_like_cpu(out, args)
