@@ -46,9 +46,9 @@ ACCEPT_TOKEN = 2**31 - 1  # the token index of the acceptance uniform in a posit
 # chunk in tiles of _BLOCK_V tokens over _NUM_WARPS warps. _CHUNK is a constant (smaller under the
 # interpreter, so that the tests' vocabularies span several chunks): a request's tokens never
 # depend on the batch or the launch grid.
-_CHUNK = 8192 if os.environ.get("TRITON_INTERPRET") != "1" else 1024
+_CHUNK = 16384 if os.environ.get("TRITON_INTERPRET") != "1" else 1024
 _BLOCK_V = 4096 if os.environ.get("TRITON_INTERPRET") != "1" else 256
-_NUM_WARPS = 8
+_NUM_WARPS = 4
 # A request's status after a level (status[i, level, :]): the state, the drafts accepted, the token.
 _ALIVE = tl.constexpr(0)  # the level scores position `level` (a draft's or the bonus row)
 _RESIDUAL = tl.constexpr(1)  # position level - 1 was rejected: the level draws its residual
