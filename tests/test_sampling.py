@@ -352,12 +352,12 @@ def test_sample_rows_without_finite_logits(backend):
 
 @pytest.mark.interpret
 def test_sample_row_split_gives_the_same_tokens(monkeypatch):
-    """The draw splits rows into segments; with or without the split, the same tokens."""
+    """The draw splits rows into segments at small T; with or without the split, the same tokens."""
     gen = torch.Generator().manual_seed(13)
     args = sample_args(6, 5000, gen, torch.device("cpu"), R=6)
     args[1] = torch.tensor([0, 1, 2, 3, -1, 1])
     split = run_op("interpret", "sample", *args)
-    monkeypatch.setattr(sampling, "_SEGMENT", 1 << 30)
+    monkeypatch.setattr(sampling, "_SPLIT_MAX_T", 0)
     whole = run_op("interpret", "sample", *args)
     assert torch.equal(split, whole)
     assert split[4] == -1

@@ -19,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 import triton
 
-from . import _launch, _registry
+from . import _launch, _registry, sampling
 from .truncation import plan as truncation_plan
 
 
@@ -70,6 +70,12 @@ def _launch_all(vocab_size, dtypes, max_num_tokens, device, num_slots, index_dty
             run("sample")(empty(T, V, dtype=dtype), empty(T), f32[0], empty(R, dtype=torch.int32), f32[1], f32[2],
                           empty(R, dtype=torch.int64), empty(T))
             calls += 2
+        if max_num_tokens >= sampling._SPLIT_MAX_T:  # sample's draw without the row split
+            T = sampling._SPLIT_MAX_T
+            f32 = [empty(R, dtype=torch.float32) for _ in range(3)]
+            run("sample")(empty(T, V, dtype=dtype), empty(T), f32[0], empty(R, dtype=torch.int32), f32[1], f32[2],
+                          empty(R, dtype=torch.int64), empty(T))
+            calls += 1
         mask, f32 = empty(R, words, dtype=torch.int32), empty(R, dtype=torch.float32)
         run("penalties")(one, empty(1), mask, mask, empty(R, V, dtype=torch.int32), f32, f32, f32)
         run("bad_words")(one, empty(1), empty(R, 8), empty(R, 9, dtype=torch.int32), empty(R),

@@ -14,12 +14,12 @@ whose last bit may differ between devices. The stream has no state: a row's draw
 `sample` on CUDA (a first version): one launch copies each row that has a filter on,
 divided by its temperature (greedy rows as they are) with an IEEE division as the `temperature` op, into a float32 [T, V]
 workspace; the `min_p` and `top_k_top_p` launchers run on the workspace (rows whose filters are off
-are not read); then one program a row and 8192-token segment takes the argmax of value + Gumbel
-noise over the segment's tokens above -inf, ties to the lower index (a second launch reduces the
-segments in order), reading the workspace row, or for a row without filters its logits
-(divided on the fly: the same bits), or for a greedy row the plain argmax of its logits (the
-filters always keep it). Greedy and unfiltered rows thus cost one read of the row. A single pass
-that fuses the filters and the draw is future work.
+are not read); then one program a row (below 128 rows, one a row and 8192-token segment, with a
+second launch reducing the segments in order) takes the argmax of value + Gumbel noise over the
+tokens above -inf, ties to the lower index, reading the workspace row, or for a row without filters
+its logits (divided on the fly: the same bits), or for a greedy row the plain argmax of its logits
+(the filters always keep it). Greedy and unfiltered rows thus cost one read of the row. A single
+pass that fuses the filters and the draw is future work.
 
 `logprobs` on CUDA: two launches. The first splits each row into fixed segments (their length a
 module constant, so a row's result never depends on the batch), one program each, which reads its
@@ -47,11 +47,12 @@ from .filtering import _min_p_triton
 from .truncation.op import _top_k_top_p_triton
 
 _BLOCK_V = 4096
-# The draw splits each row into segments of this many tokens, one program each, so that every batch
-# size spreads over the GPU (one program a row would leave most SMs idle at small T and stream each
-# row at one SM's bandwidth at large T); a second launch reduces the segments' (score, index) pairs
-# in order. The argmax is exact whatever the split, so a row's token does not depend on it.
+# The draw splits each row into segments of this many tokens, one program each, below
+# _SPLIT_MAX_T rows (a row alone would otherwise be streamed by one SM); a second launch reduces the
+# segments' (score, index) pairs in order. The argmax is exact whatever the split, so a row's token
+# does not depend on it.
 _SEGMENT = 2 * _BLOCK_V if os.environ.get("TRITON_INTERPRET") != "1" else 1024
+_SPLIT_MAX_T = 128
 _MAX_TOPK = 1024  # largest num_logprobs: the Triton kernels hold K-key lists in registers; more is rejected
 # logprobs splits each row into segments of _LOGPROBS_SEGMENT tokens, one program of _LOGPROBS_WARPS
 # warps each (a function of V only, so a row's result never depends on the batch). A segment's top K
@@ -487,7 +488,7 @@ def _sample_triton(logits, idx_mapping, temperature, top_k, top_p, min_p, seeds,
     # (greedy ones included, filtered for nothing: the draw takes their argmax from the logits).
     _min_p_triton(ws, idx_mapping, min_p)
     _top_k_top_p_triton(ws, idx_mapping, top_k, top_p)
-    segments = triton.cdiv(V, _SEGMENT)
+    segments = triton.cdiv(V, _SEGMENT) if T < _SPLIT_MAX_T else 1
     if segments == 1:
         launch(_gumbel_argmax_kernel, (T, 1), logits, logits.stride()[0], ws, *params, seeds, output_lens, out,
                out, out, R, V, SEGMENT=_SEGMENT, SPLIT=False, BLOCK_V=_BLOCK_V, num_warps=8)
