@@ -13,13 +13,17 @@ import argparse
 import timeit
 
 import bench_filtering
+import bench_history
 import bench_logit_bias
+import bench_sample
+import bench_speculative
 import bench_truncation
 import torch
 
 from timing import N_SETS, _time_ours, bench_cpu, environment, print_table
 
-CASES = bench_filtering.CASES + bench_truncation.CASES + bench_logit_bias.CASES
+CASES = (bench_filtering.CASES + bench_truncation.CASES + bench_logit_bias.CASES + bench_history.CASES
+         + bench_sample.CASES + bench_speculative.CASES)
 
 
 def ops_table(T: int, V: int, threads: int, repeats: int) -> str:
