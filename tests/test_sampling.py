@@ -239,21 +239,26 @@ def test_sample_matches_reference(backend, dtype, gen):
     out = run_op(backend, "sample", *args)
     assert torch.equal(args[0], before), "sample modified the logits"
     cpu = [a.cpu() for a in args]
-    expected = reference.sample(*cpu)
-    assert_inside_filtered_set(out.cpu(), cpu)
-    agree = (out.cpu() == expected).double().mean().item()
+    assert_sample_basics(out.cpu(), cpu)
+    agree = (out.cpu() == reference.sample(*cpu)).double().mean().item()
     assert agree >= 0.9, f"only {agree:.2%} of tokens match the reference"
-    slots = cpu[1].long()
-    invalid = (slots < 0) | (slots >= 6)
-    assert bool((out.cpu()[invalid] == -1).all())
-    greedy = ~invalid & (cpu[2][slots.clamp(0, 5)] == 0)
-    assert torch.equal(out.cpu()[greedy], cpu[0].float()[greedy].argmax(dim=1))
 
 
 def assert_inside_filtered_set(tokens, cpu_args, compute_dtype=torch.float64):
     filtered = reference.filtered_logits(*cpu_args[:6], compute_dtype=compute_dtype)
     ok = tokens >= 0
     assert bool((filtered[ok.nonzero().squeeze(1), tokens[ok]] > NEG_INF).all()), "a token outside the filtered set"
+
+
+def assert_sample_basics(tokens, cpu_args, compute_dtype=torch.float64):
+    """What every drawn batch satisfies: tokens inside the filtered set (the reference in
+    compute_dtype), -1 for a slot out of range, greedy rows exactly their argmax."""
+    assert_inside_filtered_set(tokens, cpu_args, compute_dtype)
+    slots, R = cpu_args[1].long(), cpu_args[2].numel()
+    invalid = (slots < 0) | (slots >= R)
+    assert bool((tokens[invalid] == -1).all())
+    greedy = ~invalid & (cpu_args[2][slots.clamp(0, R - 1)] == 0)
+    assert torch.equal(tokens[greedy], cpu_args[0].float()[greedy].argmax(dim=1))
 
 
 FILTERED = [dict(top_k=12, temperature=1.5), dict(top_p=0.8), dict(top_k=20, top_p=0.9, min_p=0.02)]
@@ -479,13 +484,7 @@ def _assert_like_cpu(out, args, rate=0.97, compute_dtype=torch.float64):
     exact, and the C++ kernel's tokens except at near ties."""
     cpu_args = [a.cpu() for a in args]
     out = out.cpu()
-    assert_inside_filtered_set(out, cpu_args, compute_dtype)
-    slots = cpu_args[1].long()
-    R = cpu_args[2].numel()
-    invalid = (slots < 0) | (slots >= R)
-    assert bool((out[invalid] == -1).all())
-    greedy = ~invalid & (cpu_args[2][slots.clamp(0, R - 1)] == 0)
-    assert torch.equal(out[greedy], cpu_args[0].float()[greedy].argmax(dim=1))
+    assert_sample_basics(out, cpu_args, compute_dtype)
     agree = (out == torch.ops.sampling.sample(*cpu_args)).double().mean().item()
     assert agree >= rate, f"only {agree:.2%} of tokens match the C++ kernel"
 
