@@ -355,6 +355,35 @@ def test_sample_rows_without_finite_logits(backend):
         assert out[3] % 2 == 1
 
 
+@pytest.mark.parametrize("backend", ["interpret", pytest.param("cuda", marks=pytest.mark.cuda)])
+def test_approximate_gumbel_noise_is_within_its_tolerance(backend):
+    """Every one of the 2**23 uniforms (the cuda run: all of them, with the hardware log2): the
+    approximate noise lies within 2**-17 * (1 + |noise|) of the exact one, inside the tolerance
+    the draw assumes."""
+    step = 1 if backend == "cuda" else 4099  # the interpreter: a spread of 2047 values, both ends included
+    m = torch.cat([torch.arange(0, 2**23, step), torch.tensor([2**23 - 1])])
+    exact, approx = sampling.gumbel_noise_triton((m << 9).to(device_of(backend)))
+    err = (approx.double() - exact.double()).abs().cpu()
+    bound = 2.0**-17 * (1 + approx.double().abs().cpu())
+    assert bool((err <= bound).all()), f"largest error / bound: {(err / bound).max().item():.3g}"
+    assert 2.0**-17 * 35 <= sampling.GUMBEL_APPROX_TOL * 35  # the draw's err(s) covers the noise's
+
+
+@pytest.mark.parametrize("backend", ["interpret", pytest.param("cuda", marks=pytest.mark.cuda)])
+def test_sample_exact_rescoring_gives_the_exact_draw(backend, monkeypatch):
+    """The draw scores tiles approximately and rescores candidates exactly: its tokens equal those
+    of scoring every token exactly (a tolerance so large that every tile is rescored whole)."""
+    gen = torch.Generator().manual_seed(21)
+    T, V = (512, 151936) if backend == "cuda" else (6, 3000)
+    args = sample_args(T, V, gen, device_of(backend), R=6)
+    args[1] = torch.randint(1, 6, (T,), generator=gen).to(args[1])  # no greedy rows: they draw no noise
+    fast = run_op(backend, "sample", *args)
+    monkeypatch.setattr(sampling, "GUMBEL_APPROX_TOL", 1e30)
+    exact = run_op(backend, "sample", *args)
+    assert torch.equal(fast, exact)
+    assert bool((fast >= 0).all())
+
+
 @pytest.mark.interpret
 def test_sample_row_split_gives_the_same_tokens(monkeypatch):
     """The draw splits rows into segments at small T; with or without the split, the same tokens."""

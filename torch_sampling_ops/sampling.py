@@ -53,6 +53,9 @@ _BLOCK_V = 4096
 # does not depend on it.
 _SEGMENT = 2 * _BLOCK_V if os.environ.get("TRITON_INTERPRET") != "1" else 1024
 _SPLIT_MAX_T = 128
+# The draw's programs walk their tokens in tiles of _DRAW_BLOCK_V over _DRAW_WARPS warps.
+_DRAW_BLOCK_V = 4096
+_DRAW_WARPS = 8
 _MAX_TOPK = 1024  # largest num_logprobs: the Triton kernels hold K-key lists in registers; more is rejected
 # logprobs splits each row into segments of _LOGPROBS_SEGMENT tokens, one program of _LOGPROBS_WARPS
 # warps each (a function of V only, so a row's result never depends on the batch). A segment's top K
@@ -66,6 +69,11 @@ _LOGPROBS_GROUPS = 64
 _LOGPROBS_BLOCK = 1024
 _LOGPROBS_MERGE_KEYS = 4096
 _LOGPROBS_WARPS = 8
+# The tolerance of the approximate Gumbel scores (gumbel_argmax_tile), a kernel argument: above their
+# analysed error with room to spare; larger only costs exact re-evaluations (tests raise it to force
+# the exact path on every tile).
+GUMBEL_APPROX_TOL = 2.0**-16
+_HARDWARE_LOG2 = tl.constexpr(os.environ.get("TRITON_INTERPRET") != "1")
 _KEY_NONE = tl.constexpr(-2**63)  # below every `_sortable_key` (its high word is a NaN's; NaN is read as -inf)
 
 # ----------------------------------------------------------------------------------------------
@@ -106,6 +114,100 @@ def stream_gumbel(bits):
 
 
 @triton.jit
+def _fast_log2(x):
+    """log2(x) for x > 0 by the hardware approximation (PTX lg2.approx: absolute error at most
+    2**-22.6 on [0.5, 2], 2 ulp elsewhere); tl.log2 under the interpreter, which runs no PTX."""
+    if _HARDWARE_LOG2:
+        return tl.inline_asm_elementwise("lg2.approx.f32 $0, $1;", "=r,r", [x], dtype=tl.float32, is_pure=True,
+                                         pack=1)
+    else:
+        return tl.log2(x)
+
+
+@triton.jit
+def stream_gumbel_approx(bits):
+    """stream_gumbel(bits) to within 2**-17 * (1 + |result|), from two hardware log2.
+
+    u (exact: Sterbenz) as stream_gumbel takes it. E = -log(u) comes from the series of
+    -log(1 - w), w = 1 - u (exact there), where w < 1/16 (relative error below w**4 / 5 <= 2**-18.3),
+    as lg2.approx's absolute error would swamp a small E; elsewhere from -ln 2 * log2(u) (E >= 1/16:
+    relative error below 2**-19). The outer log adds at most 2**-22 * (1 + |g|)."""
+    u = ((bits >> 9) | 0x3F800000).to(tl.float32, bitcast=True) - 0.99999994039535522  # (m + 1/2) / 2**23
+    w = 1.0 - u
+    e_series = w * (1.0 + w * (0.5 + w * (0.3333333432674408 + w * 0.25)))
+    e = tl.where(w < 0.0625, e_series, -0.6931471805599453 * _fast_log2(u))
+    return -0.6931471805599453 * _fast_log2(e)
+
+
+@triton.jit
+def _exact_gumbel_argmax(row_ptr, begin, end, key, temp, SCALE: tl.constexpr, BLOCK_V: tl.constexpr):
+    """(score, token) of argmax_j of x_j (/ temp with SCALE) + stream_gumbel(key, j) over the tokens
+    of [begin, end) above -inf, the lower index among ties; (-inf, -1) without one."""
+    best = tl.full((BLOCK_V,), float("-inf"), dtype=tl.float32)
+    best_j = tl.full((BLOCK_V,), -1, dtype=tl.int32)
+    for start in range(begin, end, BLOCK_V):
+        offs = start + tl.arange(0, BLOCK_V)
+        x = tl.load(row_ptr + offs, mask=offs < end, other=float("-inf")).to(tl.float32)
+        if SCALE:
+            x = tl.math.div_rn(x, temp)
+        score = x + stream_gumbel(stream_bits(key, offs))
+        # Strictly larger: a lane keeps its earlier (lower) index on ties; false for -inf and NaN.
+        take = (x > float("-inf")) & ((best_j < 0) | (score > best))
+        best = tl.where(take, score, best)
+        best_j = tl.where(take, offs, best_j)
+    top = tl.max(tl.where(best_j >= 0, best, float("-inf")), axis=0)
+    token = tl.min(tl.where((best_j >= 0) & (best == top), best_j, 2147483647), axis=0)
+    return top, tl.where(token < 2147483647, token, -1)
+
+
+@triton.jit
+def gumbel_argmax(row_ptr, begin, end, key, temp, tol, SCALE: tl.constexpr, BLOCK_V: tl.constexpr):
+    """(score, token) of argmax_j of x_j (/ temp with SCALE) + stream_gumbel(key, j) over the tokens
+    of row_ptr[begin:end] above -inf (NaN never), the lower index among ties; (-inf, -1) without
+    one. The exact scores' result, bit for bit, mostly from approximate ones:
+
+    One pass scores every token approximately (x * (1 / temp), stream_gumbel_approx), each within
+    err(s) = tol * (35 + |s|) of its exact score (tol >= GUMBEL_APPROX_TOL; |g| <= 16.7, so err bounds
+    the noise's and the product's errors and both roundings), and keeps per lane the largest and the
+    second largest approximate score. With A the largest (token a) and S the largest of the others,
+    S + err(S) < A - err(A) proves every other token's exact score below a's: a wins, and its exact
+    score alone is computed (x reloaded). Otherwise (near ties within the tolerance, an infinite
+    score) a second pass scores every token exactly."""
+    inv_temp = tl.math.div_rn(1.0, temp)
+    first = tl.full((BLOCK_V,), float("-inf"), dtype=tl.float32)
+    second = tl.full((BLOCK_V,), float("-inf"), dtype=tl.float32)
+    first_j = tl.full((BLOCK_V,), -1, dtype=tl.int32)
+    for start in range(begin, end, BLOCK_V):
+        offs = start + tl.arange(0, BLOCK_V)
+        x = tl.load(row_ptr + offs, mask=offs < end, other=float("-inf")).to(tl.float32)
+        if SCALE:
+            x_scaled = x * inv_temp
+        else:
+            x_scaled = x
+        # -inf for -inf and NaN logits (x_scaled is NaN for NaN): never first, never second.
+        approx = tl.where(x > float("-inf"), x_scaled + stream_gumbel_approx(stream_bits(key, offs)), float("-inf"))
+        second = tl.maximum(second, tl.minimum(first, approx))
+        first_j = tl.where(approx > first, offs, first_j)
+        first = tl.maximum(first, approx)
+    top = tl.max(first, axis=0)
+    lane = tl.arange(0, BLOCK_V)
+    top_lane = tl.min(tl.where(first == top, lane, BLOCK_V), axis=0)
+    runner_up = tl.maximum(tl.max(second, axis=0), tl.max(tl.where(lane == top_lane, float("-inf"), first), axis=0))
+    token = tl.max(tl.where(lane == top_lane, first_j, -1), axis=0)
+    if (top < float("inf")) & (runner_up + tol * (35.0 + tl.abs(runner_up)) < top - tol * (35.0 + tl.abs(top))):
+        if token >= 0:
+            x_a = tl.load(row_ptr + token).to(tl.float32)
+            if SCALE:
+                x_a = tl.math.div_rn(x_a, temp)
+            score = x_a + stream_gumbel(stream_bits(key, token))
+        else:
+            score = float("-inf")
+    else:
+        score, token = _exact_gumbel_argmax(row_ptr, begin, end, key, temp, SCALE, BLOCK_V)
+    return score, token
+
+
+@triton.jit
 def _random_stream_kernel(seeds_ptr, positions_ptr, tokens_ptr, bits_ptr, noise_ptr, n, BLOCK: tl.constexpr):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     ok = offs < n
@@ -113,6 +215,25 @@ def _random_stream_kernel(seeds_ptr, positions_ptr, tokens_ptr, bits_ptr, noise_
     bits = stream_bits(key, tl.load(tokens_ptr + offs, mask=ok))
     tl.store(bits_ptr + offs, bits.to(tl.int64), mask=ok)
     tl.store(noise_ptr + offs, stream_gumbel(bits), mask=ok)
+
+
+@triton.jit
+def _gumbel_noise_kernel(bits_ptr, exact_ptr, approx_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    ok = offs < n
+    bits = tl.load(bits_ptr + offs, mask=ok).to(tl.uint32)
+    tl.store(exact_ptr + offs, stream_gumbel(bits), mask=ok)
+    tl.store(approx_ptr + offs, stream_gumbel_approx(bits), mask=ok)
+
+
+def gumbel_noise_triton(bits: torch.Tensor):
+    """(stream_gumbel, stream_gumbel_approx) float32 of 1-D int64 `bits` (uint32 values), computed by
+    the Triton functions the kernels use (for tests)."""
+    exact = torch.empty(bits.numel(), dtype=torch.float32, device=bits.device)
+    approx = torch.empty_like(exact)
+    if bits.numel():
+        _gumbel_noise_kernel[(triton.cdiv(bits.numel(), 1024),)](bits, exact, approx, bits.numel(), BLOCK=1024)
+    return exact, approx
 
 
 def random_stream_triton(seeds: torch.Tensor, positions: torch.Tensor, tokens: torch.Tensor):
@@ -367,35 +488,32 @@ def _scale_rows_kernel(logits_ptr, logits_stride, ws_ptr, idx_mapping_ptr, tempe
 
 
 @triton.jit
-def _gumbel_argmax_row(row_ptr, begin, end, vocab_size, key, temp, SAMPLED: tl.constexpr, SCALE: tl.constexpr,
+def _gumbel_argmax_row(row_ptr, begin, end, vocab_size, key, temp, tol, SAMPLED: tl.constexpr, SCALE: tl.constexpr,
                        BLOCK_V: tl.constexpr):
     """(score, token) of tokens [begin, end) (end <= vocab_size) of one row: argmax_j of x_j (/ temp with SCALE) (+ Gumbel
     noise with SAMPLED) over the tokens above -inf, the lower index among ties; token vocab_size
     (score -inf) when there is none."""
-    best = tl.full((BLOCK_V,), float("-inf"), dtype=tl.float32)
-    best_j = tl.full((BLOCK_V,), -1, dtype=tl.int32)
-    for start in range(begin, end, BLOCK_V):
-        offs = start + tl.arange(0, BLOCK_V)
-        x = tl.load(row_ptr + offs, mask=offs < end, other=float("-inf")).to(tl.float32)
-        if SCALE:
-            x = tl.math.div_rn(x, temp)
-        live = x > float("-inf")  # false for -inf and NaN: never drawn
-        if SAMPLED:
-            score = x + stream_gumbel(stream_bits(key, offs))
-        else:
-            score = x
-        # Strictly larger: a lane keeps its earlier (lower) index on ties.
-        take = live & ((best_j < 0) | (score > best))
-        best = tl.where(take, score, best)
-        best_j = tl.where(take, offs, best_j)
-    top = tl.max(tl.where(best_j >= 0, best, float("-inf")), axis=0)
-    return top, tl.min(tl.where((best_j >= 0) & (best == top), best_j, vocab_size), axis=0)
+    if SAMPLED:
+        score, token = gumbel_argmax(row_ptr, begin, end, key, temp, tol, SCALE, BLOCK_V)
+        return score, tl.where(token >= 0, token, vocab_size)
+    else:
+        best = tl.full((BLOCK_V,), float("-inf"), dtype=tl.float32)
+        best_j = tl.full((BLOCK_V,), -1, dtype=tl.int32)
+        for start in range(begin, end, BLOCK_V):
+            offs = start + tl.arange(0, BLOCK_V)
+            x = tl.load(row_ptr + offs, mask=offs < end, other=float("-inf")).to(tl.float32)
+            # Strictly larger: a lane keeps its earlier (lower) index on ties; false for -inf and NaN.
+            take = (x > float("-inf")) & ((best_j < 0) | (x > best))
+            best = tl.where(take, x, best)
+            best_j = tl.where(take, offs, best_j)
+        top = tl.max(tl.where(best_j >= 0, best, float("-inf")), axis=0)
+        return top, tl.min(tl.where((best_j >= 0) & (best == top), best_j, vocab_size), axis=0)
 
 
 @triton.jit
 def _gumbel_argmax_kernel(logits_ptr, logits_stride, ws_ptr, idx_mapping_ptr, temperature_ptr, min_p_ptr, top_k_ptr,
                           top_p_ptr, seeds_ptr, output_lens_ptr, out_ptr, part_score_ptr, part_token_ptr, num_slots,
-                          vocab_size, SEGMENT: tl.constexpr, SPLIT: tl.constexpr, BLOCK_V: tl.constexpr):
+                          vocab_size, tol, SEGMENT: tl.constexpr, SPLIT: tl.constexpr, BLOCK_V: tl.constexpr):
     """out[t] = argmax_j of x[t, j] + gumbel(seed, position, j) over the tokens above -inf, with x the
     filtered workspace row or, for a row without filters, logits / temperature; the plain argmax of
     the logits for greedy rows (the filters always keep it); -1 without such a token or slot. With
@@ -416,13 +534,13 @@ def _gumbel_argmax_kernel(logits_ptr, logits_stride, ws_ptr, idx_mapping_ptr, te
     key = stream_key(tl.load(seeds_ptr + slot).to(tl.int64), tl.load(output_lens_ptr + t).to(tl.int64))
     logits_row = logits_ptr + t.to(tl.int64) * logits_stride
     if temp == 0.0:
-        score, token = _gumbel_argmax_row(logits_row, begin, end, vocab_size, key, temp, SAMPLED=False, SCALE=False,
+        score, token = _gumbel_argmax_row(logits_row, begin, end, vocab_size, key, temp, tol, SAMPLED=False, SCALE=False,
                                           BLOCK_V=BLOCK_V)
     elif _row_is_filtered(slot, min_p_ptr, top_k_ptr, top_p_ptr, vocab_size):
-        score, token = _gumbel_argmax_row(ws_ptr + t.to(tl.int64) * vocab_size, begin, end, vocab_size, key, temp,
+        score, token = _gumbel_argmax_row(ws_ptr + t.to(tl.int64) * vocab_size, begin, end, vocab_size, key, temp, tol,
                                           SAMPLED=True, SCALE=False, BLOCK_V=BLOCK_V)
     else:
-        score, token = _gumbel_argmax_row(logits_row, begin, end, vocab_size, key, temp, SAMPLED=True, SCALE=True,
+        score, token = _gumbel_argmax_row(logits_row, begin, end, vocab_size, key, temp, tol, SAMPLED=True, SCALE=True,
                                           BLOCK_V=BLOCK_V)
     if SPLIT:
         part = t.to(tl.int64) * tl.num_programs(1) + tl.program_id(1)
@@ -491,12 +609,14 @@ def _sample_triton(logits, idx_mapping, temperature, top_k, top_p, min_p, seeds,
     segments = triton.cdiv(V, _SEGMENT) if T < _SPLIT_MAX_T else 1
     if segments == 1:
         launch(_gumbel_argmax_kernel, (T, 1), logits, logits.stride()[0], ws, *params, seeds, output_lens, out,
-               out, out, R, V, SEGMENT=_SEGMENT, SPLIT=False, BLOCK_V=_BLOCK_V, num_warps=8)
+               out, out, R, V, GUMBEL_APPROX_TOL, SEGMENT=_SEGMENT, SPLIT=False, BLOCK_V=_DRAW_BLOCK_V,
+               num_warps=_DRAW_WARPS)
         return out
     part_score = logits.new_empty((T, segments), dtype=torch.float32)
     part_token = logits.new_empty((T, segments), dtype=torch.int32)
     launch(_gumbel_argmax_kernel, (T, segments), logits, logits.stride()[0], ws, *params, seeds, output_lens, out,
-           part_score, part_token, R, V, SEGMENT=_SEGMENT, SPLIT=True, BLOCK_V=min(_BLOCK_V, _SEGMENT), num_warps=8)
+           part_score, part_token, R, V, GUMBEL_APPROX_TOL, SEGMENT=_SEGMENT, SPLIT=True,
+           BLOCK_V=min(_DRAW_BLOCK_V, _SEGMENT), num_warps=_DRAW_WARPS)
     launch(_reduce_segments_kernel, (T,), idx_mapping, part_score, part_token, out, R, V, segments,
            SEGMENTS_P2=triton.next_power_of_2(segments), num_warps=1)
     return out

@@ -37,9 +37,9 @@ import torch
 import triton
 import triton.language as tl
 
-from . import _checks
+from . import _checks, sampling
 from ._registry import define_op, launch
-from .sampling import stream_bits, stream_gumbel, stream_key
+from .sampling import _fast_log2, gumbel_argmax, stream_bits, stream_gumbel, stream_gumbel_approx, stream_key
 
 ACCEPT_TOKEN = 2**31 - 1  # the token index of the acceptance uniform in a position's stream
 # Each target row is cut into chunks of _CHUNK tokens, one program a chunk; a program walks its
@@ -77,19 +77,14 @@ def _load_row(row_ptr, offs, limit):
 
 
 @triton.jit
-def _argmax_chunk(row_ptr, start, limit, key, vocab_size, NOISE: tl.constexpr, BLOCK_V: tl.constexpr):
-    """(score, token) of the argmax of row tokens [start, limit) (plus the Gumbel noise of `key` when
-    NOISE) over the tokens above -inf; (-inf, -1) without one."""
+def _argmax_chunk(row_ptr, start, limit, vocab_size, BLOCK_V: tl.constexpr):
+    """(max, token) of row tokens [start, limit) above -inf, the lower index among ties; (-inf, -1) without one."""
     best = tl.full((BLOCK_V,), float("-inf"), dtype=tl.float32)
     best_j = tl.full((BLOCK_V,), -1, dtype=tl.int32)
     for tile in range(start, limit, BLOCK_V):
         offs = tile + tl.arange(0, BLOCK_V)
         x = _load_row(row_ptr, offs, limit)
-        if NOISE:
-            score = x + stream_gumbel(stream_bits(key, offs))
-        else:
-            score = x
-        best, best_j = _argmax_update(best, best_j, score, x > float("-inf"), offs)
+        best, best_j = _argmax_update(best, best_j, x, x > float("-inf"), offs)
     return _argmax_finish(best, best_j, vocab_size)
 
 
@@ -109,7 +104,7 @@ def _max_sum_chunk(row_ptr, start, limit, BLOCK_V: tl.constexpr):
 
 
 @triton.jit
-def _residual_chunk(row_ptr, probs_row_ptr, draft, row_max, row_sum, key, start, limit, vocab_size,
+def _exact_residual_chunk(row_ptr, probs_row_ptr, draft, row_max, row_sum, key, start, limit, vocab_size,
                     HAS_PROBS: tl.constexpr, BLOCK_V: tl.constexpr):
     """Over row tokens [start, limit): the (score, token) argmax of log(r_k) + g_k over r = p - q > 0
     and the (score, token) argmax of x_k + g_k over the tokens above -inf (the draw from p that
@@ -134,6 +129,77 @@ def _residual_chunk(row_ptr, probs_row_ptr, draft, row_max, row_sum, key, start,
         best_p, best_pj = _argmax_update(best_p, best_pj, x + g, x > float("-inf"), offs)
     score_r, token_r = _argmax_finish(best_r, best_rj, vocab_size)
     score_p, token_p = _argmax_finish(best_p, best_pj, vocab_size)
+    return score_r, token_r, score_p, token_p
+
+
+@triton.jit
+def _top2_update(first, second, first_j, score, offs):
+    """Per lane: the largest score (and its token) and the second largest."""
+    second = tl.maximum(second, tl.minimum(first, score))
+    first_j = tl.where(score > first, offs, first_j)
+    return tl.maximum(first, score), second, first_j
+
+
+@triton.jit
+def _top2_certified(first, second, first_j, tol, BLOCK_V: tl.constexpr):
+    """(token, certified) of per-lane top-2 approximate scores, each within err(s) = tol * (35 + |s|)
+    of its exact score: the token of the largest, and whether err proves it the exact argmax (the
+    others' largest plus its err stays below the largest minus its err, finite)."""
+    top = tl.max(first, axis=0)
+    lane = tl.arange(0, BLOCK_V)
+    top_lane = tl.min(tl.where(first == top, lane, BLOCK_V), axis=0)
+    runner_up = tl.maximum(tl.max(second, axis=0), tl.max(tl.where(lane == top_lane, float("-inf"), first), axis=0))
+    token = tl.max(tl.where(lane == top_lane, first_j, -1), axis=0)
+    certified = (top < float("inf")) & (runner_up + tol * (35.0 + tl.abs(runner_up)) < top - tol * (35.0 + tl.abs(top)))
+    return token, certified
+
+
+@triton.jit
+def _residual_chunk(row_ptr, probs_row_ptr, draft, row_max, row_sum, key, start, limit, vocab_size, tol,
+                    HAS_PROBS: tl.constexpr, BLOCK_V: tl.constexpr):
+    """_exact_residual_chunk's result, bit for bit, as sampling.gumbel_argmax gets it: approximate
+    scores (log(r) and the noise from the hardware log2, each within the tolerance), per-lane top-2,
+    the certified winners rescored exactly, a second exact pass when either is not certified."""
+    first_r = tl.full((BLOCK_V,), float("-inf"), dtype=tl.float32)
+    second_r = tl.full((BLOCK_V,), float("-inf"), dtype=tl.float32)
+    first_rj = tl.full((BLOCK_V,), -1, dtype=tl.int32)
+    first_p = tl.full((BLOCK_V,), float("-inf"), dtype=tl.float32)
+    second_p = tl.full((BLOCK_V,), float("-inf"), dtype=tl.float32)
+    first_pj = tl.full((BLOCK_V,), -1, dtype=tl.int32)
+    for tile in range(start, limit, BLOCK_V):
+        offs = tile + tl.arange(0, BLOCK_V)
+        in_row = offs < limit
+        x = _load_row(row_ptr, offs, limit)
+        g = stream_gumbel_approx(stream_bits(key, offs))
+        p = tl.exp(x - row_max) / row_sum  # NaN for every token of a row with max -inf: never taken
+        if HAS_PROBS:
+            q = tl.load(probs_row_ptr + offs, mask=in_row, other=0.0)
+        else:
+            q = tl.where(offs == draft, 1.0, 0.0)
+        r = p - q
+        has = in_row & (r > 0.0)  # false for NaN
+        score_r = tl.where(has, 0.6931471805599453 * _fast_log2(tl.where(has, r, 1.0)) + g, float("-inf"))
+        first_r, second_r, first_rj = _top2_update(first_r, second_r, first_rj, score_r, offs)
+        score_p = tl.where(x > float("-inf"), x + g, float("-inf"))
+        first_p, second_p, first_pj = _top2_update(first_p, second_p, first_pj, score_p, offs)
+    token_r, certified_r = _top2_certified(first_r, second_r, first_rj, tol, BLOCK_V)
+    token_p, certified_p = _top2_certified(first_p, second_p, first_pj, tol, BLOCK_V)
+    if certified_r & certified_p:
+        score_r = float("-inf")
+        if token_r >= 0:
+            x_r = tl.load(row_ptr + token_r).to(tl.float32)
+            p_r = tl.exp(x_r - row_max) / row_sum
+            if HAS_PROBS:
+                q_r = tl.load(probs_row_ptr + token_r)
+            else:
+                q_r = tl.where(token_r == draft, 1.0, 0.0)
+            score_r = tl.log(p_r - q_r) + stream_gumbel(stream_bits(key, token_r))
+        score_p = float("-inf")
+        if token_p >= 0:
+            score_p = tl.load(row_ptr + token_p).to(tl.float32) + stream_gumbel(stream_bits(key, token_p))
+    else:
+        score_r, token_r, score_p, token_p = _exact_residual_chunk(row_ptr, probs_row_ptr, draft, row_max, row_sum,
+                                                                   key, start, limit, vocab_size, HAS_PROBS, BLOCK_V)
     return score_r, token_r, score_p, token_p
 
 
@@ -166,7 +232,7 @@ def _combine_max_sum(max_ptr, sum_ptr, num_chunks, CHUNKS_P2: tl.constexpr):
 @triton.jit(do_not_specialize=["num_drafts", "level"])
 def _rejection_level_kernel(logits_ptr, logits_stride, draft_ids_ptr, probs_ptr, probs_stride, cu_ptr,
                             temperature_ptr, seeds_ptr, output_lens_ptr, part_f_ptr, part_i_ptr, status_ptr,
-                            out_ptr, num_ptr, num_drafts, max_spec_len, vocab_size, num_chunks,
+                            out_ptr, num_ptr, num_drafts, max_spec_len, vocab_size, num_chunks, tol,
                             level, HAS_PROBS: tl.constexpr, FINAL: tl.constexpr, CHUNK: tl.constexpr,
                             BLOCK_V: tl.constexpr, CHUNKS_P2: tl.constexpr, BLOCK_OUT: tl.constexpr):
     """Level `level` of request program_id(0), chunk program_id(1): decides position level - 1 from
@@ -266,12 +332,12 @@ def _rejection_level_kernel(logits_ptr, logits_stride, draft_ids_ptr, probs_ptr,
         if state == _ALIVE:
             row_ptr = logits_ptr + (lo + i + level64) * logits_stride
             if greedy:
-                score, best = _argmax_chunk(row_ptr, start, limit, 0, vocab_size, False, BLOCK_V)  # no key: no noise
+                score, best = _argmax_chunk(row_ptr, start, limit, vocab_size, BLOCK_V)
                 tl.store(part_f_ptr + part, score)
                 tl.store(part_i_ptr + part, best)
             elif level64 >= n:  # the bonus row: the Gumbel argmax, as `sample` draws
                 key = stream_key(seed, position + level64)
-                score, best = _argmax_chunk(row_ptr, start, limit, key, vocab_size, True, BLOCK_V)
+                score, best = gumbel_argmax(row_ptr, start, limit, key, 1.0, tol, False, BLOCK_V)
                 tl.store(part_f_ptr + part, score)
                 tl.store(part_i_ptr + part, best)
             else:
@@ -283,8 +349,8 @@ def _rejection_level_kernel(logits_ptr, logits_stride, draft_ids_ptr, probs_ptr,
             # int32 (an id out of range as -1): compared with the int32 token offsets of the pass
             draft32 = tl.where(prev_draft_ok, prev_draft, -1).to(tl.int32)
             score_r, token_r, score_p, token_p = _residual_chunk(row_ptr, prev_probs_ptr, draft32, row_max, row_sum,
-                                                                 prev_key, start, limit, vocab_size, HAS_PROBS,
-                                                                 BLOCK_V)
+                                                                 prev_key, start, limit, vocab_size, tol,
+                                                                 HAS_PROBS, BLOCK_V)
             tl.store(part_f_ptr + part, score_r)
             tl.store(part_i_ptr + part, token_r)
             tl.store(part_f_ptr + part + num_chunks, score_p)
@@ -367,7 +433,7 @@ def _rejection_sample_triton(target_logits, draft_token_ids, draft_probs, cu_num
     part_i = target_logits.new_empty((B, levels, 2, chunks), dtype=torch.int32)
     status = target_logits.new_empty((B, levels, 3), dtype=torch.int32)
     args = (target_logits, target_logits.stride()[0], drafts, probs, probs_stride, cu_num_draft, temperature, seeds,
-            output_lens, part_f, part_i, status, out, num, N, max_spec_len, V, chunks)
+            output_lens, part_f, part_i, status, out, num, N, max_spec_len, V, chunks, sampling.GUMBEL_APPROX_TOL)
     meta = dict(HAS_PROBS=has_probs, CHUNK=_CHUNK, BLOCK_V=_BLOCK_V, CHUNKS_P2=triton.next_power_of_2(chunks),
                 BLOCK_OUT=triton.next_power_of_2(max_spec_len + 1), num_warps=_NUM_WARPS)
     for level in range(levels):
