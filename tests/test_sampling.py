@@ -385,6 +385,23 @@ def test_sample_exact_rescoring_gives_the_exact_draw(backend, monkeypatch):
 
 
 @pytest.mark.interpret
+def test_sample_grouped_filter_programs_give_the_same_tokens(monkeypatch):
+    """From filtering._GROUP_MIN_T rows the workspace copy and min_p take several blocks a program,
+    and the scan several segments: the same tokens."""
+    from torch_sampling_ops import filtering
+    from torch_sampling_ops.truncation import use_settings
+    gen = torch.Generator().manual_seed(23)
+    args = sample_args(6, 3 * 4096 + 11, gen, torch.device("cpu"), R=6)
+    args[1] = torch.tensor([0, 1, 2, 3, 4, 5])
+    alone = run_op("interpret", "sample", *args)
+    monkeypatch.setattr(filtering, "_GROUP_MIN_T", 1)
+    monkeypatch.setattr(filtering, "_GROUP", 2)
+    with use_settings(scan_group_min_t=1, scan_group=3):
+        grouped = run_op("interpret", "sample", *args)
+    assert torch.equal(alone, grouped)
+
+
+@pytest.mark.interpret
 def test_sample_row_split_gives_the_same_tokens(monkeypatch):
     """The draw splits rows into segments at small T; with or without the split, the same tokens."""
     gen = torch.Generator().manual_seed(13)

@@ -200,19 +200,21 @@ def test_rows_are_settled_and_filled_alike_in_small_and_large_batches(backend, g
     """Small batches settle a row in each of its gather programs and fill one chunk a program; large
     ones settle it in a launch of their own and fill fill_group chunks a program (5 chunks here,
     so the last program has fewer), or, from fill_in_select_min_t rows, fill it in the selection;
-    from few_sample_warps_min_t rows the sample launch has 4 warps: the same combinations in the
-    same order, so the same bits."""
+    from few_sample_warps_min_t rows the sample launch has 4 warps; from scan_group_min_t rows a
+    scan program walks scan_group segments: the same combinations in the same order, so the same
+    bits."""
     from torch_sampling_ops.truncation import current_settings, use_settings
     T, V = 6, 5 * current_settings().chunk - 100
     top_k, top_p = settings(SETTINGS[:4] + [(0, 0.5), (0, 0.92)])
     logits = make_logits(T, V, torch.float32, device_of(backend), generator=gen)
     args = (torch.arange(T, dtype=INT).to(logits.device), top_k.to(logits.device), top_p.to(logits.device))
     outs = []
-    for min_t, group, fill_min_t, sample_min_t in ((T + 1, 4, T + 1, T + 1), (1, 4, T + 1, 1), (1, 3, T + 1, T + 1),
-                                                  (1, 4, 1, 1), (T + 1, 1, 1, T + 1)):
+    combos = ((T + 1, 4, T + 1, T + 1, T + 1, 4), (1, 4, T + 1, 1, T + 1, 4), (1, 3, T + 1, T + 1, 1, 4),
+              (1, 4, 1, 1, 1, 3), (T + 1, 1, 1, T + 1, 1, 7))
+    for min_t, group, fill_min_t, sample_min_t, scan_min_t, scan_group in combos:
         out = logits.clone()
         with use_settings(few_sample_warps_min_t=sample_min_t, settle_launch_min_t=min_t, fill_group=group,
-                          fill_in_select_min_t=fill_min_t):
+                          fill_in_select_min_t=fill_min_t, scan_group_min_t=scan_min_t, scan_group=scan_group):
             run_op(backend, "top_k_top_p", out, *args)
         outs.append(out)
     assert all(torch.equal(outs[0], out) for out in outs[1:])

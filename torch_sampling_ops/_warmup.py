@@ -20,15 +20,17 @@ import torch
 import triton
 
 from . import _launch, _registry, sampling
+from .filtering import _GROUP_MIN_T, blocks_per_program
 from .truncation import plan as truncation_plan
 
 
 def _truncation_row_counts(vocab_size: int, max_num_tokens: int, pdl: bool) -> list[int]:
-    """One batch size per distinct launch plan of top_k_top_p for T in [1, max_num_tokens]."""
+    """One batch size per distinct launch plan of top_k_top_p (and blocks per program of the filter
+    passes) for T in [1, max_num_tokens]."""
     seen, rows = set(), []
     for T in range(1, max_num_tokens + 1):
         plan = tuple((kernel, tuple(sorted(meta.items()))) for kernel, _, meta in
-                     truncation_plan._launch_plan(T, vocab_size, pdl))
+                     truncation_plan._launch_plan(T, vocab_size, pdl)) + (blocks_per_program(T),)
         if plan not in seen:
             seen.add(plan)
             rows.append(T)
@@ -49,11 +51,13 @@ def _launch_all(vocab_size, dtypes, max_num_tokens, device, num_slots, index_dty
     pdl = truncation_plan._uses_pdl(device)
     for dtype in dtypes:
         one = empty(1, V, dtype=dtype)
-        run("temperature")(one, empty(1), empty(R, dtype=torch.float32))
-        run("min_p")(one, empty(1), empty(R, dtype=torch.float32))
+        for T in sorted({1, min(max_num_tokens, _GROUP_MIN_T)}):  # the filters' one-block and grouped programs
+            run("temperature")(empty(T, V, dtype=dtype), empty(T), empty(R, dtype=torch.float32))
+            run("min_p")(empty(T, V, dtype=dtype), empty(T), empty(R, dtype=torch.float32))
+            calls += 2
         run("apply_token_bitmask")(one, empty(R, words, dtype=torch.int32), empty(1))
         run("apply_token_bitmask")(one, empty(1, words, dtype=torch.int32), None)
-        calls += 4
+        calls += 2
         for allowed_w, bias_w, stop_w in logit_bias_widths:
             run("logit_bias")(one, empty(1), empty(1), empty(R, allowed_w), empty(R), empty(R, bias_w),
                               empty(R, bias_w, dtype=torch.float32), empty(R), empty(R, stop_w), empty(R),

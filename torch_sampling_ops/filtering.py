@@ -36,15 +36,24 @@ from . import _checks
 from ._registry import define_op, launch
 from ._triton_helpers import load_slot
 
-# Vocabulary tokens one program handles.
+# Vocabulary tokens of a block; a program handles one block, or from _GROUP_MIN_T rows on, _GROUP
+# consecutive blocks of its row (a row whose filter is off then costs a quarter of the programs).
 _BLOCK_V = 4096
+_GROUP = 4
+_GROUP_MIN_T = 64
 # Largest chunk of per-block maxima one min_p program reduces at once.
 _MAX_BLOCK_PARTS = 1024
 
 
+def blocks_per_program(T: int) -> int:
+    """Blocks of _BLOCK_V tokens a program of a [T, V] pass handles: _GROUP from _GROUP_MIN_T rows on
+    (enough programs remain to fill the GPU), one below (a row's blocks spread over programs)."""
+    return _GROUP if T >= _GROUP_MIN_T else 1
+
+
 @triton.jit
 def _temperature_kernel(logits_ptr, logits_stride, idx_mapping_ptr, temperature_ptr, num_slots, vocab_size,
-                        BLOCK_V: tl.constexpr):
+                        BLOCK_V: tl.constexpr, GROUP: tl.constexpr):
     t = tl.program_id(0)
     slot = load_slot(idx_mapping_ptr, t, num_slots)
     if slot < 0:
@@ -52,35 +61,38 @@ def _temperature_kernel(logits_ptr, logits_stride, idx_mapping_ptr, temperature_
     temp = tl.load(temperature_ptr + slot)
     if temp == 0.0:  # greedy row: left unchanged
         return
-    offs = tl.program_id(1) * BLOCK_V + tl.arange(0, BLOCK_V)
-    in_row = offs < vocab_size
     row_ptr = logits_ptr + t.to(tl.int64) * logits_stride
-    vals = tl.load(row_ptr + offs, mask=in_row).to(tl.float32)
-    tl.store(row_ptr + offs, tl.math.div_rn(vals, temp).to(row_ptr.dtype.element_ty), mask=in_row)
+    for start in range(tl.program_id(1) * GROUP * BLOCK_V, tl.minimum((tl.program_id(1) + 1) * GROUP * BLOCK_V,
+                                                                     vocab_size), BLOCK_V):
+        offs = start + tl.arange(0, BLOCK_V)
+        in_row = offs < vocab_size
+        vals = tl.load(row_ptr + offs, mask=in_row).to(tl.float32)
+        tl.store(row_ptr + offs, tl.math.div_rn(vals, temp).to(row_ptr.dtype.element_ty), mask=in_row)
 
 
 @triton.jit
 def _min_p_block_max_kernel(logits_ptr, logits_stride, idx_mapping_ptr, min_p_ptr, partial_ptr, num_blocks,
-                            num_slots, vocab_size, BLOCK_V: tl.constexpr):
-    """partial[t, b] = the largest non-NaN logit of block b of row t (-inf if none)."""
+                            num_slots, vocab_size, BLOCK_V: tl.constexpr, GROUP: tl.constexpr):
+    """partial[t, b] = the largest non-NaN logit of block b of row t (-inf if none), for the GROUP
+    blocks of program (t, g)."""
     t = tl.program_id(0)
     slot = load_slot(idx_mapping_ptr, t, num_slots)
     if slot < 0:
         return
     if tl.load(min_p_ptr + slot) == 0.0:  # off: the row is not read
         return
-    b = tl.program_id(1)
-    offs = b * BLOCK_V + tl.arange(0, BLOCK_V)
     row_ptr = logits_ptr + t.to(tl.int64) * logits_stride
-    vals = tl.load(row_ptr + offs, mask=offs < vocab_size, other=float("-inf")).to(tl.float32)
-    vals = tl.where(vals == vals, vals, float("-inf"))  # NaN is never the maximum
-    tl.store(partial_ptr + t.to(tl.int64) * num_blocks + b, tl.max(vals, axis=0))
+    for b in range(tl.program_id(1) * GROUP, tl.minimum((tl.program_id(1) + 1) * GROUP, num_blocks)):
+        offs = b * BLOCK_V + tl.arange(0, BLOCK_V)
+        vals = tl.load(row_ptr + offs, mask=offs < vocab_size, other=float("-inf")).to(tl.float32)
+        vals = tl.where(vals == vals, vals, float("-inf"))  # NaN is never the maximum
+        tl.store(partial_ptr + t.to(tl.int64) * num_blocks + b, tl.max(vals, axis=0))
 
 
 @triton.jit
 def _min_p_mask_kernel(logits_ptr, logits_stride, idx_mapping_ptr, min_p_ptr, partial_ptr, num_blocks,
-                       num_slots, vocab_size, BLOCK_V: tl.constexpr, BLOCK_PARTS: tl.constexpr):
-    """Sets to -inf the tokens of block b of row t below row_max + log(min_p)."""
+                       num_slots, vocab_size, BLOCK_V: tl.constexpr, BLOCK_PARTS: tl.constexpr, GROUP: tl.constexpr):
+    """Sets to -inf the tokens of row t below row_max + log(min_p), in the GROUP blocks of program (t, g)."""
     t = tl.program_id(0)
     slot = load_slot(idx_mapping_ptr, t, num_slots)
     if slot < 0:
@@ -97,13 +109,14 @@ def _min_p_mask_kernel(logits_ptr, logits_stride, idx_mapping_ptr, min_p_ptr, pa
     if row_max == float("-inf"):  # no non-NaN logit above -inf: the row is left unchanged
         return
     threshold = row_max + tl.log(p)
-    offs = tl.program_id(1) * BLOCK_V + tl.arange(0, BLOCK_V)
-    in_row = offs < vocab_size
     row_ptr = logits_ptr + t.to(tl.int64) * logits_stride
-    vals = tl.load(row_ptr + offs, mask=in_row)
-    # A full write of the block: min_p usually removes most tokens, and masked stores of the
-    # scattered survivors would leave partly written sectors.
-    tl.store(row_ptr + offs, tl.where(vals.to(tl.float32) < threshold, float("-inf"), vals), mask=in_row)
+    for b in range(tl.program_id(1) * GROUP, tl.minimum((tl.program_id(1) + 1) * GROUP, num_blocks)):
+        offs = b * BLOCK_V + tl.arange(0, BLOCK_V)
+        in_row = offs < vocab_size
+        vals = tl.load(row_ptr + offs, mask=in_row)
+        # A full write of the block: min_p usually removes most tokens, and masked stores of the
+        # scattered survivors would leave partly written sectors.
+        tl.store(row_ptr + offs, tl.where(vals.to(tl.float32) < threshold, float("-inf"), vals), mask=in_row)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -135,10 +148,11 @@ def _temperature_triton(logits, idx_mapping, temperature) -> None:
     T, V = logits.shape
     if T == 0:
         return
+    group = blocks_per_program(T)
     launch(
-        _temperature_kernel, (T, triton.cdiv(V, _BLOCK_V)),
+        _temperature_kernel, (T, triton.cdiv(V, _BLOCK_V * group)),
         logits, logits.stride(0), idx_mapping, temperature, temperature.size(0), V,
-        BLOCK_V=_BLOCK_V, num_warps=8,
+        BLOCK_V=_BLOCK_V, GROUP=group, num_warps=8,
     )
 
 
@@ -184,9 +198,11 @@ def _min_p_triton(logits, idx_mapping, min_p) -> None:
     blocks = triton.cdiv(V, _BLOCK_V)
     partial = logits.new_empty((T, blocks), dtype=torch.float32)  # per-block maxima; rows with min_p off skip it
     common = (logits, logits.stride(0), idx_mapping, min_p, partial, blocks, min_p.size(0), V)
-    launch(_min_p_block_max_kernel, (T, blocks), *common, BLOCK_V=_BLOCK_V, num_warps=8)
-    launch(_min_p_mask_kernel, (T, blocks), *common, BLOCK_V=_BLOCK_V,
-           BLOCK_PARTS=min(triton.next_power_of_2(blocks), _MAX_BLOCK_PARTS), num_warps=8)
+    group = blocks_per_program(T)
+    grid = (T, triton.cdiv(blocks, group))
+    launch(_min_p_block_max_kernel, grid, *common, BLOCK_V=_BLOCK_V, GROUP=group, num_warps=8)
+    launch(_min_p_mask_kernel, grid, *common, BLOCK_V=_BLOCK_V,
+           BLOCK_PARTS=min(triton.next_power_of_2(blocks), _MAX_BLOCK_PARTS), GROUP=group, num_warps=8)
 
 
 

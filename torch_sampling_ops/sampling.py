@@ -43,7 +43,7 @@ import triton.language as tl
 from . import _checks
 from ._registry import define_op, launch
 from ._triton_helpers import load_slot
-from .filtering import _min_p_triton
+from .filtering import _min_p_triton, blocks_per_program
 from .truncation.op import _top_k_top_p_triton
 
 _BLOCK_V = 4096
@@ -470,9 +470,10 @@ def _row_is_filtered(slot, min_p_ptr, top_k_ptr, top_p_ptr, vocab_size):
 
 @triton.jit
 def _scale_rows_kernel(logits_ptr, logits_stride, ws_ptr, idx_mapping_ptr, temperature_ptr, min_p_ptr, top_k_ptr,
-                       top_p_ptr, num_slots, vocab_size, BLOCK_V: tl.constexpr):
+                       top_p_ptr, num_slots, vocab_size, BLOCK_V: tl.constexpr, GROUP: tl.constexpr):
     """ws[t] = logits[t] / temperature (IEEE division; as they are for greedy rows) for the rows with a
-    filter on, the rows the filters will read; the others are drawn from the logits directly."""
+    filter on, the rows the filters will read; the others are drawn from the logits directly.
+    Program (t, g) writes GROUP blocks of BLOCK_V tokens."""
     t = tl.program_id(0)
     slot = load_slot(idx_mapping_ptr, t, num_slots)
     if slot < 0:
@@ -480,11 +481,13 @@ def _scale_rows_kernel(logits_ptr, logits_stride, ws_ptr, idx_mapping_ptr, tempe
     if not _row_is_filtered(slot, min_p_ptr, top_k_ptr, top_p_ptr, vocab_size):
         return
     temp = tl.load(temperature_ptr + slot)
-    offs = tl.program_id(1) * BLOCK_V + tl.arange(0, BLOCK_V)
-    in_row = offs < vocab_size
-    x = tl.load(logits_ptr + t.to(tl.int64) * logits_stride + offs, mask=in_row).to(tl.float32)
-    x = tl.where(temp != 0.0, tl.math.div_rn(x, tl.where(temp != 0.0, temp, 1.0)), x)
-    tl.store(ws_ptr + t.to(tl.int64) * vocab_size + offs, x, mask=in_row)
+    for start in range(tl.program_id(1) * GROUP * BLOCK_V, tl.minimum((tl.program_id(1) + 1) * GROUP * BLOCK_V,
+                                                                     vocab_size), BLOCK_V):
+        offs = start + tl.arange(0, BLOCK_V)
+        in_row = offs < vocab_size
+        x = tl.load(logits_ptr + t.to(tl.int64) * logits_stride + offs, mask=in_row).to(tl.float32)
+        x = tl.where(temp != 0.0, tl.math.div_rn(x, tl.where(temp != 0.0, temp, 1.0)), x)
+        tl.store(ws_ptr + t.to(tl.int64) * vocab_size + offs, x, mask=in_row)
 
 
 @triton.jit
@@ -600,8 +603,9 @@ def _sample_triton(logits, idx_mapping, temperature, top_k, top_p, min_p, seeds,
     R = temperature.shape[0]
     ws = logits.new_empty((T, V), dtype=torch.float32)
     params = (idx_mapping, temperature, min_p, top_k, top_p)
-    launch(_scale_rows_kernel, (T, triton.cdiv(V, _BLOCK_V)), logits, logits.stride()[0], ws, *params, R, V,
-           BLOCK_V=_BLOCK_V, num_warps=8)
+    group = blocks_per_program(T)
+    launch(_scale_rows_kernel, (T, triton.cdiv(V, _BLOCK_V * group)), logits, logits.stride()[0], ws, *params, R, V,
+           BLOCK_V=_BLOCK_V, GROUP=group, num_warps=8)
     # The filters read only the rows whose parameters turn them on: exactly the rows written above
     # (greedy ones included, filtered for nothing: the draw takes their argmax from the logits).
     _min_p_triton(ws, idx_mapping, min_p)

@@ -9,7 +9,7 @@ the GPU), so a small batch still spreads over the GPU:
    should clear: past the sample rank expected of the k-th token by a safe margin (top-k), or where
    about half the candidate capacity is expected above it (top-p alone; then also a second bound,
    where a quarter is).
-2. `_scan_segments_kernel` (one warp per row and segment): the segment's max, softmax
+2. `_scan_segments_kernel` (one warp per row and segment; `scan_group` segments in large batches): the segment's max, softmax
    normaliser and the mass of its tokens >= lo (the candidates) and >= the second bound (all
    three only for top-p alone), and the candidates, with their positions, into its own region of
    the workspace.

@@ -31,6 +31,7 @@ def _launch_plan(T: int, V: int, pdl: bool, settings: TruncationSettings | None 
     follow = dict(PDL=pdl, launch_pdl=pdl)
     chunks = (T, triton.cdiv(V, s.chunk))
     fill_group = s.fill_group if settle_launch else 1
+    scan_group = s.scan_group if T >= s.scan_group_min_t else 1
     fill_in_select = T >= s.fill_in_select_min_t
     fill = [(_fill_chunks_kernel, (T, triton.cdiv(chunks[1], fill_group)),
              dict(CHUNK=s.chunk, SEGMENTS=s.chunk // s.segment, SEG_CAP=s.seg_cap, GROUP=fill_group,
@@ -40,8 +41,9 @@ def _launch_plan(T: int, V: int, pdl: bool, settings: TruncationSettings | None 
         (_sample_bound_kernel, (T,), dict(SAMPLE=s.sample, SEG_CAP=s.seg_cap, PDL=pdl,
                                           num_warps=4 if T >= s.few_sample_warps_min_t else s.sample_warps)),
         # 64 registers: 32 one-warp programs an SM
-        (_scan_segments_kernel, (T, num_segments),
-         dict(SEGMENT=s.segment, SEG_CAP=s.seg_cap, STAGES=s.scan_stages, num_warps=1, maxnreg=64, **follow)),
+        (_scan_segments_kernel, (T, triton.cdiv(num_segments, scan_group)),
+         dict(SEGMENT=s.segment, SEG_CAP=s.seg_cap, STAGES=s.scan_stages, GROUP=scan_group, num_warps=1, maxnreg=64,
+              **follow)),
         *(settle if settle_launch else []),
         (_gather_chunks_kernel, chunks,
          dict(CHUNK=s.chunk, SEGMENTS=s.chunk // s.segment, SEG_CAP=s.seg_cap, SEGMENTS_P2=segments_p2,

@@ -255,15 +255,15 @@ def _scan_segment_with_mass(row_ptr, offs, vocab_size, lo, high_bound, ref2, pai
 @triton.jit
 def _scan_segments_kernel(
     logits_ptr, logits_stride, idx_mapping_ptr, top_k_ptr, top_p_ptr, ws_ptr, ws_stride, num_slots, vocab_size,
-    num_segments, SEGMENT: tl.constexpr, SEG_CAP: tl.constexpr, STAGES: tl.constexpr, PDL: tl.constexpr,
+    num_segments, SEGMENT: tl.constexpr, SEG_CAP: tl.constexpr, STAGES: tl.constexpr, GROUP: tl.constexpr,
+    PDL: tl.constexpr,
 ):
-    """Statistics and candidates of one segment, in one warp: its max, normaliser and candidate mass
-    (only for top-p alone: with top-k on, the selection weighs its own candidates), and its
-    candidates (_scan_segment). A tile is 4 consecutive tokens a lane; with one warp a program, a
-    tile's prefix sums never wait on a block-wide barrier (with several warps, Triton 3.6 spread a
-    tile's lanes over warps)."""
+    """Statistics and candidates of GROUP consecutive segments in turn, in one warp: each one's max,
+    normaliser and candidate mass (only for top-p alone: with top-k on, the selection weighs its own
+    candidates), and its candidates (_scan_segment). A tile is 4 consecutive tokens a lane; with one
+    warp a program, a tile's prefix sums never wait on a block-wide barrier (with several warps,
+    Triton 3.6 spread a tile's lanes over warps)."""
     t = tl.program_id(0)
-    segment = tl.program_id(1)
     k, p, k_on, p_on, active = _row_settings(idx_mapping_ptr, top_k_ptr, top_p_ptr, t, num_slots, vocab_size, PDL)
     if active:
         ws_row = ws_ptr + t.to(tl.int64) * ws_stride
@@ -277,24 +277,26 @@ def _scan_segments_kernel(
         count_ptr = _segment_count_ptr(ws_row, num_segments)
         mass_high_ptr = _segment_mass_high_ptr(ws_row, num_segments)
         count_high_ptr = _segment_count_high_ptr(ws_row, num_segments)
-        pairs_ptr = _pairs_ptr(ws_row, num_segments) + segment * SEG_CAP
-        offs = segment * SEGMENT + tl.arange(0, 32)[:, None] * 4 + tl.arange(0, 4)[None, :]
-        full = (segment + 1) * SEGMENT <= vocab_size  # the segment lies in the row: unmasked top-p loads
-        if k_on:
-            seg_max, count = _scan_segment(row_ptr, offs, vocab_size, lo, pairs_ptr, SEGMENT, SEG_CAP)
-        else:
-            if full:
-                seg_max, total, mass, mass_high, count, count_high = _scan_segment_with_mass(
-                    row_ptr, offs, vocab_size, lo, high_bound, ref2, pairs_ptr, True, SEGMENT, SEG_CAP, STAGES)
+        first = tl.program_id(1) * GROUP
+        for segment in range(first, tl.minimum(first + GROUP, num_segments)):
+            pairs_ptr = _pairs_ptr(ws_row, num_segments) + segment * SEG_CAP
+            offs = segment * SEGMENT + tl.arange(0, 32)[:, None] * 4 + tl.arange(0, 4)[None, :]
+            full = (segment + 1) * SEGMENT <= vocab_size  # the segment lies in the row: unmasked top-p loads
+            if k_on:
+                seg_max, count = _scan_segment(row_ptr, offs, vocab_size, lo, pairs_ptr, SEGMENT, SEG_CAP)
             else:
-                seg_max, total, mass, mass_high, count, count_high = _scan_segment_with_mass(
-                    row_ptr, offs, vocab_size, lo, high_bound, ref2, pairs_ptr, False, SEGMENT, SEG_CAP, STAGES)
-            tl.store(sum_ptr + segment, total)
-            tl.store(mass_ptr + segment, mass)
-            tl.store(mass_high_ptr + segment, mass_high)
-            tl.store(count_high_ptr + segment, count_high)
-        tl.store(max_ptr + segment, seg_max)
-        tl.store(count_ptr + segment, count)
+                if full:
+                    seg_max, total, mass, mass_high, count, count_high = _scan_segment_with_mass(
+                        row_ptr, offs, vocab_size, lo, high_bound, ref2, pairs_ptr, True, SEGMENT, SEG_CAP, STAGES)
+                else:
+                    seg_max, total, mass, mass_high, count, count_high = _scan_segment_with_mass(
+                        row_ptr, offs, vocab_size, lo, high_bound, ref2, pairs_ptr, False, SEGMENT, SEG_CAP, STAGES)
+                tl.store(sum_ptr + segment, total)
+                tl.store(mass_ptr + segment, mass)
+                tl.store(mass_high_ptr + segment, mass_high)
+                tl.store(count_high_ptr + segment, count_high)
+            tl.store(max_ptr + segment, seg_max)
+            tl.store(count_ptr + segment, count)
 
 
 @triton.jit

@@ -55,6 +55,12 @@ class TruncationSettings:
     settle_launch_min_t: int = 32
     """From this batch size a launch of its own settles each row once; below it each gather program
     settles its row (all reach the same bits), which saves a launch while the rows are few."""
+    scan_group: int = 4
+    """From `scan_group_min_t` rows, segments a scan program walks in turn: a row whose filters are
+    off then costs a quarter of the scan's programs (each still a launch slot)."""
+    scan_group_min_t: int = 64
+    """From this batch size the scan groups its segments; below it one program a segment keeps the
+    few rows spread over the GPU."""
     fill_group: int = 4
     """From `settle_launch_min_t` rows, chunks a fill program takes: in a batch of top-k rows, which
     the fill leaves alone, each program still costs a launch slot and the loads of its row settings."""
