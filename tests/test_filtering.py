@@ -168,25 +168,27 @@ def test_min_p_reduces_the_block_maxima_in_chunks(gen, monkeypatch):
     assert_pad_untouched(logits)
 
 
-@pytest.mark.interpret
-def test_grouped_programs_write_the_same_bits(gen, monkeypatch):
+@pytest.mark.parametrize("backend", ["interpret", pytest.param("cuda", marks=pytest.mark.cuda)])
+def test_grouped_programs_write_the_same_bits(backend, gen, monkeypatch):
     """From _GROUP_MIN_T rows a program handles _GROUP blocks (here 3 of a 5-block row, the last
     group ragged): temperature and min_p give the bits of one block a program."""
     T, V = 4, 4 * 4096 + 77
-    logits = make_logits(T, V, torch.float32, "cpu", generator=gen)
-    idx_mapping = torch.tensor([0, 1, -1, 2], dtype=INT)
-    temps, ps = torch.tensor([0.7, 0.0, 1.3]), torch.tensor([0.02, 0.1, 0.0])
+    device = device_of(backend)
+    logits = make_logits(T, V, torch.float32, device, generator=gen)
+    idx_mapping = torch.tensor([0, 1, -1, 2], dtype=INT, device=device)
+    temps, ps = torch.tensor([0.7, 0.0, 1.3], device=device), torch.tensor([0.02, 0.1, 0.0], device=device)
     outs = []
     for min_t, group in ((T + 1, 4), (1, 3), (1, 4)):
         monkeypatch.setattr(filtering, "_GROUP_MIN_T", min_t)
         monkeypatch.setattr(filtering, "_GROUP", group)
         out = logits.as_strided((T, logits.stride(0)), (logits.stride(0), 1)).clone()[:, :V]  # pad kept
-        run_op("interpret", "temperature", out, idx_mapping, temps)
-        run_op("interpret", "min_p", out, idx_mapping, ps)
+        run_op(backend, "temperature", out, idx_mapping, temps)
+        run_op(backend, "min_p", out, idx_mapping, ps)
         outs.append(out)
     assert all(torch.equal(outs[0], out) for out in outs[1:])
-    expected = reference.min_p(reference.temperature(logits, idx_mapping, temps).float(), idx_mapping, ps)
-    torch.testing.assert_close(outs[0].double(), expected, atol=0, rtol=0)
+    cpu = [a.cpu() for a in (logits, idx_mapping, temps, ps)]
+    expected = reference.min_p(reference.temperature(*cpu[:3]).float(), cpu[1], cpu[3])
+    torch.testing.assert_close(outs[0].double().cpu(), expected, atol=0, rtol=0)
     assert_pad_untouched(outs[-1])
 
 

@@ -384,20 +384,20 @@ def test_sample_exact_rescoring_gives_the_exact_draw(backend, monkeypatch):
     assert bool((fast >= 0).all())
 
 
-@pytest.mark.interpret
-def test_sample_grouped_filter_programs_give_the_same_tokens(monkeypatch):
+@pytest.mark.parametrize("backend", ["interpret", pytest.param("cuda", marks=pytest.mark.cuda)])
+def test_sample_grouped_filter_programs_give_the_same_tokens(backend, monkeypatch):
     """From filtering._GROUP_MIN_T rows the workspace copy and min_p take several blocks a program,
     and the scan several segments: the same tokens."""
     from torch_sampling_ops import filtering
     from torch_sampling_ops.truncation import use_settings
     gen = torch.Generator().manual_seed(23)
-    args = sample_args(6, 3 * 4096 + 11, gen, torch.device("cpu"), R=6)
-    args[1] = torch.tensor([0, 1, 2, 3, 4, 5])
-    alone = run_op("interpret", "sample", *args)
+    args = sample_args(6, 3 * 4096 + 11, gen, device_of(backend), R=6)
+    args[1] = torch.arange(6).to(args[1])
+    alone = run_op(backend, "sample", *args)
     monkeypatch.setattr(filtering, "_GROUP_MIN_T", 1)
     monkeypatch.setattr(filtering, "_GROUP", 2)
     with use_settings(scan_group_min_t=1, scan_group=3):
-        grouped = run_op("interpret", "sample", *args)
+        grouped = run_op(backend, "sample", *args)
     assert torch.equal(alone, grouped)
 
 
