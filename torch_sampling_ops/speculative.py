@@ -43,11 +43,12 @@ from .sampling import _fast_log2, gumbel_argmax, stream_bits, stream_gumbel, str
 
 ACCEPT_TOKEN = 2**31 - 1  # the token index of the acceptance uniform in a position's stream
 # Each target row is cut into chunks of _CHUNK tokens, one program a chunk; a program walks its
-# chunk in tiles of _BLOCK_V tokens over _NUM_WARPS warps. _CHUNK is a constant (smaller under the
+# chunk in tiles of _BLOCK_V tokens over _NUM_WARPS warps (8 values a thread: the residual pass keeps
+# two per-lane top-2 lists in registers). _CHUNK is a constant (smaller under the
 # interpreter, so that the tests' vocabularies span several chunks): a request's tokens never
 # depend on the batch or the launch grid.
 _CHUNK = 16384 if os.environ.get("TRITON_INTERPRET") != "1" else 1024
-_BLOCK_V = 4096 if os.environ.get("TRITON_INTERPRET") != "1" else 256
+_BLOCK_V = 1024 if os.environ.get("TRITON_INTERPRET") != "1" else 256
 _NUM_WARPS = 4
 # A request's status after a level (status[i, level, :]): the state, the drafts accepted, the token.
 _ALIVE = tl.constexpr(0)  # the level scores position `level` (a draft's or the bonus row)
