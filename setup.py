@@ -4,6 +4,8 @@ Install without build isolation so the extension is compiled for the torch you r
     pip install --no-build-isolation -e ".[test]"
 """
 import glob
+import os
+import platform
 import re
 
 import torch
@@ -21,12 +23,30 @@ with open("torch_sampling_ops/__init__.py") as f:
 # any local build suffix (+cpu, +cu130) is ignored by the match.
 torch_major_minor = ".".join(torch.__version__.split("+")[0].split(".")[:2])
 
+
+
+def _simd_flags() -> list[str]:
+    """AVX2, FMA and F16C for ATen's vector types (at::vec) when the building x86-64 CPU has them: without
+    them at::vec falls back to scalar loops. The extension is built from source where it runs; set
+    TORCH_SAMPLING_OPS_AVX2=0 to build for an older CPU. -ffp-contract=off keeps the scalar code's
+    rounding (no fused multiply-adds the kernels do not write), as the CPU/CUDA agreement expects."""
+    if os.environ.get("TORCH_SAMPLING_OPS_AVX2", "1") == "0" or platform.machine() not in ("x86_64", "AMD64"):
+        return []
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = set(re.search(r"^flags\s*:(.*)$", f.read(), re.M).group(1).split())
+    except (OSError, AttributeError):
+        return []
+    wanted = {"avx2", "fma", "f16c"}  # ATen's AVX2 path converts halves with F16C
+    return ["-mavx2", "-mfma", "-mf16c", "-DCPU_CAPABILITY_AVX2", "-ffp-contract=off"] if wanted <= flags else []
+
+
 # at::parallel_for expands OpenMP pragmas in our translation units: without -fopenmp it runs serially.
 # -g0 overrides the -g that Python's build flags add: the debug information is about 99% of the library.
 cpu_kernels = CppExtension(
     name="torch_sampling_ops._C",
     sources=sorted(glob.glob("csrc/*.cpp")),
-    extra_compile_args={"cxx": ["-O3", "-g0", "-fopenmp"]},
+    extra_compile_args={"cxx": ["-O3", "-g0", "-fopenmp", *_simd_flags()]},
     extra_link_args=["-fopenmp", "-s"],
 )
 

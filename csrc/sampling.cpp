@@ -5,37 +5,121 @@
 
 #include <ATen/cpu/vec/vec.h>
 
+#include <algorithm>
 #include <cmath>
+#include <type_traits>
 #include <vector>
 
 namespace tso {
 namespace {
-
-// A logit read as float32, NaN read as -inf (never drawn, never counted as larger).
-template <typename scalar_t>
-inline float logit_at(const scalar_t* row, int64_t j) {
-  const float x = static_cast<float>(row[j]);
-  return x == x ? x : kNegInf;
-}
 
 // (value, index) ordering of the logprobs top-k: larger value first, lower index among ties.
 inline bool ranks_before(float a, int64_t ia, float b, int64_t ib) {
   return a > b || (a == b && ia < ib);
 }
 
-// The sum of exp(x[j] - m) over a float32 row, vectorized (x holds no NaN).
+using Vec = at::vec::Vectorized<float>;
+
+// Lanes of x as float32 with NaN read as -inf.
+inline Vec load_logits(const float* x) {
+  const Vec v = Vec::loadu(x);
+  return Vec::blendv(v, Vec(kNegInf), v.isnan());
+}
+
+// Bit i set when lane i of v is above `threshold`.
+inline int lanes_above(const Vec& v, float threshold) {
+#if defined(CPU_CAPABILITY_AVX2)
+  return _mm256_movemask_ps(_mm256_cmp_ps(v, _mm256_set1_ps(threshold), _CMP_GT_OQ));
+#else
+  float lanes[Vec::size()];
+  v.store(lanes);
+  int mask = 0;
+  for (int i = 0; i < Vec::size(); ++i) mask |= (lanes[i] > threshold) << i;
+  return mask;
+#endif
+}
+
+// The sum of exp(x[j] - m) over a float32 row (NaN read as -inf: no mass), vectorized.
 float sum_exp(const float* x, int64_t V, float m) {
-  using Vec = at::vec::Vectorized<float>;
   const Vec vm(m);
   Vec acc(0.0f);
   int64_t j = 0;
-  for (; j + Vec::size() <= V; j += Vec::size()) acc = acc + (Vec::loadu(x + j) - vm).exp();
+  for (; j + Vec::size() <= V; j += Vec::size()) acc = acc + (load_logits(x + j) - vm).exp_u20();
   float lanes[Vec::size()];
   acc.store(lanes);
   float s = 0.0f;
   for (int k = 0; k < Vec::size(); ++k) s += lanes[k];
-  for (; j < V; ++j) s += std::exp(x[j] - m);
+  for (; j < V; ++j) s += x[j] == x[j] ? std::exp(x[j] - m) : 0.0f;
   return s;
+}
+
+// The k best (value, index) pairs of a row so far, larger first (ranks_before), and their count.
+struct TopK {
+  std::vector<float> vals;
+  std::vector<int64_t> ids;
+  int64_t held = 0;
+
+  explicit TopK(int64_t k) : vals(k), ids(k) {}
+  int64_t k() const { return static_cast<int64_t>(vals.size()); }
+  // Lanes of v (tokens j0 ..) that may enter: all while the list fills, then those above its last.
+  int candidates(const Vec& v) const {
+    if (k() == 0) return 0;
+    return held < k() ? (1 << Vec::size()) - 1 : lanes_above(v, vals[k() - 1]);
+  }
+  void offer(float x, int64_t j) {
+    const int64_t k = this->k();
+    if (held == k && !ranks_before(x, j, vals[k - 1], ids[k - 1])) return;
+    int64_t i = held < k ? held++ : k - 1;
+    for (; i > 0 && ranks_before(x, j, vals[i - 1], ids[i - 1]); --i) {
+      vals[i] = vals[i - 1];
+      ids[i] = ids[i - 1];
+    }
+    vals[i] = x;
+    ids[i] = j;
+  }
+};
+
+// One row of logprobs over x (float32, NaN read as -inf), k = top.k().
+void logprobs_row(const float* x, int64_t V, int64_t tok, TopK& top, int64_t* topk_ids,
+                  float* topk_lp, float* token_lp, int64_t* rank) {
+  const bool tok_ok = tok >= 0 && tok < V;
+  const float x_tok = tok_ok && x[tok] == x[tok] ? x[tok] : kNegInf;
+  // One pass: the max, the count of logits larger than the token's (per lane, in float: exact below
+  // 2**24) and the top k, offered only the lanes above its last entry. Tokens come in index order,
+  // so one equal to that entry never ranks before it.
+  const Vec v_tok(x_tok);
+  Vec v_max(kNegInf), v_larger(0.0f);
+  int64_t j = 0;
+  for (; j + Vec::size() <= V; j += Vec::size()) {
+    const Vec v = load_logits(x + j);
+    v_max = at::vec::maximum(v_max, v);
+    v_larger = v_larger + v.gt(v_tok);
+    for (int mask = top.candidates(v); mask; mask &= mask - 1) {
+      const int lane = __builtin_ctz(mask);
+      top.offer(x[j + lane] == x[j + lane] ? x[j + lane] : kNegInf, j + lane);
+    }
+  }
+  float lanes[Vec::size()];
+  v_max.store(lanes);
+  float m = *std::max_element(lanes, lanes + Vec::size());
+  v_larger.store(lanes);
+  int64_t larger = 0;
+  for (int i = 0; i < Vec::size(); ++i) larger += static_cast<int64_t>(lanes[i]);
+  for (; j < V; ++j) {
+    const float xj = x[j] == x[j] ? x[j] : kNegInf;
+    m = std::max(m, xj);
+    larger += xj > x_tok;
+    if (top.k() > 0) top.offer(xj, j);
+  }
+  // A +inf logit holds all the mass: logsumexp is +inf (finite logits get -inf, +inf ones NaN).
+  const float lse = m == -kNegInf ? m : (m > kNegInf ? m + std::log(sum_exp(x, V, m)) : kNegInf);
+  auto logprob = [&](float v) { return lse > kNegInf ? v - lse : kNegInf; };
+  for (int64_t i = 0; i < top.k(); ++i) {
+    topk_ids[i] = top.ids[i];
+    topk_lp[i] = logprob(top.vals[i]);
+  }
+  *token_lp = tok_ok ? logprob(x_tok) : kNegInf;
+  *rank = tok_ok ? 1 + larger : -1;
 }
 
 template <typename scalar_t>
@@ -44,42 +128,20 @@ void logprobs_kernel(const at::Tensor& logits, const int64_t* tokens, int64_t k,
   const int64_t T = logits.size(0), V = logits.size(1), row_stride = logits.stride(0);
   const scalar_t* base = logits.data_ptr<scalar_t>();
   at::parallel_for(0, T, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> vals(k), x(V);
-    std::vector<int64_t> ids(k);
+    std::vector<float> x(std::is_same_v<scalar_t, float> ? 0
+                                                         : V);  // float16/bfloat16 rows as float32
     for (int64_t t = begin; t < end; ++t) {
       const scalar_t* row = base + t * row_stride;
-      const int64_t tok = tokens[t];
-      const bool tok_ok = tok >= 0 && tok < V;
-      const float x_tok = tok_ok ? logit_at(row, tok) : kNegInf;
-      // One pass: the row as float32 (NaN as -inf), its max, the count of larger logits and the k
-      // best (value, index) pairs, kept sorted by insertion (k is small; few tokens enter the
-      // list).
-      float m = kNegInf;
-      int64_t larger = 0, held = 0;
-      for (int64_t j = 0; j < V; ++j) {
-        const float xj = logit_at(row, j);
-        x[j] = xj;
-        m = xj > m ? xj : m;
-        larger += xj > x_tok;
-        if (k == 0 || (held == k && !ranks_before(xj, j, vals[k - 1], ids[k - 1]))) continue;
-        int64_t i = held < k ? held++ : k - 1;
-        for (; i > 0 && ranks_before(xj, j, vals[i - 1], ids[i - 1]); --i) {
-          vals[i] = vals[i - 1];
-          ids[i] = ids[i - 1];
-        }
-        vals[i] = xj;
-        ids[i] = j;
+      const float* xs;
+      if constexpr (std::is_same_v<scalar_t, float>) {
+        xs = row;
+      } else {
+        for (int64_t j = 0; j < V; ++j) x[j] = static_cast<float>(row[j]);
+        xs = x.data();
       }
-      // A +inf logit holds all the mass: logsumexp is +inf (finite logits get -inf, +inf ones NaN).
-      const float lse =
-          m == -kNegInf ? m : (m > kNegInf ? m + std::log(sum_exp(x.data(), V, m)) : kNegInf);
-      auto logprob = [&](float v) { return lse > kNegInf ? v - lse : kNegInf; };
-      for (int64_t i = 0; i < k; ++i) {
-        topk_ids[t * k + i] = ids[i];
-        topk_lp[t * k + i] = logprob(vals[i]);
-      }
-      token_lp[t] = tok_ok ? logprob(x_tok) : kNegInf;
-      ranks[t] = tok_ok ? 1 + larger : -1;
+      TopK top(k);
+      logprobs_row(xs, V, tokens[t], top, topk_ids + t * k, topk_lp + t * k, token_lp + t,
+                   ranks + t);
     }
   });
 }
