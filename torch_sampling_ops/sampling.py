@@ -11,15 +11,21 @@ top); the Gumbel noise -log(-log(u)) is computed in float32, where the two logs 
 whose last bit may differ between devices. The stream has no state: a row's draw depends only on
 (seed, position, token), never on the batch, the launch grid or a CUDA-graph replay count.
 
-`sample` on CUDA (a first version): one launch copies each row that has a filter on,
-divided by its temperature (greedy rows as they are) with an IEEE division as the `temperature` op, into a float32 [T, V]
+`sample` on CUDA: one launch copies each row that has a filter on, divided by its temperature
+(greedy rows as they are) with an IEEE division as the `temperature` op, into a float32 [T, V]
 workspace; the `min_p` and `top_k_top_p` launchers run on the workspace (rows whose filters are off
 are not read); then one program a row (below 128 rows, one a row and 8192-token segment, with a
-second launch reducing the segments in order) takes the argmax of value + Gumbel noise over the
+second launch reducing the segments in order) draws: the argmax of value + Gumbel noise over the
 tokens above -inf, ties to the lower index, reading the workspace row, or for a row without filters
 its logits (divided on the fly: the same bits), or for a greedy row the plain argmax of its logits
-(the filters always keep it). Greedy and unfiltered rows thus cost one read of the row. A single
-pass that fuses the filters and the draw is future work.
+(the filters always keep it). Greedy and unfiltered rows thus cost one read of the row.
+
+The draw (`gumbel_argmax`, also rejection_sample's) scores every token approximately, from two
+hardware log2 (`stream_gumbel_approx`) and a multiplication by 1 / temperature, each score within
+a tolerance of its exact value, and keeps each lane's two largest. When the largest minus the
+tolerance stays above the runner-up plus it, that token wins the exact scores too: its exact score
+alone is computed. Otherwise (a near tie, an infinite score) a second pass scores every token
+exactly. So the token is the exact scores' argmax, bit for bit, at about half the arithmetic.
 
 `logprobs` on CUDA: two launches. The first splits each row into fixed segments (their length a
 module constant, so a row's result never depends on the batch), one program each, which reads its
