@@ -25,12 +25,13 @@ from .truncation import plan as truncation_plan
 
 
 def _truncation_row_counts(vocab_size: int, max_num_tokens: int, pdl: bool) -> list[int]:
-    """One batch size per distinct launch plan of top_k_top_p (and blocks per program of the filter
-    passes) for T in [1, max_num_tokens]."""
+    """One batch size per distinct launch plan of top_k_top_p (its own and `sample`'s) and blocks per
+    program of the filter passes, for T in [1, max_num_tokens]."""
     seen, rows = set(), []
     for T in range(1, max_num_tokens + 1):
-        plan = tuple((kernel, tuple(sorted(meta.items()))) for kernel, _, meta in
-                     truncation_plan._launch_plan(T, vocab_size, pdl)) + (blocks_per_program(T),)
+        plan = tuple((kernel, tuple(sorted(meta.items()))) for group_scan in (False, True) for kernel, _, meta in
+                     truncation_plan._launch_plan(T, vocab_size, pdl, group_scan=group_scan))
+        plan += (blocks_per_program(T),)
         if plan not in seen:
             seen.add(plan)
             rows.append(T)

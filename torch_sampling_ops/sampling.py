@@ -615,7 +615,7 @@ def _sample_triton(logits, idx_mapping, temperature, top_k, top_p, min_p, seeds,
     # The filters read only the rows whose parameters turn them on: exactly the rows written above
     # (greedy ones included, filtered for nothing: the draw takes their argmax from the logits).
     _min_p_triton(ws, idx_mapping, min_p)
-    _top_k_top_p_triton(ws, idx_mapping, top_k, top_p)
+    _top_k_top_p_triton(ws, idx_mapping, top_k, top_p, group_scan=True)  # most rows usually have the filters off
     segments = triton.cdiv(V, _SEGMENT) if T < _SPLIT_MAX_T else 1
     if segments == 1:
         launch(_gumbel_argmax_kernel, (T, 1), logits, logits.stride()[0], ws, *params, seeds, output_lens, out,

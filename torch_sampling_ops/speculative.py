@@ -9,8 +9,8 @@ Random numbers come from the stream of `sample` (sampling.py), keyed by the requ
 position `output_lens[i] + j`: the acceptance uniform of position j uses the reserved token index
 `ACCEPT_TOKEN = 2**31 - 1` (outside every vocabulary), the residual and bonus draws use the Gumbel
 noise of the token indices, as `sample` does, and like its draw score approximately, keep each
-lane's top two and rescore the certified winner exactly (an exact pass where it is not certified). So a request's tokens depend only on its own rows,
-seed and position, never on the batch.
+lane's top two and rescore the certified winner exactly (an exact pass where it is not certified).
+So a request's tokens depend only on its own rows, seed and position, never on the batch.
 
 CUDA, in levels: each target row is cut into chunks of `_CHUNK` tokens (a constant), and each
 position j = 0 .. max_spec_len has one launch over a (B, chunks) grid; a last launch over (B,)

@@ -29,20 +29,21 @@ def _check_top_k_top_p_values(logits, idx_mapping, top_k, top_p) -> None:
 
 
 @functools.lru_cache(maxsize=4096)
-def _launch_setup(T: int, V: int, pdl: bool, settings: TruncationSettings) -> tuple:
+def _launch_setup(T: int, V: int, pdl: bool, settings: TruncationSettings, group_scan: bool) -> tuple:
     """(segments, workspace words per row, launch plan) of a [T, V] batch, computed once per shape
     and settings: building the plan costs more host time than a launch."""
     num_segments = triton.cdiv(V, settings.segment)
-    return num_segments, _workspace_words(num_segments, settings), _launch_plan(T, V, pdl, settings)
+    return num_segments, _workspace_words(num_segments, settings), _launch_plan(T, V, pdl, settings, group_scan)
 
 
-def _top_k_top_p_triton(logits, idx_mapping, top_k, top_p) -> None:
+def _top_k_top_p_triton(logits, idx_mapping, top_k, top_p, group_scan: bool = False) -> None:
+    """The op's CUDA/Triton body; `group_scan` as `_launch_plan` takes it (`sample` sets it)."""
     T, V = logits.shape
     if T == 0:
         return
     settings = current_settings()
     setup = _launch_setup if type(T) is int and type(V) is int else _launch_setup.__wrapped__  # SymInts: no cache
-    num_segments, ws_stride, plan = setup(T, V, _uses_pdl(logits.device, settings), settings)
+    num_segments, ws_stride, plan = setup(T, V, _uses_pdl(logits.device, settings), settings, group_scan)
     ws = logits.new_empty((T, ws_stride), dtype=torch.float32)
     args = (logits, logits.stride()[0], idx_mapping, top_k, top_p, ws, ws_stride, top_k.shape[0], V, num_segments)
     for kernel, grid, meta in plan:

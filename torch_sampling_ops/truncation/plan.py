@@ -20,10 +20,13 @@ from .select import _select_kernel
 from .settings import _INTERPRET, TruncationSettings, current_settings
 
 
-def _launch_plan(T: int, V: int, pdl: bool, settings: TruncationSettings | None = None) -> list:
+def _launch_plan(T: int, V: int, pdl: bool, settings: TruncationSettings | None = None,
+                 group_scan: bool = False) -> list:
     """The op's launches for a [T, V] batch, in order: (kernel, grid, constants and compile options);
     with pdl, every launch after the first is a programmatic dependent launch (see _row_settings).
-    `settings`: the current ones (current_settings) by default."""
+    `settings`: the current ones (current_settings) by default. group_scan: the scan walks
+    `scan_group` segments a program from `scan_group_min_t` rows (for callers whose rows mostly have
+    both filters off, as `sample`'s: the op itself does not)."""
     s = settings or current_settings()
     num_segments = triton.cdiv(V, s.segment)
     segments_p2 = triton.next_power_of_2(num_segments)
@@ -31,7 +34,7 @@ def _launch_plan(T: int, V: int, pdl: bool, settings: TruncationSettings | None 
     follow = dict(PDL=pdl, launch_pdl=pdl)
     chunks = (T, triton.cdiv(V, s.chunk))
     fill_group = s.fill_group if settle_launch else 1
-    scan_group = s.scan_group if T >= s.scan_group_min_t else 1
+    scan_group = s.scan_group if group_scan and T >= s.scan_group_min_t else 1
     fill_in_select = T >= s.fill_in_select_min_t
     fill = [(_fill_chunks_kernel, (T, triton.cdiv(chunks[1], fill_group)),
              dict(CHUNK=s.chunk, SEGMENTS=s.chunk // s.segment, SEG_CAP=s.seg_cap, GROUP=fill_group,

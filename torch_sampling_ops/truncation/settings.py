@@ -56,11 +56,12 @@ class TruncationSettings:
     """From this batch size a launch of its own settles each row once; below it each gather program
     settles its row (all reach the same bits), which saves a launch while the rows are few."""
     scan_group: int = 4
-    """From `scan_group_min_t` rows, segments a scan program walks in turn: a row whose filters are
-    off then costs a quarter of the scan's programs (each still a launch slot)."""
+    """For callers whose rows mostly have both filters off (`sample`), from `scan_group_min_t` rows:
+    segments a scan program walks in turn, so such a row costs a quarter of the scan's programs
+    (each still a launch slot). Rows with a filter on scan slower so (top_k_top_p itself does not)."""
     scan_group_min_t: int = 64
-    """From this batch size the scan groups its segments; below it one program a segment keeps the
-    few rows spread over the GPU."""
+    """From this batch size such callers' scans group their segments; below it one program a
+    segment keeps the few rows spread over the GPU."""
     fill_group: int = 4
     """From `settle_launch_min_t` rows, chunks a fill program takes: in a batch of top-k rows, which
     the fill leaves alone, each program still costs a launch slot and the loads of its row settings."""
