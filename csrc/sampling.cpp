@@ -2,8 +2,7 @@
 // and the random stream exposed for tests.
 #include "ops.h"
 #include "random_stream.h"
-
-#include <ATen/cpu/vec/vec.h>
+#include "vec.h"
 
 #include <algorithm>
 #include <cmath>
@@ -16,27 +15,6 @@ namespace {
 // (value, index) ordering of the logprobs top-k: larger value first, lower index among ties.
 inline bool ranks_before(float a, int64_t ia, float b, int64_t ib) {
   return a > b || (a == b && ia < ib);
-}
-
-using Vec = at::vec::Vectorized<float>;
-
-// Lanes of x as float32 with NaN read as -inf.
-inline Vec load_logits(const float* x) {
-  const Vec v = Vec::loadu(x);
-  return Vec::blendv(v, Vec(kNegInf), v.isnan());
-}
-
-// Bit i set when lane i of v is above `threshold`.
-inline int lanes_above(const Vec& v, float threshold) {
-#if defined(CPU_CAPABILITY_AVX2)
-  return _mm256_movemask_ps(_mm256_cmp_ps(v, _mm256_set1_ps(threshold), _CMP_GT_OQ));
-#else
-  float lanes[Vec::size()];
-  v.store(lanes);
-  int mask = 0;
-  for (int i = 0; i < Vec::size(); ++i) mask |= (lanes[i] > threshold) << i;
-  return mask;
-#endif
 }
 
 // The sum of exp(x[j] - m) over a float32 row (NaN read as -inf: no mass), vectorized.

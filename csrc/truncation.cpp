@@ -1,32 +1,116 @@
-// CPU kernel of top_k_top_p (torch_sampling_ops/truncation.py), in place.
+// CPU kernel of top_k_top_p (torch_sampling_ops/truncation/), in place.
 //
-// Per row: the k-th largest value by nth_element; the top-p boundary by sorting only the tokens
-// within a window below the maximum that already holds the target mass (the window doubles until it
-// does), not the whole row. Masses are accumulated in double: a float32 running sum over a
-// 150K-token row drifts by ~1e-4, the contract's whole tolerance.
+// Per row, over the row as float32 (NaN read as -inf): the k-th largest value from one vectorized
+// pass that offers a sorted list only the lanes above its last value (nth_element for large k);
+// the top-p boundary by sorting only the tokens within a window below the maximum that already
+// holds the target mass (the window grows until it does), not the whole row. Masses are accumulated
+// in double: a float32 running sum over a 150K-token row drifts by ~1e-4, the contract's whole
+// tolerance (the full row's mass sums float32 lanes over 64 tokens at a time, then in double).
 #include "ops.h"
+#include "vec.h"
 
+#include <algorithm>
 #include <cmath>
+#include <type_traits>
 #include <vector>
 
 namespace tso {
 namespace {
 
 constexpr float kInf = std::numeric_limits<float>::infinity();
+// Largest k found by the sorted list; larger k use nth_element over a copy of the row.
+constexpr int64_t kListMaxK = 256;
+
+// x[0:V] = the row as float32, NaN read as -inf; returns the row max.
+template <typename scalar_t>
+float load_row(const scalar_t* row, int64_t V, float* x) {
+  int64_t j = 0;
+  Vec v_max(kNegInf);
+  if constexpr (std::is_same_v<scalar_t, float>) {
+    for (; j + Vec::size() <= V; j += Vec::size()) {
+      const Vec v = load_logits(row + j);
+      v.store(x + j);
+      v_max = at::vec::maximum(v_max, v);
+    }
+  }
+  float m = max_lane(v_max);
+  for (; j < V; ++j) {
+    const float v = static_cast<float>(row[j]);
+    x[j] = std::isnan(v) ? kNegInf : v;
+    m = std::max(m, x[j]);
+  }
+  return m;
+}
+
+// The k-th largest of x[0:V] (counting ties), 0 < k < V.
+float kth_largest(const float* x, int64_t V, int64_t k, std::vector<float>& scratch) {
+  if (k > kListMaxK) {
+    scratch.assign(x, x + V);
+    std::nth_element(scratch.begin(), scratch.begin() + (k - 1), scratch.end(),
+                     std::greater<float>());
+    return scratch[k - 1];
+  }
+  // The k largest so far, sorted descending. A value equal to the last one leaves the k-th largest
+  // unchanged, so only larger ones are offered once the list is full.
+  scratch.clear();
+  auto offer = [&](float v) {
+    if (static_cast<int64_t>(scratch.size()) == k) {
+      if (!(v > scratch.back())) return;
+      scratch.pop_back();
+    }
+    scratch.insert(std::upper_bound(scratch.begin(), scratch.end(), v, std::greater<float>()), v);
+  };
+  int64_t j = 0;
+  for (; j + Vec::size() <= V; j += Vec::size()) {
+    const bool full = static_cast<int64_t>(scratch.size()) == k;
+    int mask = full ? lanes_above(Vec::loadu(x + j), scratch.back()) : (1 << Vec::size()) - 1;
+    for (; mask; mask &= mask - 1) offer(x[j + __builtin_ctz(mask)]);
+  }
+  for (; j < V; ++j) offer(x[j]);
+  return scratch.back();
+}
+
+// sum of exp(v - row_max) over the values v >= floor_value of x, in double; with `window`, those
+// values are also collected. Only lanes >= floor_value are visited, unless floor_value is -inf.
+double mass_at_least(const float* x, int64_t V, float floor_value, float row_max,
+                     std::vector<float>* window) {
+  double mass = 0.;
+  int64_t j = 0;
+  if (floor_value == kNegInf &&
+      window == nullptr) {  // the whole row: float32 lanes, 64 tokens a sum
+    const Vec vm(row_max);
+    for (; j + 8 * Vec::size() <= V;) {
+      Vec acc(0.0f);
+      for (int i = 0; i < 8; ++i, j += Vec::size()) acc = acc + (Vec::loadu(x + j) - vm).exp_u20();
+      float lanes[Vec::size()];
+      acc.store(lanes);
+      for (int i = 0; i < Vec::size(); ++i) mass += lanes[i];
+    }
+  } else {
+    for (; j + Vec::size() <= V; j += Vec::size()) {
+      for (int mask = lanes_above<true>(Vec::loadu(x + j), floor_value); mask; mask &= mask - 1) {
+        const float v = x[j + __builtin_ctz(mask)];
+        mass += std::exp(v - row_max);
+        if (window) window->push_back(v);
+      }
+    }
+  }
+  for (; j < V; ++j) {
+    if (x[j] >= floor_value) {
+      mass += std::exp(x[j] - row_max);
+      if (window) window->push_back(x[j]);
+    }
+  }
+  return mass;
+}
 
 // The value at which the mass of the tokens >= it, counted from the largest, first reaches target.
-float top_p_threshold(const std::vector<float>& x, float lower, float row_max, double target,
+float top_p_threshold(const float* x, int64_t V, float lower, float row_max, double target,
                       std::vector<float>& window) {
   for (float width = 0.5f;; width *= 1.5f) {  // a window 1.5x wider than needed, at most
     const float floor_value = std::max(lower, row_max - width);
     window.clear();
-    double mass = 0.;
-    for (float v : x) {
-      if (v >= floor_value) {
-        window.push_back(v);
-        mass += std::exp(v - row_max);
-      }
-    }
+    const double mass = mass_at_least(x, V, floor_value, row_max, &window);
     if (mass >= target || floor_value == lower || width > 1e30f) break;
   }
   std::sort(window.begin(), window.end(), std::greater<float>());
@@ -38,6 +122,67 @@ float top_p_threshold(const std::vector<float>& x, float lower, float row_max, d
   return window.empty() ? lower : window.back();
 }
 
+// Top-p alone over a whole row: the same boundary as top_p_threshold from one pass. The tokens
+// within kBucketRange of the maximum fall in buckets of 1 / kBucketsPerUnit by their distance to
+// it; the masses of the buckets, from the largest down, find the bucket where the cumulative mass
+// reaches target, and only its tokens are sorted. The exponentials are at::vec's exp_u20 (about 20
+// ulp) in both steps. Returns NaN when the boundary lies below the buckets (top_p near 1).
+constexpr int kBucketsPerUnit = 8;
+constexpr int kBucketRange = 64;
+constexpr int kBuckets = kBucketsPerUnit * kBucketRange;
+
+float top_p_threshold_buckets(const float* x, int64_t V, float row_max, double target,
+                              std::vector<double>& bucket_mass, std::vector<float>& window) {
+  bucket_mass.assign(kBuckets, 0.);
+  const Vec vm(row_max), vscale = Vec(static_cast<float>(kBucketsPerUnit));
+  float lanes_d[Vec::size()], lanes_e[Vec::size()];
+  auto bucket_of = [&](float d) { return static_cast<int>(d * kBucketsPerUnit); };
+  int64_t j = 0;
+  for (; j + Vec::size() <= V; j += Vec::size()) {
+    const Vec d = vm - Vec::loadu(x + j);  // >= 0, +inf for -inf logits
+    (d * vscale).store(lanes_d);
+    (Vec(0.f) - d).exp_u20().store(lanes_e);
+    for (int i = 0; i < Vec::size(); ++i) {
+      if (lanes_d[i] < kBuckets) bucket_mass[static_cast<int>(lanes_d[i])] += lanes_e[i];
+    }
+  }
+  for (; j < V; ++j) {
+    const float d = row_max - x[j];
+    if (d * kBucketsPerUnit < kBuckets) bucket_mass[bucket_of(d)] += exp_u20(-d);
+  }
+  double above = 0.;
+  int b = 0;
+  for (; b < kBuckets && above + bucket_mass[b] < target; ++b) above += bucket_mass[b];
+  if (b == kBuckets) return std::numeric_limits<float>::quiet_NaN();
+  window.clear();
+  for (j = 0; j < V; ++j) {
+    if (bucket_of(row_max - x[j]) == b && (row_max - x[j]) * kBucketsPerUnit < kBuckets)
+      window.push_back(x[j]);
+  }
+  std::sort(window.begin(), window.end(), std::greater<float>());
+  for (float v : window) {
+    above += exp_u20(v - row_max);
+    if (above >= target) return v;
+  }
+  return window.back();  // the bucket's own sum reached target: rounding of the last addition
+}
+
+// Sets row[j] to -inf where !(row[j] >= threshold) (NaN included).
+template <typename scalar_t>
+void mask_below(scalar_t* row, int64_t V, float threshold) {
+  int64_t j = 0;
+  if constexpr (std::is_same_v<scalar_t, float>) {
+    const Vec vt(threshold), neg_inf(kNegInf);
+    for (; j + Vec::size() <= V; j += Vec::size()) {
+      const Vec v = Vec::loadu(row + j);
+      Vec::blendv(neg_inf, v, v >= vt).store(row + j);  // false for NaN
+    }
+  }
+  for (; j < V; ++j) {
+    if (!(static_cast<float>(row[j]) >= threshold)) row[j] = kNegInf;
+  }
+}
+
 template <typename scalar_t>
 void top_k_top_p_kernel(at::Tensor& logits, const int64_t* slot_p, const int32_t* top_k_p,
                         const float* top_p_p, int64_t num_slots) {
@@ -46,6 +191,7 @@ void top_k_top_p_kernel(at::Tensor& logits, const int64_t* slot_p, const int32_t
 
   at::parallel_for(0, T, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> x(V), scratch, window;
+    std::vector<double> masses;
     for (int64_t t = begin; t < end; ++t) {
       const int64_t r = slot_p[t];
       if (r < 0 || r >= num_slots) continue;
@@ -54,34 +200,24 @@ void top_k_top_p_kernel(at::Tensor& logits, const int64_t* slot_p, const int32_t
       const bool k_on = k > 0 && k < V, p_on = p < 1.f;
       if (!k_on && !p_on) continue;
       scalar_t* row = base + t * row_stride;
-      float row_max = kNegInf;
-      for (int64_t j = 0; j < V; ++j) {
-        const float v = static_cast<float>(row[j]);
-        x[j] = std::isnan(v) ? kNegInf : v;
-        row_max = std::max(row_max, x[j]);
-      }
+      const float row_max = load_row(row, V, x.data());
       if (row_max == kNegInf) continue;
 
-      float threshold = kNegInf;
-      if (k_on) {
-        scratch.assign(x.begin(), x.end());
-        std::nth_element(scratch.begin(), scratch.begin() + (k - 1), scratch.end(),
-                         std::greater<float>());
-        threshold = scratch[k - 1];
-      }
+      float threshold = k_on ? kth_largest(x.data(), V, k, scratch) : kNegInf;
       if (p_on && row_max == kInf) {
         threshold = kInf;  // all the mass lies on the +inf logits
       } else if (p_on) {
-        double kept_mass = 0.;
-        for (float v : x) {
-          if (v >= threshold) kept_mass += std::exp(v - row_max);
-        }
+        const double kept_mass = mass_at_least(x.data(), V, threshold, row_max, nullptr);
         const double target = std::max(p * kept_mass, double(std::numeric_limits<float>::min()));
-        threshold = std::max(threshold, top_p_threshold(x, threshold, row_max, target, window));
+        const float bucketed =
+            k_on ? std::numeric_limits<float>::quiet_NaN()
+                 : top_p_threshold_buckets(x.data(), V, row_max, target, masses, window);
+        threshold = std::max(
+            threshold, bucketed == bucketed
+                           ? bucketed
+                           : top_p_threshold(x.data(), V, threshold, row_max, target, window));
       }
-      for (int64_t j = 0; j < V; ++j) {
-        if (!(static_cast<float>(row[j]) >= threshold)) row[j] = kNegInf;
-      }
+      mask_below(row, V, threshold);
     }
   });
 }
