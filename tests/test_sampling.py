@@ -385,6 +385,32 @@ def test_sample_exact_rescoring_gives_the_exact_draw(backend, monkeypatch):
 
 
 @pytest.mark.parametrize("backend", ["interpret", pytest.param("cuda", marks=pytest.mark.cuda)])
+def test_sample_exact_rescoring_at_the_edges(backend, monkeypatch):
+    """Rows the certificate must get right or leave to the exact pass: one live token in a segment,
+    none, a scaled logit overflowing to -inf or +inf, ties of equal logits: the exact scores' tokens."""
+    V = 3 * sampling._SEGMENT + 5
+    logits = torch.full((6, V), NEG_INF)
+    logits[0, 7] = 2.0  # one live token in the row: its segments hold it alone or nothing
+    logits[2, :] = -3e38  # divided by 0.01: -inf, no longer a live token ...
+    logits[2, V - 3] = -1e30  # ... but this one
+    logits[3, :50] = 3e38  # divided by 0.01: +inf
+    logits[4, :] = 1.5  # all equal: the noise alone decides
+    logits[5, ::3] = torch.randn(len(range(0, V, 3)), generator=torch.Generator().manual_seed(4))
+    temperature = torch.tensor([1.0, 1.0, 0.01, 0.01, 0.7, 1.3])
+    R = 6
+    args = [logits, torch.arange(R), temperature, torch.zeros(R, dtype=torch.int32), torch.ones(R), torch.zeros(R),
+            torch.arange(R, dtype=torch.int64) * 977, torch.arange(R) + 3]
+    args = [a.to(device_of(backend)) for a in args]
+    fast = run_op(backend, "sample", *args).cpu()
+    monkeypatch.setattr(sampling, "GUMBEL_APPROX_TOL", 1e30)
+    exact = run_op(backend, "sample", *args).cpu()
+    assert torch.equal(fast, exact)
+    assert fast.tolist()[:4] == [7, -1, V - 3, 0]  # row 3: +inf scores, the lowest index
+    monkeypatch.setattr(sampling, "_SPLIT_MAX_T", 0)  # whole rows in one program
+    assert torch.equal(run_op(backend, "sample", *args).cpu(), exact)
+
+
+@pytest.mark.parametrize("backend", ["interpret", pytest.param("cuda", marks=pytest.mark.cuda)])
 def test_sample_grouped_filter_programs_give_the_same_tokens(backend, monkeypatch):
     """From filtering._GROUP_MIN_T rows the workspace copy and min_p take several blocks a program,
     and the scan several segments: the same tokens."""

@@ -146,6 +146,30 @@ def stream_gumbel_approx(bits):
 
 
 @triton.jit
+def top2_update(first, second, first_j, score, offs):
+    """Per lane: the largest score (and its token) and the second largest."""
+    second = tl.maximum(second, tl.minimum(first, score))
+    first_j = tl.where(score > first, offs, first_j)
+    return tl.maximum(first, score), second, first_j
+
+
+@triton.jit
+def top2_certified(first, second, first_j, tol, BLOCK_V: tl.constexpr):
+    """(token, certified) of per-lane top-2 approximate scores, each within err(s) = tol * (35 + |s|)
+    of its exact score, -inf only where no token is: the token of the largest (-1 without one), and
+    whether err proves it the exact argmax (the others' largest plus its err stays below the
+    largest minus its err, finite; a lone token always wins) or there is no token."""
+    top = tl.max(first, axis=0)
+    lane = tl.arange(0, BLOCK_V)
+    top_lane = tl.min(tl.where(first == top, lane, BLOCK_V), axis=0)
+    runner_up = tl.maximum(tl.max(second, axis=0), tl.max(tl.where(lane == top_lane, float("-inf"), first), axis=0))
+    token = tl.max(tl.where(lane == top_lane, first_j, -1), axis=0)
+    runner_up_bound = tl.where(runner_up > float("-inf"), runner_up + tol * (35.0 + tl.abs(runner_up)), float("-inf"))
+    certified = (top == float("-inf")) | ((top < float("inf")) & (runner_up_bound < top - tol * (35.0 + tl.abs(top))))
+    return token, certified
+
+
+@triton.jit
 def _exact_gumbel_argmax(row_ptr, begin, end, key, temp, SCALE: tl.constexpr, BLOCK_V: tl.constexpr):
     """(score, token) of argmax_j of x_j (/ temp with SCALE) + stream_gumbel(key, j) over the tokens
     of [begin, end) above -inf, the lower index among ties; (-inf, -1) without one."""
@@ -190,17 +214,14 @@ def gumbel_argmax(row_ptr, begin, end, key, temp, tol, SCALE: tl.constexpr, BLOC
             x_scaled = x * inv_temp
         else:
             x_scaled = x
-        # -inf for -inf and NaN logits (x_scaled is NaN for NaN): never first, never second.
-        approx = tl.where(x > float("-inf"), x_scaled + stream_gumbel_approx(stream_bits(key, offs)), float("-inf"))
-        second = tl.maximum(second, tl.minimum(first, approx))
-        first_j = tl.where(approx > first, offs, first_j)
-        first = tl.maximum(first, approx)
-    top = tl.max(first, axis=0)
-    lane = tl.arange(0, BLOCK_V)
-    top_lane = tl.min(tl.where(first == top, lane, BLOCK_V), axis=0)
-    runner_up = tl.maximum(tl.max(second, axis=0), tl.max(tl.where(lane == top_lane, float("-inf"), first), axis=0))
-    token = tl.max(tl.where(lane == top_lane, first_j, -1), axis=0)
-    if (top < float("inf")) & (runner_up + tol * (35.0 + tl.abs(runner_up)) < top - tol * (35.0 + tl.abs(top))):
+        # -inf for -inf and NaN logits (x_scaled is NaN for NaN) alone: never first, never second; a
+        # token whose scaled logit overflows to -inf counts at -FLT_MAX (its exact score is lower).
+        approx = tl.where(x > float("-inf"),
+                          tl.maximum(x_scaled + stream_gumbel_approx(stream_bits(key, offs)), -3.4028234663852886e38),
+                          float("-inf"))
+        first, second, first_j = top2_update(first, second, first_j, approx, offs)
+    token, certified = top2_certified(first, second, first_j, tol, BLOCK_V)
+    if certified:
         if token >= 0:
             x_a = tl.load(row_ptr + token).to(tl.float32)
             if SCALE:

@@ -40,7 +40,16 @@ import triton.language as tl
 
 from . import _checks, sampling
 from ._registry import define_op, launch
-from .sampling import _fast_log2, gumbel_argmax, stream_bits, stream_gumbel, stream_gumbel_approx, stream_key
+from .sampling import (
+    _fast_log2,
+    gumbel_argmax,
+    stream_bits,
+    stream_gumbel,
+    stream_gumbel_approx,
+    stream_key,
+    top2_certified,
+    top2_update,
+)
 
 ACCEPT_TOKEN = 2**31 - 1  # the token index of the acceptance uniform in a position's stream
 # Each target row is cut into chunks of _CHUNK tokens, one program a chunk; a program walks its
@@ -106,6 +115,21 @@ def _max_sum_chunk(row_ptr, start, limit, BLOCK_V: tl.constexpr):
 
 
 @triton.jit
+def _residual_terms(row_ptr, probs_row_ptr, draft, row_max, row_sum, offs, limit, HAS_PROBS: tl.constexpr):
+    """(x, r = p - q, r > 0 inside the row) at tokens `offs` of a rejected position's target row
+    (softmax max and sum given) and its draft row (the one-hot of `draft` without draft probs)."""
+    in_row = offs < limit
+    x = _load_row(row_ptr, offs, limit)
+    p = tl.exp(x - row_max) / row_sum  # NaN for every token of a row with max -inf: never taken
+    if HAS_PROBS:
+        q = tl.load(probs_row_ptr + offs, mask=in_row, other=0.0)
+    else:
+        q = tl.where(offs == draft, 1.0, 0.0)
+    r = p - q
+    return x, r, in_row & (r > 0.0)  # false for NaN
+
+
+@triton.jit
 def _exact_residual_chunk(row_ptr, probs_row_ptr, draft, row_max, row_sum, key, start, limit, vocab_size,
                     HAS_PROBS: tl.constexpr, BLOCK_V: tl.constexpr):
     """Over row tokens [start, limit): the (score, token) argmax of log(r_k) + g_k over r = p - q > 0
@@ -117,43 +141,13 @@ def _exact_residual_chunk(row_ptr, probs_row_ptr, draft, row_max, row_sum, key, 
     best_pj = tl.full((BLOCK_V,), -1, dtype=tl.int32)
     for tile in range(start, limit, BLOCK_V):
         offs = tile + tl.arange(0, BLOCK_V)
-        in_row = offs < limit
-        x = _load_row(row_ptr, offs, limit)
+        x, r, has = _residual_terms(row_ptr, probs_row_ptr, draft, row_max, row_sum, offs, limit, HAS_PROBS)
         g = stream_gumbel(stream_bits(key, offs))
-        p = tl.exp(x - row_max) / row_sum  # NaN for every token of a row with max -inf: never taken
-        if HAS_PROBS:
-            q = tl.load(probs_row_ptr + offs, mask=in_row, other=0.0)
-        else:
-            q = tl.where(offs == draft, 1.0, 0.0)
-        r = p - q
-        has = in_row & (r > 0.0)  # false for NaN
         best_r, best_rj = _argmax_update(best_r, best_rj, tl.log(tl.where(has, r, 1.0)) + g, has, offs)
         best_p, best_pj = _argmax_update(best_p, best_pj, x + g, x > float("-inf"), offs)
     score_r, token_r = _argmax_finish(best_r, best_rj, vocab_size)
     score_p, token_p = _argmax_finish(best_p, best_pj, vocab_size)
     return score_r, token_r, score_p, token_p
-
-
-@triton.jit
-def _top2_update(first, second, first_j, score, offs):
-    """Per lane: the largest score (and its token) and the second largest."""
-    second = tl.maximum(second, tl.minimum(first, score))
-    first_j = tl.where(score > first, offs, first_j)
-    return tl.maximum(first, score), second, first_j
-
-
-@triton.jit
-def _top2_certified(first, second, first_j, tol, BLOCK_V: tl.constexpr):
-    """(token, certified) of per-lane top-2 approximate scores, each within err(s) = tol * (35 + |s|)
-    of its exact score: the token of the largest, and whether err proves it the exact argmax (the
-    others' largest plus its err stays below the largest minus its err, finite)."""
-    top = tl.max(first, axis=0)
-    lane = tl.arange(0, BLOCK_V)
-    top_lane = tl.min(tl.where(first == top, lane, BLOCK_V), axis=0)
-    runner_up = tl.maximum(tl.max(second, axis=0), tl.max(tl.where(lane == top_lane, float("-inf"), first), axis=0))
-    token = tl.max(tl.where(lane == top_lane, first_j, -1), axis=0)
-    certified = (top < float("inf")) & (runner_up + tol * (35.0 + tl.abs(runner_up)) < top - tol * (35.0 + tl.abs(top)))
-    return token, certified
 
 
 @triton.jit
@@ -170,22 +164,14 @@ def _residual_chunk(row_ptr, probs_row_ptr, draft, row_max, row_sum, key, start,
     first_pj = tl.full((BLOCK_V,), -1, dtype=tl.int32)
     for tile in range(start, limit, BLOCK_V):
         offs = tile + tl.arange(0, BLOCK_V)
-        in_row = offs < limit
-        x = _load_row(row_ptr, offs, limit)
+        x, r, has = _residual_terms(row_ptr, probs_row_ptr, draft, row_max, row_sum, offs, limit, HAS_PROBS)
         g = stream_gumbel_approx(stream_bits(key, offs))
-        p = tl.exp(x - row_max) / row_sum  # NaN for every token of a row with max -inf: never taken
-        if HAS_PROBS:
-            q = tl.load(probs_row_ptr + offs, mask=in_row, other=0.0)
-        else:
-            q = tl.where(offs == draft, 1.0, 0.0)
-        r = p - q
-        has = in_row & (r > 0.0)  # false for NaN
         score_r = tl.where(has, 0.6931471805599453 * _fast_log2(tl.where(has, r, 1.0)) + g, float("-inf"))
-        first_r, second_r, first_rj = _top2_update(first_r, second_r, first_rj, score_r, offs)
+        first_r, second_r, first_rj = top2_update(first_r, second_r, first_rj, score_r, offs)
         score_p = tl.where(x > float("-inf"), x + g, float("-inf"))
-        first_p, second_p, first_pj = _top2_update(first_p, second_p, first_pj, score_p, offs)
-    token_r, certified_r = _top2_certified(first_r, second_r, first_rj, tol, BLOCK_V)
-    token_p, certified_p = _top2_certified(first_p, second_p, first_pj, tol, BLOCK_V)
+        first_p, second_p, first_pj = top2_update(first_p, second_p, first_pj, score_p, offs)
+    token_r, certified_r = top2_certified(first_r, second_r, first_rj, tol, BLOCK_V)
+    token_p, certified_p = top2_certified(first_p, second_p, first_pj, tol, BLOCK_V)
     if certified_r & certified_p:
         score_r = float("-inf")
         if token_r >= 0:
