@@ -146,6 +146,35 @@ def stream_gumbel_approx(bits):
 
 
 @triton.jit
+def argmax_init(BLOCK_V: tl.constexpr):
+    """Per-lane running argmax state: (scores -inf, tokens -1)."""
+    return tl.full((BLOCK_V,), float("-inf"), dtype=tl.float32), tl.full((BLOCK_V,), -1, dtype=tl.int32)
+
+
+@triton.jit
+def argmax_update(best, best_j, score, live, offs):
+    """Per-lane running argmax; strictly larger only, so a lane keeps its lower index on ties."""
+    take = live & ((best_j < 0) | (score > best))
+    return tl.where(take, score, best), tl.where(take, offs, best_j)
+
+
+@triton.jit
+def argmax_finish(best, best_j, bound):
+    """(the largest lane score, the lowest index holding it as int32); (-inf, -1) if no lane took a
+    token. `bound`: above every token index."""
+    top = tl.max(tl.where(best_j >= 0, best, float("-inf")), axis=0)
+    token = tl.min(tl.where((best_j >= 0) & (best == top), best_j, bound), axis=0)
+    return top, tl.where(token < bound, token, -1)
+
+
+@triton.jit
+def top2_init(BLOCK_V: tl.constexpr):
+    """Per-lane top-2 state: (largest -inf, second -inf, token of the largest -1)."""
+    return (tl.full((BLOCK_V,), float("-inf"), dtype=tl.float32), tl.full((BLOCK_V,), float("-inf"), dtype=tl.float32),
+            tl.full((BLOCK_V,), -1, dtype=tl.int32))
+
+
+@triton.jit
 def top2_update(first, second, first_j, score, offs):
     """Per lane: the largest score (and its token) and the second largest."""
     second = tl.maximum(second, tl.minimum(first, score))
@@ -173,21 +202,14 @@ def top2_certified(first, second, first_j, tol, BLOCK_V: tl.constexpr):
 def _exact_gumbel_argmax(row_ptr, begin, end, key, temp, SCALE: tl.constexpr, BLOCK_V: tl.constexpr):
     """(score, token) of argmax_j of x_j (/ temp with SCALE) + stream_gumbel(key, j) over the tokens
     of [begin, end) above -inf, the lower index among ties; (-inf, -1) without one."""
-    best = tl.full((BLOCK_V,), float("-inf"), dtype=tl.float32)
-    best_j = tl.full((BLOCK_V,), -1, dtype=tl.int32)
+    best, best_j = argmax_init(BLOCK_V)
     for start in range(begin, end, BLOCK_V):
         offs = start + tl.arange(0, BLOCK_V)
         x = tl.load(row_ptr + offs, mask=offs < end, other=float("-inf")).to(tl.float32)
         if SCALE:
             x = tl.math.div_rn(x, temp)
-        score = x + stream_gumbel(stream_bits(key, offs))
-        # Strictly larger: a lane keeps its earlier (lower) index on ties; false for -inf and NaN.
-        take = (x > float("-inf")) & ((best_j < 0) | (score > best))
-        best = tl.where(take, score, best)
-        best_j = tl.where(take, offs, best_j)
-    top = tl.max(tl.where(best_j >= 0, best, float("-inf")), axis=0)
-    token = tl.min(tl.where((best_j >= 0) & (best == top), best_j, 2147483647), axis=0)
-    return top, tl.where(token < 2147483647, token, -1)
+        best, best_j = argmax_update(best, best_j, x + stream_gumbel(stream_bits(key, offs)), x > float("-inf"), offs)
+    return argmax_finish(best, best_j, 2147483647)
 
 
 @triton.jit
@@ -204,9 +226,7 @@ def gumbel_argmax(row_ptr, begin, end, key, temp, tol, SCALE: tl.constexpr, BLOC
     score alone is computed (x reloaded). Otherwise (near ties within the tolerance, an infinite
     score) a second pass scores every token exactly."""
     inv_temp = tl.math.div_rn(1.0, temp)
-    first = tl.full((BLOCK_V,), float("-inf"), dtype=tl.float32)
-    second = tl.full((BLOCK_V,), float("-inf"), dtype=tl.float32)
-    first_j = tl.full((BLOCK_V,), -1, dtype=tl.int32)
+    first, second, first_j = top2_init(BLOCK_V)
     for start in range(begin, end, BLOCK_V):
         offs = start + tl.arange(0, BLOCK_V)
         x = tl.load(row_ptr + offs, mask=offs < end, other=float("-inf")).to(tl.float32)
@@ -527,17 +547,13 @@ def _gumbel_argmax_row(row_ptr, begin, end, vocab_size, key, temp, tol, SAMPLED:
         score, token = gumbel_argmax(row_ptr, begin, end, key, temp, tol, SCALE, BLOCK_V)
         return score, tl.where(token >= 0, token, vocab_size)
     else:
-        best = tl.full((BLOCK_V,), float("-inf"), dtype=tl.float32)
-        best_j = tl.full((BLOCK_V,), -1, dtype=tl.int32)
+        best, best_j = argmax_init(BLOCK_V)
         for start in range(begin, end, BLOCK_V):
             offs = start + tl.arange(0, BLOCK_V)
             x = tl.load(row_ptr + offs, mask=offs < end, other=float("-inf")).to(tl.float32)
-            # Strictly larger: a lane keeps its earlier (lower) index on ties; false for -inf and NaN.
-            take = (x > float("-inf")) & ((best_j < 0) | (x > best))
-            best = tl.where(take, x, best)
-            best_j = tl.where(take, offs, best_j)
-        top = tl.max(tl.where(best_j >= 0, best, float("-inf")), axis=0)
-        return top, tl.min(tl.where((best_j >= 0) & (best == top), best_j, vocab_size), axis=0)
+            best, best_j = argmax_update(best, best_j, x, x > float("-inf"), offs)  # false for -inf and NaN
+        score, token = argmax_finish(best, best_j, vocab_size)
+        return score, tl.where(token >= 0, token, vocab_size)
 
 
 @triton.jit

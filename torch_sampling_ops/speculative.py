@@ -42,12 +42,16 @@ from . import _checks, sampling
 from ._registry import define_op, launch
 from .sampling import (
     _fast_log2,
+    argmax_finish,
+    argmax_init,
+    argmax_update,
     gumbel_argmax,
     stream_bits,
     stream_gumbel,
     stream_gumbel_approx,
     stream_key,
     top2_certified,
+    top2_init,
     top2_update,
 )
 
@@ -67,21 +71,6 @@ _DONE = tl.constexpr(2)  # the final token is known
 
 
 @triton.jit
-def _argmax_update(best, best_j, score, live, offs):
-    """Per-lane running argmax; strictly larger only, so a lane keeps its lower index on ties."""
-    take = live & ((best_j < 0) | (score > best))
-    return tl.where(take, score, best), tl.where(take, offs, best_j)
-
-
-@triton.jit
-def _argmax_finish(best, best_j, vocab_size):
-    """(the largest lane score, the lowest index holding it as int32); (-inf, -1) if no lane took a token."""
-    top = tl.max(tl.where(best_j >= 0, best, float("-inf")), axis=0)
-    token = tl.min(tl.where((best_j >= 0) & (best == top), best_j, vocab_size), axis=0)
-    return top, tl.where(token < vocab_size, token, -1)
-
-
-@triton.jit
 def _load_row(row_ptr, offs, limit):
     x = tl.load(row_ptr + offs, mask=offs < limit, other=float("-inf")).to(tl.float32)
     return tl.where(x == x, x, float("-inf"))  # NaN is read as -inf
@@ -90,13 +79,12 @@ def _load_row(row_ptr, offs, limit):
 @triton.jit
 def _argmax_chunk(row_ptr, start, limit, vocab_size, BLOCK_V: tl.constexpr):
     """(max, token) of row tokens [start, limit) above -inf, the lower index among ties; (-inf, -1) without one."""
-    best = tl.full((BLOCK_V,), float("-inf"), dtype=tl.float32)
-    best_j = tl.full((BLOCK_V,), -1, dtype=tl.int32)
+    best, best_j = argmax_init(BLOCK_V)
     for tile in range(start, limit, BLOCK_V):
         offs = tile + tl.arange(0, BLOCK_V)
         x = _load_row(row_ptr, offs, limit)
-        best, best_j = _argmax_update(best, best_j, x, x > float("-inf"), offs)
-    return _argmax_finish(best, best_j, vocab_size)
+        best, best_j = argmax_update(best, best_j, x, x > float("-inf"), offs)
+    return argmax_finish(best, best_j, vocab_size)
 
 
 @triton.jit
@@ -135,18 +123,16 @@ def _exact_residual_chunk(row_ptr, probs_row_ptr, draft, row_max, row_sum, key, 
     """Over row tokens [start, limit): the (score, token) argmax of log(r_k) + g_k over r = p - q > 0
     and the (score, token) argmax of x_k + g_k over the tokens above -inf (the draw from p that
     stands in when r has no positive entry in the whole row)."""
-    best_r = tl.full((BLOCK_V,), float("-inf"), dtype=tl.float32)
-    best_rj = tl.full((BLOCK_V,), -1, dtype=tl.int32)
-    best_p = tl.full((BLOCK_V,), float("-inf"), dtype=tl.float32)
-    best_pj = tl.full((BLOCK_V,), -1, dtype=tl.int32)
+    best_r, best_rj = argmax_init(BLOCK_V)
+    best_p, best_pj = argmax_init(BLOCK_V)
     for tile in range(start, limit, BLOCK_V):
         offs = tile + tl.arange(0, BLOCK_V)
         x, r, has = _residual_terms(row_ptr, probs_row_ptr, draft, row_max, row_sum, offs, limit, HAS_PROBS)
         g = stream_gumbel(stream_bits(key, offs))
-        best_r, best_rj = _argmax_update(best_r, best_rj, tl.log(tl.where(has, r, 1.0)) + g, has, offs)
-        best_p, best_pj = _argmax_update(best_p, best_pj, x + g, x > float("-inf"), offs)
-    score_r, token_r = _argmax_finish(best_r, best_rj, vocab_size)
-    score_p, token_p = _argmax_finish(best_p, best_pj, vocab_size)
+        best_r, best_rj = argmax_update(best_r, best_rj, tl.log(tl.where(has, r, 1.0)) + g, has, offs)
+        best_p, best_pj = argmax_update(best_p, best_pj, x + g, x > float("-inf"), offs)
+    score_r, token_r = argmax_finish(best_r, best_rj, vocab_size)
+    score_p, token_p = argmax_finish(best_p, best_pj, vocab_size)
     return score_r, token_r, score_p, token_p
 
 
@@ -156,12 +142,8 @@ def _residual_chunk(row_ptr, probs_row_ptr, draft, row_max, row_sum, key, start,
     """_exact_residual_chunk's result, bit for bit, as sampling.gumbel_argmax gets it: approximate
     scores (log(r) and the noise from the hardware log2, each within the tolerance), per-lane top-2,
     the certified winners rescored exactly, a second exact pass when either is not certified."""
-    first_r = tl.full((BLOCK_V,), float("-inf"), dtype=tl.float32)
-    second_r = tl.full((BLOCK_V,), float("-inf"), dtype=tl.float32)
-    first_rj = tl.full((BLOCK_V,), -1, dtype=tl.int32)
-    first_p = tl.full((BLOCK_V,), float("-inf"), dtype=tl.float32)
-    second_p = tl.full((BLOCK_V,), float("-inf"), dtype=tl.float32)
-    first_pj = tl.full((BLOCK_V,), -1, dtype=tl.int32)
+    first_r, second_r, first_rj = top2_init(BLOCK_V)
+    first_p, second_p, first_pj = top2_init(BLOCK_V)
     for tile in range(start, limit, BLOCK_V):
         offs = tile + tl.arange(0, BLOCK_V)
         x, r, has = _residual_terms(row_ptr, probs_row_ptr, draft, row_max, row_sum, offs, limit, HAS_PROBS)
