@@ -39,6 +39,29 @@ def test_warmup_covers_every_top_k_top_p_variant(monkeypatch):
                 assert obj in kernels, f"warmup never launches {name}"
 
 
+def test_warmup_launches_every_variant_the_ops_launch(monkeypatch):
+    """Each (kernel, constants) the ops launch at batch sizes across the large-batch thresholds is
+    one that warmup launches (launches recorded, nothing runs)."""
+    launched = _record_launches(monkeypatch)
+    V, R, dtype = 3001, 4, torch.float16
+    _warmup._launch_all(V, (dtype,), 300, torch.device("cpu"), R, torch.int32, ((8, 6, 3),), 4)
+    warm = {(kernel, tuple(sorted(meta.items()))) for kernel, meta in launched}
+    launched.clear()
+    run = torch_sampling_ops._registry.triton_impl
+    for T in (1, 31, 40, 63, 64, 127, 128, 130, 200, 300):
+        x, idx = torch.randn(T, V).to(dtype), torch.zeros(T, dtype=torch.int32)
+        f32 = torch.full((R,), 0.5)
+        run("temperature")(x, idx, f32)
+        run("min_p")(x, idx, f32)
+        run("top_k_top_p")(x, idx, torch.full((R,), 20, dtype=torch.int32), f32)
+        run("sample")(x, idx, f32, torch.full((R,), 20, dtype=torch.int32), f32, f32, torch.arange(R),
+                      torch.arange(T, dtype=torch.int32))
+        run("logprobs")(x, idx, 20)
+    missing = {(kernel.fn.__name__, key) for kernel, key in ((k, tuple(sorted(m.items()))) for k, m in launched)
+               if (kernel, key) not in warm}
+    assert not missing, missing
+
+
 def test_small_batches_skip_large_batch_variants(monkeypatch):
     rows = _warmup._truncation_row_counts(1000, 8, pdl=False)
     assert rows == [1]
