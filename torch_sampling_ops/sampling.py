@@ -75,9 +75,9 @@ _LOGPROBS_GROUPS = 64
 _LOGPROBS_BLOCK = 1024
 _LOGPROBS_MERGE_KEYS = 4096
 _LOGPROBS_WARPS = 8
-# The tolerance of the approximate Gumbel scores (gumbel_argmax_tile), a kernel argument: above their
-# analysed error with room to spare; larger only costs exact re-evaluations (tests raise it to force
-# the exact path on every tile).
+# The tolerance of the approximate Gumbel scores (gumbel_argmax, rejection_sample's residual), a
+# kernel argument: above their analysed error with room to spare; larger only costs exact passes
+# (tests raise it to force the exact pass everywhere).
 GUMBEL_APPROX_TOL = 2.0**-16
 _HARDWARE_LOG2 = tl.constexpr(os.environ.get("TRITON_INTERPRET") != "1")
 _KEY_NONE = tl.constexpr(-2**63)  # below every `_sortable_key` (its high word is a NaN's; NaN is read as -inf)
