@@ -120,7 +120,7 @@ def stream_gumbel(bits):
 
 
 @triton.jit
-def _fast_log2(x):
+def fast_log2(x):
     """log2(x) for x > 0 by the hardware approximation (PTX lg2.approx: absolute error at most
     2**-22.6 on [0.5, 2], 2 ulp elsewhere); tl.log2 under the interpreter, which runs no PTX."""
     if _HARDWARE_LOG2:
@@ -141,8 +141,8 @@ def stream_gumbel_approx(bits):
     u = ((bits >> 9) | 0x3F800000).to(tl.float32, bitcast=True) - 0.99999994039535522  # (m + 1/2) / 2**23
     w = 1.0 - u
     e_series = w * (1.0 + w * (0.5 + w * (0.3333333432674408 + w * 0.25)))
-    e = tl.where(w < 0.0625, e_series, -0.6931471805599453 * _fast_log2(u))
-    return -0.6931471805599453 * _fast_log2(e)
+    e = tl.where(w < 0.0625, e_series, -0.6931471805599453 * fast_log2(u))
+    return -0.6931471805599453 * fast_log2(e)
 
 
 @triton.jit

@@ -41,10 +41,10 @@ import triton.language as tl
 from . import _checks, sampling
 from ._registry import define_op, launch
 from .sampling import (
-    _fast_log2,
     argmax_finish,
     argmax_init,
     argmax_update,
+    fast_log2,
     gumbel_argmax,
     stream_bits,
     stream_gumbel,
@@ -148,7 +148,7 @@ def _residual_chunk(row_ptr, probs_row_ptr, draft, row_max, row_sum, key, start,
         offs = tile + tl.arange(0, BLOCK_V)
         x, r, has = _residual_terms(row_ptr, probs_row_ptr, draft, row_max, row_sum, offs, limit, HAS_PROBS)
         g = stream_gumbel_approx(stream_bits(key, offs))
-        score_r = tl.where(has, 0.6931471805599453 * _fast_log2(tl.where(has, r, 1.0)) + g, float("-inf"))
+        score_r = tl.where(has, 0.6931471805599453 * fast_log2(tl.where(has, r, 1.0)) + g, float("-inf"))
         first_r, second_r, first_rj = top2_update(first_r, second_r, first_rj, score_r, offs)
         score_p = tl.where(x > float("-inf"), x + g, float("-inf"))
         first_p, second_p, first_pj = top2_update(first_p, second_p, first_pj, score_p, offs)
