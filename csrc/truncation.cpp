@@ -1,11 +1,12 @@
 // CPU kernel of top_k_top_p (torch_sampling_ops/truncation/), in place.
 //
 // Per row, over the row as float32 (NaN read as -inf): the k-th largest value from one vectorized
-// pass that offers a sorted list only the lanes above its last value (nth_element for large k);
-// the top-p boundary by sorting only the tokens within a window below the maximum that already
-// holds the target mass (the window grows until it does), not the whole row. Masses are accumulated
-// in double: a float32 running sum over a 150K-token row drifts by ~1e-4, the contract's whole
-// tolerance (the full row's mass sums float32 lanes over 64 tokens at a time, then in double).
+// pass that offers a sorted list only the lanes above its last value (nth_element for large k).
+// The top-p boundary, with top-k on: by sorting only the kept tokens within a window below the
+// maximum that already holds the target mass (the window grows until it does); top-p alone: from
+// the masses of value buckets below the maximum, sorting only the boundary bucket. Masses are
+// accumulated in double: a float32 running sum over a 150K-token row drifts by ~1e-4, the
+// contract's whole tolerance (float32 lanes sum at most 64 tokens before they are added in double).
 #include "ops.h"
 #include "vec.h"
 
