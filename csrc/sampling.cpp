@@ -17,7 +17,8 @@ inline bool ranks_before(float a, int64_t ia, float b, int64_t ib) {
   return a > b || (a == b && ia < ib);
 }
 
-// The sum of exp(x[j] - m) over a float32 row (NaN read as -inf: no mass), vectorized.
+// The sum of exp(x[j] - m) over a float32 row (NaN read as -inf: no mass), vectorized with
+// at::vec's exp_u20 (about 20 ulp a term: the logsumexp within about 1e-6).
 float sum_exp(const float* x, int64_t V, float m) {
   const Vec vm(m);
   Vec acc(0.0f);

@@ -5,8 +5,9 @@
 // The top-p boundary, with top-k on: by sorting only the kept tokens within a window below the
 // maximum that already holds the target mass (the window grows until it does); top-p alone: from
 // the masses of value buckets below the maximum, sorting only the boundary bucket. Masses are
-// accumulated in double: a float32 running sum over a 150K-token row drifts by ~1e-4, the
-// contract's whole tolerance (float32 lanes sum at most 64 tokens before they are added in double).
+// accumulated in double, each token's exponential in float32 (at::vec's exp, 1 ulp, in the
+// vectorized loops): a float32 running sum over a 150K-token row drifts by ~1e-4, the contract's
+// whole tolerance.
 #include "ops.h"
 #include "vec.h"
 
@@ -77,14 +78,11 @@ double mass_at_least(const float* x, int64_t V, float floor_value, float row_max
                      std::vector<float>* window) {
   double mass = 0.;
   int64_t j = 0;
-  if (floor_value == kNegInf &&
-      window == nullptr) {  // the whole row: float32 lanes, 64 tokens a sum
+  if (floor_value == kNegInf && window == nullptr) {  // the whole row: vectorized exponentials
     const Vec vm(row_max);
-    for (; j + 8 * Vec::size() <= V;) {
-      Vec acc(0.0f);
-      for (int i = 0; i < 8; ++i, j += Vec::size()) acc = acc + (Vec::loadu(x + j) - vm).exp_u20();
-      float lanes[Vec::size()];
-      acc.store(lanes);
+    float lanes[Vec::size()];
+    for (; j + Vec::size() <= V; j += Vec::size()) {
+      (Vec::loadu(x + j) - vm).exp().store(lanes);
       for (int i = 0; i < Vec::size(); ++i) mass += lanes[i];
     }
   } else {
@@ -126,8 +124,8 @@ float top_p_threshold(const float* x, int64_t V, float lower, float row_max, dou
 // Top-p alone over a whole row: the same boundary as top_p_threshold from one pass. The tokens
 // within kBucketRange of the maximum fall in buckets of 1 / kBucketsPerUnit by their distance to
 // it; the masses of the buckets, from the largest down, find the bucket where the cumulative mass
-// reaches target, and only its tokens are sorted. The exponentials are at::vec's exp_u20 (about 20
-// ulp) in both steps. Returns NaN when the boundary lies below the buckets (top_p near 1).
+// reaches target, and only its tokens are sorted. Returns NaN when the boundary lies below the
+// buckets (top_p near 1).
 constexpr int kBucketsPerUnit = 8;
 constexpr int kBucketRange = 64;
 constexpr int kBuckets = kBucketsPerUnit * kBucketRange;
@@ -142,14 +140,14 @@ float top_p_threshold_buckets(const float* x, int64_t V, float row_max, double t
   for (; j + Vec::size() <= V; j += Vec::size()) {
     const Vec d = vm - Vec::loadu(x + j);  // >= 0, +inf for -inf logits
     (d * vscale).store(lanes_d);
-    (Vec(0.f) - d).exp_u20().store(lanes_e);
+    (Vec(0.f) - d).exp().store(lanes_e);
     for (int i = 0; i < Vec::size(); ++i) {
       if (lanes_d[i] < kBuckets) bucket_mass[static_cast<int>(lanes_d[i])] += lanes_e[i];
     }
   }
   for (; j < V; ++j) {
     const float d = row_max - x[j];
-    if (d * kBucketsPerUnit < kBuckets) bucket_mass[bucket_of(d)] += exp_u20(-d);
+    if (d * kBucketsPerUnit < kBuckets) bucket_mass[bucket_of(d)] += std::exp(-d);
   }
   double above = 0.;
   int b = 0;
@@ -162,7 +160,7 @@ float top_p_threshold_buckets(const float* x, int64_t V, float row_max, double t
   }
   std::sort(window.begin(), window.end(), std::greater<float>());
   for (float v : window) {
-    above += exp_u20(v - row_max);
+    above += std::exp(v - row_max);
     if (above >= target) return v;
   }
   return window.back();  // the bucket's own sum reached target: rounding of the last addition

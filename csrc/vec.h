@@ -33,13 +33,6 @@ inline int lanes_above(const Vec& v, float threshold) {
 #endif
 }
 
-// at::vec's exp_u20 (about 20 ulp) of one float, as the vectorized loops compute it.
-inline float exp_u20(float x) {
-  float lanes[Vec::size()];
-  Vec(x).exp_u20().store(lanes);
-  return lanes[0];
-}
-
 // The largest lane of v.
 inline float max_lane(const Vec& v) {
   float lanes[Vec::size()];
