@@ -60,6 +60,22 @@ def settings(pairs):
     return torch.tensor([k for k, _ in pairs], dtype=INT), torch.tensor([p for _, p in pairs])
 
 
+def test_cpu_top_p_near_one_keeps_the_reference_set():
+    """The CPU kernel sums float32 exponentials (1 ulp) in double: even at top_p = 1 - 2**-24, where
+    the boundary moves with the last bits of the tail's mass, it keeps exactly the float64
+    reference's tokens (rows of randn * 3, and * 30 whose tails lie far below the maximum)."""
+    T, V = 16, 5003
+    logits = torch.randn(T, V, generator=torch.Generator().manual_seed(3)) * 3
+    logits[:4] *= 10
+    idx = torch.arange(T, dtype=INT)
+    for p in (1.0 - 2.0**-24, 0.9999, 0.99, 1e-6):
+        top_k, top_p = torch.zeros(T, dtype=INT), torch.full((T,), p)
+        out = logits.clone()
+        torch.ops.sampling.top_k_top_p(out, idx, top_k, top_p)
+        expected = reference.top_k_top_p(logits, idx, top_k, top_p)
+        assert torch.equal(out == NEG_INF, expected == NEG_INF), p
+
+
 @over_backends_dtypes_and_shapes
 def test_matches_reference(backend, dtype, T, V, gen):
     if backend == "interpret" and T > 3:
