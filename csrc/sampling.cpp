@@ -2,6 +2,7 @@
 // and the random stream exposed for tests.
 #include "ops.h"
 #include "random_stream.h"
+#include "top_k.h"
 #include "vec.h"
 
 #include <algorithm>
@@ -11,11 +12,6 @@
 
 namespace tso {
 namespace {
-
-// (value, index) ordering of the logprobs top-k: larger value first, lower index among ties.
-inline bool ranks_before(float a, int64_t ia, float b, int64_t ib) {
-  return a > b || (a == b && ia < ib);
-}
 
 // The sum of exp(x[j] - m) over a float32 row (NaN read as -inf: no mass), vectorized with
 // at::vec's exp_u20 (about 20 ulp a term: the logsumexp within about 1e-6).
@@ -31,32 +27,6 @@ float sum_exp(const float* x, int64_t V, float m) {
   for (; j < V; ++j) s += x[j] == x[j] ? std::exp(x[j] - m) : 0.0f;
   return s;
 }
-
-// The k best (value, index) pairs of a row so far, larger first (ranks_before), and their count.
-struct TopK {
-  std::vector<float> vals;
-  std::vector<int64_t> ids;
-  int64_t held = 0;
-
-  explicit TopK(int64_t k) : vals(k), ids(k) {}
-  int64_t k() const { return static_cast<int64_t>(vals.size()); }
-  // Lanes of v (tokens j0 ..) that may enter: all while the list fills, then those above its last.
-  int candidates(const Vec& v) const {
-    if (k() == 0) return 0;
-    return held < k() ? (1 << Vec::size()) - 1 : lanes_above(v, vals[k() - 1]);
-  }
-  void offer(float x, int64_t j) {
-    const int64_t k = this->k();
-    if (held == k && !ranks_before(x, j, vals[k - 1], ids[k - 1])) return;
-    int64_t i = held < k ? held++ : k - 1;
-    for (; i > 0 && ranks_before(x, j, vals[i - 1], ids[i - 1]); --i) {
-      vals[i] = vals[i - 1];
-      ids[i] = ids[i - 1];
-    }
-    vals[i] = x;
-    ids[i] = j;
-  }
-};
 
 // One row of logprobs over x (float32, NaN read as -inf), k = top.k().
 void logprobs_row(const float* x, int64_t V, int64_t tok, TopK& top, int64_t* topk_ids,

@@ -9,6 +9,7 @@
 // vectorized loops): a float32 running sum over a 150K-token row drifts by ~1e-4, the contract's
 // whole tolerance.
 #include "ops.h"
+#include "top_k.h"
 #include "vec.h"
 
 #include <algorithm>
@@ -20,7 +21,7 @@ namespace tso {
 namespace {
 
 constexpr float kInf = std::numeric_limits<float>::infinity();
-// Largest k found by the sorted list; larger k use nth_element over a copy of the row.
+// Largest k found by a TopK list; larger k use nth_element over a copy of the row.
 constexpr int64_t kListMaxK = 256;
 
 // x[0:V] = the row as float32, NaN read as -inf; returns the row max.
@@ -52,24 +53,15 @@ float kth_largest(const float* x, int64_t V, int64_t k, std::vector<float>& scra
                      std::greater<float>());
     return scratch[k - 1];
   }
-  // The k largest so far, sorted descending. A value equal to the last one leaves the k-th largest
-  // unchanged, so only larger ones are offered once the list is full.
-  scratch.clear();
-  auto offer = [&](float v) {
-    if (static_cast<int64_t>(scratch.size()) == k) {
-      if (!(v > scratch.back())) return;
-      scratch.pop_back();
-    }
-    scratch.insert(std::upper_bound(scratch.begin(), scratch.end(), v, std::greater<float>()), v);
-  };
+  TopK top(k);
   int64_t j = 0;
   for (; j + Vec::size() <= V; j += Vec::size()) {
-    const bool full = static_cast<int64_t>(scratch.size()) == k;
-    int mask = full ? lanes_above(Vec::loadu(x + j), scratch.back()) : (1 << Vec::size()) - 1;
-    for (; mask; mask &= mask - 1) offer(x[j + __builtin_ctz(mask)]);
+    for (int mask = top.candidates(Vec::loadu(x + j)); mask; mask &= mask - 1) {
+      top.offer(x[j + __builtin_ctz(mask)], j + __builtin_ctz(mask));
+    }
   }
-  for (; j < V; ++j) offer(x[j]);
-  return scratch.back();
+  for (; j < V; ++j) top.offer(x[j], j);
+  return top.vals[k - 1];
 }
 
 // sum of exp(v - row_max) over the values v >= floor_value of x, in double; with `window`, those
