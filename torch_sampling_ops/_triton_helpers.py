@@ -8,3 +8,11 @@ def load_slot(idx_mapping_ptr, t, num_slots):
     """The request slot of row t as int64, or -1 when it lies outside [0, num_slots)."""
     slot = tl.load(idx_mapping_ptr + t).to(tl.int64)
     return tl.where((slot >= 0) & (slot < num_slots), slot, -1)
+
+
+@triton.jit
+def program_range(count, GROUP: tl.constexpr):
+    """[first, end) of the items (blocks, segments, chunks of a row) program (t, g) handles: GROUP
+    consecutive ones from g * GROUP, the last group cut at `count`."""
+    first = tl.program_id(1) * GROUP
+    return first, tl.minimum(first + GROUP, count)

@@ -34,7 +34,7 @@ import triton.language as tl
 
 from . import _checks
 from ._registry import define_op, launch
-from ._triton_helpers import load_slot
+from ._triton_helpers import load_slot, program_range
 
 # Vocabulary tokens of a block; a program handles one block, or from _GROUP_MIN_T rows on, _GROUP
 # consecutive blocks of its row (a row whose filter is off then costs a quarter of the programs).
@@ -62,9 +62,9 @@ def _temperature_kernel(logits_ptr, logits_stride, idx_mapping_ptr, temperature_
     if temp == 0.0:  # greedy row: left unchanged
         return
     row_ptr = logits_ptr + t.to(tl.int64) * logits_stride
-    for start in range(tl.program_id(1) * GROUP * BLOCK_V, tl.minimum((tl.program_id(1) + 1) * GROUP * BLOCK_V,
-                                                                     vocab_size), BLOCK_V):
-        offs = start + tl.arange(0, BLOCK_V)
+    first, end = program_range(tl.cdiv(vocab_size, BLOCK_V), GROUP)
+    for b in range(first, end):
+        offs = b * BLOCK_V + tl.arange(0, BLOCK_V)
         in_row = offs < vocab_size
         vals = tl.load(row_ptr + offs, mask=in_row).to(tl.float32)
         tl.store(row_ptr + offs, tl.math.div_rn(vals, temp).to(row_ptr.dtype.element_ty), mask=in_row)
@@ -82,7 +82,8 @@ def _min_p_block_max_kernel(logits_ptr, logits_stride, idx_mapping_ptr, min_p_pt
     if tl.load(min_p_ptr + slot) == 0.0:  # off: the row is not read
         return
     row_ptr = logits_ptr + t.to(tl.int64) * logits_stride
-    for b in range(tl.program_id(1) * GROUP, tl.minimum((tl.program_id(1) + 1) * GROUP, num_blocks)):
+    first, end = program_range(num_blocks, GROUP)
+    for b in range(first, end):
         offs = b * BLOCK_V + tl.arange(0, BLOCK_V)
         vals = tl.load(row_ptr + offs, mask=offs < vocab_size, other=float("-inf")).to(tl.float32)
         vals = tl.where(vals == vals, vals, float("-inf"))  # NaN is never the maximum
@@ -110,7 +111,8 @@ def _min_p_mask_kernel(logits_ptr, logits_stride, idx_mapping_ptr, min_p_ptr, pa
         return
     threshold = row_max + tl.log(p)
     row_ptr = logits_ptr + t.to(tl.int64) * logits_stride
-    for b in range(tl.program_id(1) * GROUP, tl.minimum((tl.program_id(1) + 1) * GROUP, num_blocks)):
+    first, end = program_range(num_blocks, GROUP)
+    for b in range(first, end):
         offs = b * BLOCK_V + tl.arange(0, BLOCK_V)
         in_row = offs < vocab_size
         vals = tl.load(row_ptr + offs, mask=in_row)

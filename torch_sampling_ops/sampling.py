@@ -48,7 +48,7 @@ import triton.language as tl
 
 from . import _checks
 from ._registry import define_op, launch
-from ._triton_helpers import load_slot
+from ._triton_helpers import load_slot, program_range
 from .filtering import _min_p_triton, blocks_per_program
 from .truncation.op import _top_k_top_p_triton
 
@@ -528,9 +528,9 @@ def _scale_rows_kernel(logits_ptr, logits_stride, ws_ptr, idx_mapping_ptr, tempe
     if not _row_is_filtered(slot, min_p_ptr, top_k_ptr, top_p_ptr, vocab_size):
         return
     temp = tl.load(temperature_ptr + slot)
-    for start in range(tl.program_id(1) * GROUP * BLOCK_V, tl.minimum((tl.program_id(1) + 1) * GROUP * BLOCK_V,
-                                                                     vocab_size), BLOCK_V):
-        offs = start + tl.arange(0, BLOCK_V)
+    first, end = program_range(tl.cdiv(vocab_size, BLOCK_V), GROUP)
+    for b in range(first, end):
+        offs = b * BLOCK_V + tl.arange(0, BLOCK_V)
         in_row = offs < vocab_size
         x = tl.load(logits_ptr + t.to(tl.int64) * logits_stride + offs, mask=in_row).to(tl.float32)
         x = tl.where(temp != 0.0, tl.math.div_rn(x, tl.where(temp != 0.0, temp, 1.0)), x)

@@ -4,6 +4,7 @@ settle step, the gather of a settled row's candidate list, and the fill of a top
 import triton
 import triton.language as tl
 
+from .._triton_helpers import program_range
 from .keys import _float_key, _is_finite, _key_value
 from .workspace import (
     _FLAG,
@@ -277,8 +278,8 @@ def _scan_segments_kernel(
         count_ptr = _segment_count_ptr(ws_row, num_segments)
         mass_high_ptr = _segment_mass_high_ptr(ws_row, num_segments)
         count_high_ptr = _segment_count_high_ptr(ws_row, num_segments)
-        first = tl.program_id(1) * GROUP
-        for segment in range(first, tl.minimum(first + GROUP, num_segments)):
+        first, end = program_range(num_segments, GROUP)
+        for segment in range(first, end):
             pairs_ptr = _pairs_ptr(ws_row, num_segments) + segment * SEG_CAP
             offs = segment * SEGMENT + tl.arange(0, 32)[:, None] * 4 + tl.arange(0, 4)[None, :]
             full = (segment + 1) * SEGMENT <= vocab_size  # the segment lies in the row: unmasked top-p loads
@@ -441,8 +442,8 @@ def _fill_chunks_kernel(
         if (flag != 0) & (k_on == 0):
             threshold = tl.load(ws_row + _THRESHOLD)
             row_ptr = logits_ptr + t.to(tl.int64) * logits_stride
-            first_chunk = tl.program_id(1) * GROUP
-            for c in range(first_chunk, tl.minimum(first_chunk + GROUP, tl.cdiv(vocab_size, CHUNK))):
+            first, end = program_range(tl.cdiv(vocab_size, CHUNK), GROUP)
+            for c in range(first, end):
                 mine = c * SEGMENTS + tl.arange(0, SEGMENTS)
                 values, positions, present, _ = _listed_candidates(ws_row, num_segments, mine, flag, k_on, SEG_CAP)
                 _fill_chunk(row_ptr, c, vocab_size, threshold, values, positions, present, CHUNK)
