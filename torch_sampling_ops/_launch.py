@@ -54,6 +54,18 @@ except ImportError:  # pragma: no cover - triton is a dependency; guard the fast
 _VERIFIED_TRITON = ((3, 6), (3, 9))
 
 
+def cdiv(a: int, b: int) -> int:
+    """ceil(a / b) of two ints, for grids and sizes on the host. (`triton.cdiv` and
+    `triton.next_power_of_2` are constexpr functions: each host call goes through Triton's call
+    machinery, several times the cost of the arithmetic, and the ops compute a few a call.)"""
+    return -(a // -b)
+
+
+def next_power_of_2(n: int) -> int:
+    """The smallest power of 2 >= n (1 for n <= 1), on the host."""
+    return 1 if n <= 1 else 1 << (n - 1).bit_length()
+
+
 def _triton_version() -> tuple[int, int] | None:
     try:
         major, minor = triton.__version__.split(".")[:2]

@@ -22,6 +22,7 @@ import triton
 import triton.language as tl
 
 from . import _checks
+from ._launch import cdiv, next_power_of_2
 from ._registry import define_op, launch
 from ._triton_helpers import load_slot
 
@@ -31,7 +32,7 @@ _MAX_BLOCK_IDS = 2048  # list ids one program holds in registers
 
 
 def _ids_block(width: int) -> int:
-    return min(max(triton.next_power_of_2(width), 16), _MAX_BLOCK_IDS)
+    return min(max(next_power_of_2(width), 16), _MAX_BLOCK_IDS)
 
 
 @triton.jit
@@ -231,7 +232,7 @@ def _logit_bias_triton(logits, idx_mapping, output_lens, allowed_ids, num_allowe
     if T == 0:
         return
     # Scratch: allowed-token bits per (row, chunk); staged values of lists too long for registers.
-    chunks = triton.cdiv(V, _CHUNK_V)
+    chunks = cdiv(V, _CHUNK_V)
     bits = logits.new_empty((T, chunks * _CHUNK_V // 32), dtype=torch.int32) if allowed_w > 0 else None
     staged_w = max(bias_w, stop_w)
     scratch = logits.new_empty((T, staged_w), dtype=torch.float32) if staged_w > _MAX_BLOCK_IDS else None
@@ -318,7 +319,7 @@ def _token_bitmask_triton(logits, bitmask, idx_mapping=None) -> None:
     if T == 0:
         return
     launch(
-        _token_bitmask_kernel, (T, triton.cdiv(V, _BLOCK_V)),
+        _token_bitmask_kernel, (T, cdiv(V, _BLOCK_V)),
         # num_mask_rows only bounds idx_mapping's slots: without it, a constant, so that the kernel
         # variant (Triton specialises ints equal to 1 or divisible by 16) does not depend on T.
         logits, logits.stride(0), bitmask, bitmask.stride(0), idx_mapping,

@@ -33,6 +33,7 @@ import triton
 import triton.language as tl
 
 from . import _checks
+from ._launch import cdiv, next_power_of_2
 from ._registry import define_op, launch
 from ._triton_helpers import load_slot, program_range
 
@@ -152,7 +153,7 @@ def _temperature_triton(logits, idx_mapping, temperature) -> None:
         return
     group = blocks_per_program(T)
     launch(
-        _temperature_kernel, (T, triton.cdiv(V, _BLOCK_V * group)),
+        _temperature_kernel, (T, cdiv(V, _BLOCK_V * group)),
         logits, logits.stride(0), idx_mapping, temperature, temperature.size(0), V,
         BLOCK_V=_BLOCK_V, GROUP=group, num_warps=8,
     )
@@ -197,14 +198,14 @@ def _min_p_triton(logits, idx_mapping, min_p) -> None:
     T, V = logits.shape
     if T == 0:
         return
-    blocks = triton.cdiv(V, _BLOCK_V)
+    blocks = cdiv(V, _BLOCK_V)
     partial = logits.new_empty((T, blocks), dtype=torch.float32)  # per-block maxima; rows with min_p off skip it
     common = (logits, logits.stride(0), idx_mapping, min_p, partial, blocks, min_p.size(0), V)
     group = blocks_per_program(T)
-    grid = (T, triton.cdiv(blocks, group))
+    grid = (T, cdiv(blocks, group))
     launch(_min_p_block_max_kernel, grid, *common, BLOCK_V=_BLOCK_V, GROUP=group, num_warps=8)
     launch(_min_p_mask_kernel, grid, *common, BLOCK_V=_BLOCK_V,
-           BLOCK_PARTS=min(triton.next_power_of_2(blocks), _MAX_BLOCK_PARTS), GROUP=group, num_warps=8)
+           BLOCK_PARTS=min(next_power_of_2(blocks), _MAX_BLOCK_PARTS), GROUP=group, num_warps=8)
 
 
 

@@ -35,6 +35,7 @@ import triton
 import triton.language as tl
 
 from . import _checks
+from ._launch import cdiv
 from ._registry import define_op, launch
 from ._triton_helpers import load_slot
 
@@ -248,7 +249,7 @@ def _penalties_triton(logits, idx_mapping, prompt_mask, output_mask, output_coun
         return
     words = mask_words(V)
     launch(
-        _penalties_kernel, (T, triton.cdiv(words, _CHUNK_WORDS)),
+        _penalties_kernel, (T, cdiv(words, _CHUNK_WORDS)),
         logits, logits.stride(0), idx_mapping,
         prompt_mask, prompt_mask.stride(0), output_mask, output_mask.stride(0), output_counts, output_counts.stride(0),
         repetition_penalty, frequency_penalty, presence_penalty, repetition_penalty.size(0), V, words,
@@ -330,7 +331,7 @@ def _update_output_counts_triton(output_counts, output_mask, idx_mapping, token_
         return
     R, V = output_counts.shape
     launch(
-        _update_output_counts_kernel, (triton.cdiv(T, _BLOCK_ROWS),),
+        _update_output_counts_kernel, (cdiv(T, _BLOCK_ROWS),),
         output_counts, output_counts.stride(0), output_mask, output_mask.stride(0), idx_mapping, token_ids,
         T, R, V, BLOCK_ROWS=_BLOCK_ROWS, num_warps=4,
     )

@@ -47,6 +47,7 @@ import triton
 import triton.language as tl
 
 from . import _checks
+from ._launch import cdiv, next_power_of_2
 from ._registry import define_op, launch
 from ._triton_helpers import load_slot, program_range
 from .filtering import _min_p_triton, blocks_per_program
@@ -279,7 +280,7 @@ def gumbel_noise_triton(bits: torch.Tensor):
     exact = torch.empty(bits.numel(), dtype=torch.float32, device=bits.device)
     approx = torch.empty_like(exact)
     if bits.numel():
-        _gumbel_noise_kernel[(triton.cdiv(bits.numel(), 1024),)](bits, exact, approx, bits.numel(), BLOCK=1024)
+        _gumbel_noise_kernel[(cdiv(bits.numel(), 1024),)](bits, exact, approx, bits.numel(), BLOCK=1024)
     return exact, approx
 
 
@@ -290,7 +291,7 @@ def random_stream_triton(seeds: torch.Tensor, positions: torch.Tensor, tokens: t
     bits = torch.empty(n, dtype=torch.int64, device=seeds.device)
     noise = torch.empty(n, dtype=torch.float32, device=seeds.device)
     if n:
-        _random_stream_kernel[(triton.cdiv(n, 1024),)](seeds, positions, tokens, bits, noise, n, BLOCK=1024)
+        _random_stream_kernel[(cdiv(n, 1024),)](seeds, positions, tokens, bits, noise, n, BLOCK=1024)
     return bits, noise
 
 
@@ -461,8 +462,8 @@ def _logprobs_triton(logits, token_ids, num_logprobs):
     T, V = logits.shape
     if T == 0:
         return outs
-    S = triton.cdiv(V, _LOGPROBS_SEGMENT)
-    K = triton.next_power_of_2(max(num_logprobs, 2))  # tl.topk needs k >= 2
+    S = cdiv(V, _LOGPROBS_SEGMENT)
+    K = next_power_of_2(max(num_logprobs, 2))  # tl.topk needs k >= 2
     has_topk = num_logprobs > 0
     cap = 4 * K
     # With fewer than K keys in a segment tau is _KEY_NONE and all SEGMENT > cap keys pass: the fallback.
@@ -476,9 +477,9 @@ def _logprobs_triton(logits, token_ids, num_logprobs):
            part_keys, scratch, V, S, SEGMENT=_LOGPROBS_SEGMENT, GROUPS=_LOGPROBS_GROUPS, K=K, CAP=cap,
            BLOCK=max(_LOGPROBS_BLOCK, K), HAS_TOPK=has_topk, FAST=fast,
            num_warps=_LOGPROBS_WARPS)
-    merge_segs = min(triton.next_power_of_2(S), max(1, _LOGPROBS_MERGE_KEYS // K))
+    merge_segs = min(next_power_of_2(S), max(1, _LOGPROBS_MERGE_KEYS // K))
     launch(_logprobs_combine_kernel, (T,), logits, logits.stride()[0], token_ids, part_max, part_sum, part_larger,
-           part_keys, *outs, V, S, num_logprobs, STAT_SEGS=min(triton.next_power_of_2(S), 1024),
+           part_keys, *outs, V, S, num_logprobs, STAT_SEGS=min(next_power_of_2(S), 1024),
            MERGE_SEGS=merge_segs, K=K, HAS_TOPK=has_topk, num_warps=4 if merge_segs * K <= 1024 else 8)
     return outs
 
@@ -647,13 +648,13 @@ def _sample_triton(logits, idx_mapping, temperature, top_k, top_p, min_p, seeds,
     ws = logits.new_empty((T, V), dtype=torch.float32)
     params = (idx_mapping, temperature, min_p, top_k, top_p)
     group = blocks_per_program(T)
-    launch(_scale_rows_kernel, (T, triton.cdiv(V, _BLOCK_V * group)), logits, logits.stride()[0], ws, *params, R, V,
+    launch(_scale_rows_kernel, (T, cdiv(V, _BLOCK_V * group)), logits, logits.stride()[0], ws, *params, R, V,
            BLOCK_V=_BLOCK_V, GROUP=group, num_warps=8)
     # The filters read only the rows whose parameters turn them on: exactly the rows written above
     # (greedy ones included, filtered for nothing: the draw takes their argmax from the logits).
     _min_p_triton(ws, idx_mapping, min_p)
     _top_k_top_p_triton(ws, idx_mapping, top_k, top_p, group_scan=True)  # most rows usually have the filters off
-    segments = triton.cdiv(V, _SEGMENT) if T < _SPLIT_MAX_T else 1
+    segments = cdiv(V, _SEGMENT) if T < _SPLIT_MAX_T else 1
     if segments == 1:
         launch(_gumbel_argmax_kernel, (T, 1), logits, logits.stride()[0], ws, *params, seeds, output_lens, out,
                out, out, R, V, GUMBEL_APPROX_TOL, SEGMENT=_SEGMENT, SPLIT=False, BLOCK_V=_DRAW_BLOCK_V,
@@ -665,7 +666,7 @@ def _sample_triton(logits, idx_mapping, temperature, top_k, top_p, min_p, seeds,
            part_score, part_token, R, V, GUMBEL_APPROX_TOL, SEGMENT=_SEGMENT, SPLIT=True,
            BLOCK_V=min(_DRAW_BLOCK_V, _SEGMENT), num_warps=_DRAW_WARPS)
     launch(_reduce_segments_kernel, (T,), idx_mapping, part_score, part_token, out, R, V, segments,
-           SEGMENTS_P2=triton.next_power_of_2(segments), num_warps=1)
+           SEGMENTS_P2=next_power_of_2(segments), num_warps=1)
     return out
 
 

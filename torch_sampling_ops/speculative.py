@@ -39,6 +39,7 @@ import triton
 import triton.language as tl
 
 from . import _checks, sampling
+from ._launch import cdiv, next_power_of_2
 from ._registry import define_op, launch
 from .sampling import (
     argmax_finish,
@@ -398,14 +399,14 @@ def _rejection_sample_triton(target_logits, draft_token_ids, draft_probs, cu_num
     probs_stride = draft_probs.stride()[0] if has_probs else 0
     # Workspace sized by the shapes alone: levels 0 .. max_spec_len, each chunk's two partials and
     # each request's status. Every entry a level reads was written by the level before it.
-    levels, chunks = max_spec_len + 1, triton.cdiv(V, _CHUNK)
+    levels, chunks = max_spec_len + 1, cdiv(V, _CHUNK)
     part_f = target_logits.new_empty((B, levels, 2, chunks), dtype=torch.float32)
     part_i = target_logits.new_empty((B, levels, 2, chunks), dtype=torch.int32)
     status = target_logits.new_empty((B, levels, 3), dtype=torch.int32)
     args = (target_logits, target_logits.stride()[0], drafts, probs, probs_stride, cu_num_draft, temperature, seeds,
             output_lens, part_f, part_i, status, out, num, N, max_spec_len, V, chunks, sampling.GUMBEL_APPROX_TOL)
-    meta = dict(HAS_PROBS=has_probs, CHUNK=_CHUNK, BLOCK_V=_BLOCK_V, CHUNKS_P2=triton.next_power_of_2(chunks),
-                BLOCK_OUT=triton.next_power_of_2(max_spec_len + 1), num_warps=_NUM_WARPS)
+    meta = dict(HAS_PROBS=has_probs, CHUNK=_CHUNK, BLOCK_V=_BLOCK_V, CHUNKS_P2=next_power_of_2(chunks),
+                BLOCK_OUT=next_power_of_2(max_spec_len + 1), num_warps=_NUM_WARPS)
     for level in range(levels):
         launch(_rejection_level_kernel, (B, chunks), *args, level, FINAL=False, **meta)
     launch(_rejection_level_kernel, (B, 1), *args, levels, FINAL=True, **meta)

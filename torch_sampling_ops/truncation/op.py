@@ -4,9 +4,9 @@ from __future__ import annotations
 import functools
 
 import torch
-import triton
 
 from .. import _checks
+from .._launch import cdiv
 from .._registry import define_op, launch
 from .plan import _launch_plan, _uses_pdl
 from .settings import TruncationSettings, current_settings
@@ -32,7 +32,7 @@ def _check_top_k_top_p_values(logits, idx_mapping, top_k, top_p) -> None:
 def _launch_setup(T: int, V: int, pdl: bool, settings: TruncationSettings, group_scan: bool) -> tuple:
     """(segments, workspace words per row, launch plan) of a [T, V] batch, computed once per shape
     and settings: building the plan costs more host time than a launch."""
-    num_segments = triton.cdiv(V, settings.segment)
+    num_segments = cdiv(V, settings.segment)
     return num_segments, _workspace_words(num_segments, settings), _launch_plan(T, V, pdl, settings, group_scan)
 
 

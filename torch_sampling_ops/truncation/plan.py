@@ -7,8 +7,8 @@ from __future__ import annotations
 import functools
 
 import torch
-import triton
 
+from .._launch import cdiv, next_power_of_2
 from .scan import (
     _fill_chunks_kernel,
     _gather_chunks_kernel,
@@ -28,15 +28,15 @@ def _launch_plan(T: int, V: int, pdl: bool, settings: TruncationSettings | None 
     `scan_group` segments a program from `scan_group_min_t` rows (for callers whose rows mostly have
     both filters off, as `sample`'s: the op itself does not)."""
     s = settings or current_settings()
-    num_segments = triton.cdiv(V, s.segment)
-    segments_p2 = triton.next_power_of_2(num_segments)
+    num_segments = cdiv(V, s.segment)
+    segments_p2 = next_power_of_2(num_segments)
     settle_launch = T >= s.settle_launch_min_t
     follow = dict(PDL=pdl, launch_pdl=pdl)
-    chunks = (T, triton.cdiv(V, s.chunk))
+    chunks = (T, cdiv(V, s.chunk))
     fill_group = s.fill_group if settle_launch else 1
     scan_group = s.scan_group if group_scan and T >= s.scan_group_min_t else 1
     fill_in_select = T >= s.fill_in_select_min_t
-    fill = [(_fill_chunks_kernel, (T, triton.cdiv(chunks[1], fill_group)),
+    fill = [(_fill_chunks_kernel, (T, cdiv(chunks[1], fill_group)),
              dict(CHUNK=s.chunk, SEGMENTS=s.chunk // s.segment, SEG_CAP=s.seg_cap, GROUP=fill_group,
                   num_warps=s.chunk_warps, **follow))]
     settle = [(_settle_kernel, (T,), dict(SEG_CAP=s.seg_cap, SEGMENTS_P2=segments_p2, num_warps=1, **follow))]
@@ -44,7 +44,7 @@ def _launch_plan(T: int, V: int, pdl: bool, settings: TruncationSettings | None 
         (_sample_bound_kernel, (T,), dict(SAMPLE=s.sample, SEG_CAP=s.seg_cap, PDL=pdl,
                                           num_warps=4 if T >= s.few_sample_warps_min_t else s.sample_warps)),
         # 64 registers: 32 one-warp programs an SM
-        (_scan_segments_kernel, (T, triton.cdiv(num_segments, scan_group)),
+        (_scan_segments_kernel, (T, cdiv(num_segments, scan_group)),
          dict(SEGMENT=s.segment, SEG_CAP=s.seg_cap, STAGES=s.scan_stages, GROUP=scan_group, num_warps=1, maxnreg=64,
               **follow)),
         *(settle if settle_launch else []),

@@ -21,6 +21,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
+from .._launch import cdiv
 from .._triton_helpers import load_slot
 
 _HEADER = 8
@@ -38,7 +39,7 @@ _SECOND_BOUND = tl.constexpr(7)
 
 def _workspace_words(num_segments: int, settings) -> int:
     """Words per workspace row (a multiple of 16, so every row starts 64-byte aligned)."""
-    return triton.cdiv(_HEADER + 8 * num_segments + 4 * num_segments * settings.seg_cap
+    return cdiv(_HEADER + 8 * num_segments + 4 * num_segments * settings.seg_cap
                        + max(settings.tile, settings.cap), 16) * 16
 
 
