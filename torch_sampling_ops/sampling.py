@@ -214,7 +214,8 @@ def _exact_gumbel_argmax(row_ptr, begin, end, key, temp, SCALE: tl.constexpr, BL
 
 
 @triton.jit
-def gumbel_argmax(row_ptr, begin, end, key, temp, tol, SCALE: tl.constexpr, BLOCK_V: tl.constexpr):
+def gumbel_argmax(row_ptr, begin, end, key, temp, tol, SCALE: tl.constexpr, BLOCK_V: tl.constexpr,
+                  STAGES: tl.constexpr = 1):
     """(score, token) of argmax_j of x_j (/ temp with SCALE) + stream_gumbel(key, j) over the tokens
     of row_ptr[begin:end] above -inf (NaN never), the lower index among ties; (-inf, -1) without
     one. The exact scores' result, bit for bit, mostly from approximate ones:
@@ -228,7 +229,7 @@ def gumbel_argmax(row_ptr, begin, end, key, temp, tol, SCALE: tl.constexpr, BLOC
     score) a second pass scores every token exactly."""
     inv_temp = tl.math.div_rn(1.0, temp)
     first, second, first_j = top2_init(BLOCK_V)
-    for start in range(begin, end, BLOCK_V):
+    for start in tl.range(begin, end, BLOCK_V, num_stages=STAGES):
         offs = start + tl.arange(0, BLOCK_V)
         x = tl.load(row_ptr + offs, mask=offs < end, other=float("-inf")).to(tl.float32)
         if SCALE:

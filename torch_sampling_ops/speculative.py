@@ -65,6 +65,9 @@ ACCEPT_TOKEN = 2**31 - 1  # the token index of the acceptance uniform in a posit
 _CHUNK = 16384 if os.environ.get("TRITON_INTERPRET") != "1" else 1024
 _BLOCK_V = 1024 if os.environ.get("TRITON_INTERPRET") != "1" else 256
 _NUM_WARPS = 4
+# Tiles a chunk program keeps in flight (Triton's software pipelining of the tile loops: the next
+# tiles' loads are issued before the current one is reduced). It changes no sum order.
+_STAGES = 3
 # A request's status after a level (status[i, level, :]): the state, the drafts accepted, the token.
 _ALIVE = tl.constexpr(0)  # the level scores position `level` (a draft's or the bonus row)
 _RESIDUAL = tl.constexpr(1)  # position level - 1 was rejected: the level draws its residual
@@ -78,10 +81,10 @@ def _load_row(row_ptr, offs, limit):
 
 
 @triton.jit
-def _argmax_chunk(row_ptr, start, limit, vocab_size, BLOCK_V: tl.constexpr):
+def _argmax_chunk(row_ptr, start, limit, vocab_size, BLOCK_V: tl.constexpr, STAGES: tl.constexpr):
     """(max, token) of row tokens [start, limit) above -inf, the lower index among ties; (-inf, -1) without one."""
     best, best_j = argmax_init(BLOCK_V)
-    for tile in range(start, limit, BLOCK_V):
+    for tile in tl.range(start, limit, BLOCK_V, num_stages=STAGES):
         offs = tile + tl.arange(0, BLOCK_V)
         x = _load_row(row_ptr, offs, limit)
         best, best_j = argmax_update(best, best_j, x, x > float("-inf"), offs)
@@ -89,12 +92,12 @@ def _argmax_chunk(row_ptr, start, limit, vocab_size, BLOCK_V: tl.constexpr):
 
 
 @triton.jit
-def _max_sum_chunk(row_ptr, start, limit, BLOCK_V: tl.constexpr):
+def _max_sum_chunk(row_ptr, start, limit, BLOCK_V: tl.constexpr, STAGES: tl.constexpr):
     """(max, sum of exp(x - max)) of row tokens [start, limit); (-inf, 0) without a logit above -inf.
     The sums stay per lane until the end: one cross-warp reduction a tile (the max), not two."""
     run_max = float("-inf")
     lane_sum = tl.zeros((BLOCK_V,), dtype=tl.float32)
-    for tile in range(start, limit, BLOCK_V):
+    for tile in tl.range(start, limit, BLOCK_V, num_stages=STAGES):
         x = _load_row(row_ptr, tile + tl.arange(0, BLOCK_V), limit)
         new_max = tl.maximum(run_max, tl.max(x, axis=0))
         if new_max > float("-inf"):
@@ -139,13 +142,13 @@ def _exact_residual_chunk(row_ptr, probs_row_ptr, draft, row_max, row_sum, key, 
 
 @triton.jit
 def _residual_chunk(row_ptr, probs_row_ptr, draft, row_max, row_sum, key, start, limit, vocab_size, tol,
-                    HAS_PROBS: tl.constexpr, BLOCK_V: tl.constexpr):
+                    HAS_PROBS: tl.constexpr, BLOCK_V: tl.constexpr, STAGES: tl.constexpr):
     """_exact_residual_chunk's result, bit for bit, as sampling.gumbel_argmax gets it: approximate
     scores (log(r) and the noise from the hardware log2, each within the tolerance), per-lane top-2,
     the certified winners rescored exactly, a second exact pass when either is not certified."""
     first_r, second_r, first_rj = top2_init(BLOCK_V)
     first_p, second_p, first_pj = top2_init(BLOCK_V)
-    for tile in range(start, limit, BLOCK_V):
+    for tile in tl.range(start, limit, BLOCK_V, num_stages=STAGES):
         offs = tile + tl.arange(0, BLOCK_V)
         x, r, has = _residual_terms(row_ptr, probs_row_ptr, draft, row_max, row_sum, offs, limit, HAS_PROBS)
         g = stream_gumbel_approx(stream_bits(key, offs))
@@ -205,7 +208,8 @@ def _rejection_level_kernel(logits_ptr, logits_stride, draft_ids_ptr, probs_ptr,
                             temperature_ptr, seeds_ptr, output_lens_ptr, part_f_ptr, part_i_ptr, status_ptr,
                             out_ptr, num_ptr, num_drafts, max_spec_len, vocab_size, num_chunks, tol,
                             level, HAS_PROBS: tl.constexpr, FINAL: tl.constexpr, CHUNK: tl.constexpr,
-                            BLOCK_V: tl.constexpr, CHUNKS_P2: tl.constexpr, BLOCK_OUT: tl.constexpr):
+                            BLOCK_V: tl.constexpr, CHUNKS_P2: tl.constexpr, BLOCK_OUT: tl.constexpr,
+                            STAGES: tl.constexpr):
     """Level `level` of request program_id(0), chunk program_id(1): decides position level - 1 from
     the partials level - 1 left (the same in every chunk program), then writes this chunk's partial
     of the level's pass. FINAL (grid (B, 1), level = max_spec_len + 1): decides the last position and
@@ -303,16 +307,16 @@ def _rejection_level_kernel(logits_ptr, logits_stride, draft_ids_ptr, probs_ptr,
         if state == _ALIVE:
             row_ptr = logits_ptr + (lo + i + level64) * logits_stride
             if greedy:
-                score, best = _argmax_chunk(row_ptr, start, limit, vocab_size, BLOCK_V)
+                score, best = _argmax_chunk(row_ptr, start, limit, vocab_size, BLOCK_V, STAGES)
                 tl.store(part_f_ptr + part, score)
                 tl.store(part_i_ptr + part, best)
             elif level64 >= n:  # the bonus row: the Gumbel argmax, as `sample` draws
                 key = stream_key(seed, position + level64)
-                score, best = gumbel_argmax(row_ptr, start, limit, key, 1.0, tol, False, BLOCK_V)
+                score, best = gumbel_argmax(row_ptr, start, limit, key, 1.0, tol, False, BLOCK_V, STAGES)
                 tl.store(part_f_ptr + part, score)
                 tl.store(part_i_ptr + part, best)
             else:
-                chunk_max, chunk_sum = _max_sum_chunk(row_ptr, start, limit, BLOCK_V)
+                chunk_max, chunk_sum = _max_sum_chunk(row_ptr, start, limit, BLOCK_V, STAGES)
                 tl.store(part_f_ptr + part, chunk_max)
                 tl.store(part_f_ptr + part + num_chunks, chunk_sum)
         elif state == _RESIDUAL:
@@ -321,7 +325,7 @@ def _rejection_level_kernel(logits_ptr, logits_stride, draft_ids_ptr, probs_ptr,
             draft32 = tl.where(prev_draft_ok, prev_draft, -1).to(tl.int32)
             score_r, token_r, score_p, token_p = _residual_chunk(row_ptr, prev_probs_ptr, draft32, row_max, row_sum,
                                                                  prev_key, start, limit, vocab_size, tol,
-                                                                 HAS_PROBS, BLOCK_V)
+                                                                 HAS_PROBS, BLOCK_V, STAGES)
             tl.store(part_f_ptr + part, score_r)
             tl.store(part_i_ptr + part, token_r)
             tl.store(part_f_ptr + part + num_chunks, score_p)
@@ -406,7 +410,7 @@ def _rejection_sample_triton(target_logits, draft_token_ids, draft_probs, cu_num
     args = (target_logits, target_logits.stride()[0], drafts, probs, probs_stride, cu_num_draft, temperature, seeds,
             output_lens, part_f, part_i, status, out, num, N, max_spec_len, V, chunks, sampling.GUMBEL_APPROX_TOL)
     meta = dict(HAS_PROBS=has_probs, CHUNK=_CHUNK, BLOCK_V=_BLOCK_V, CHUNKS_P2=next_power_of_2(chunks),
-                BLOCK_OUT=next_power_of_2(max_spec_len + 1), num_warps=_NUM_WARPS)
+                BLOCK_OUT=next_power_of_2(max_spec_len + 1), STAGES=_STAGES, num_warps=_NUM_WARPS)
     for level in range(levels):
         launch(_rejection_level_kernel, (B, chunks), *args, level, FINAL=False, **meta)
     launch(_rejection_level_kernel, (B, 1), *args, levels, FINAL=True, **meta)
