@@ -65,12 +65,13 @@ _DRAW_BLOCK_V = 4096
 _DRAW_WARPS = 8
 _MAX_TOPK = 1024  # largest num_logprobs: the Triton kernels hold K-key lists in registers; more is rejected
 # logprobs splits each row into segments of _LOGPROBS_SEGMENT tokens, one program of _LOGPROBS_WARPS
-# warps each (a function of V only, so a row's result never depends on the batch). A segment's top K
-# (K = num_logprobs to a power of two, at least 2) takes the fast path (a threshold from the maxima of
-# _LOGPROBS_GROUPS strided groups, then ranks among at most 4 * K keys above it) when
-# 2 * K <= _LOGPROBS_GROUPS and 4 * K < _LOGPROBS_SEGMENT, otherwise `tl.topk` on blocks of
-# max(_LOGPROBS_BLOCK, K) keys; the combining program takes `tl.topk` on up to _LOGPROBS_MERGE_KEYS
-# of the segments' keys at once.
+# warps each (a function of V only, so a row's result never depends on the batch). Each segment hands
+# the combining program W keys that hold its K largest (K = num_logprobs to a power of two, at least
+# 2), in no order. Fast path (2 * K <= _LOGPROBS_GROUPS, W = 2 * K < _LOGPROBS_SEGMENT): the keys at
+# or above a threshold from the maxima of _LOGPROBS_GROUPS strided groups (about 1.4 K of them),
+# unless more than W pass it; otherwise, and for larger K (W = K), `tl.topk` on blocks of
+# max(_LOGPROBS_BLOCK, W) keys. The combining program takes `tl.topk` on up to
+# _LOGPROBS_MERGE_KEYS of the segments' keys at once.
 _LOGPROBS_SEGMENT = 4096 if os.environ.get("TRITON_INTERPRET") != "1" else 1024
 _LOGPROBS_GROUPS = 64
 _LOGPROBS_BLOCK = 1024
@@ -327,11 +328,12 @@ def _topk_of_blocks(row_ptr, begin, end, K: tl.constexpr, BLOCK: tl.constexpr):
 
 @triton.jit
 def _logprobs_segment_kernel(logits_ptr, logits_stride, token_ids_ptr, part_max_ptr, part_sum_ptr, part_larger_ptr,
-                             part_keys_ptr, scratch_ptr, vocab_size, num_segments, SEGMENT: tl.constexpr,
-                             GROUPS: tl.constexpr, K: tl.constexpr, CAP: tl.constexpr, BLOCK: tl.constexpr,
-                             HAS_TOPK: tl.constexpr, FAST: tl.constexpr):
+                             part_keys_ptr, vocab_size, num_segments, SEGMENT: tl.constexpr, GROUPS: tl.constexpr,
+                             K: tl.constexpr, W: tl.constexpr, BLOCK: tl.constexpr, HAS_TOPK: tl.constexpr,
+                             FAST: tl.constexpr):
     """Segment s of row t: its max, sum of exp(x - max) (0 without mass), count of logits strictly
-    larger than the token's, and its K largest keys (larger first), at [t, s] of the part tensors."""
+    larger than the token's, and W keys holding its K largest (in no order; _KEY_NONE pads), at
+    [t, s] of the part tensors."""
     t = tl.program_id(0)
     s = tl.program_id(1)
     part = t.to(tl.int64) * num_segments + s
@@ -352,39 +354,32 @@ def _logprobs_segment_kernel(logits_ptr, logits_stride, token_ids_ptr, part_max_
     tl.store(part_sum_ptr + part, seg_sum)
     tl.store(part_larger_ptr + part, tl.sum((x > x_token).to(tl.int32), axis=0).to(tl.int64))
     if HAS_TOPK:
-        out = part_keys_ptr + part * K
+        out = part_keys_ptr + part * W
         if FAST:
             keys = tl.where(ok, _sortable_key(x, offs), _KEY_NONE)
             # The maxima of GROUPS strided groups (index mod GROUPS) are distinct keys (or _KEY_NONE), so the K-th
             # largest of them, tau, has at least K keys >= it: the segment's K largest are all >= tau.
-            # A key's rank is the number of keys >= it (keys are distinct), so no sort is needed.
             group_max = tl.max(tl.reshape(keys, (SEGMENT // GROUPS, GROUPS)), axis=0)
             group_rank = tl.sum((group_max[None, :] >= group_max[:, None]).to(tl.int32), axis=1)
             tau = tl.max(tl.where(group_rank >= K, group_max, _KEY_NONE), axis=0)
             take = keys >= tau
             n = tl.sum(take.to(tl.int32), axis=0)
-            if n <= CAP:
-                # Compact the n >= K keys >= tau into this program's scratch row, then write each of
-                # rank <= K at its place; the barrier orders the scatter before other threads' loads.
-                slot = tl.cumsum(take.to(tl.int32), axis=0) - 1
-                scratch = scratch_ptr + part * CAP
-                tl.store(scratch + slot, keys, mask=take)
-                tl.debug_barrier()
-                c = tl.arange(0, CAP)
-                cand = tl.load(scratch + c, mask=c < n, other=_KEY_NONE)
-                rank = tl.sum((cand[None, :] >= cand[:, None]).to(tl.int32), axis=1)
-                tl.store(out + rank - 1, cand, mask=(c < n) & (rank <= K))
+            if n <= W:
+                # The n keys >= tau to slots 0 .. n - 1, _KEY_NONE to the others: disjoint stores.
+                c = tl.arange(0, W)
+                tl.store(out + tl.cumsum(take.to(tl.int32), axis=0) - 1, keys, mask=take)
+                tl.store(out + c, tl.full((W,), _KEY_NONE, tl.int64), mask=c >= n)
             else:
-                tl.store(out + tl.arange(0, K), _topk_of_blocks(row_ptr, begin, end, K, BLOCK))
+                tl.store(out + tl.arange(0, W), _topk_of_blocks(row_ptr, begin, end, W, BLOCK))
         else:
-            tl.store(out + tl.arange(0, K), _topk_of_blocks(row_ptr, begin, end, K, BLOCK))
+            tl.store(out + tl.arange(0, W), _topk_of_blocks(row_ptr, begin, end, W, BLOCK))
 
 
 @triton.jit
 def _logprobs_combine_kernel(logits_ptr, logits_stride, token_ids_ptr, part_max_ptr, part_sum_ptr, part_larger_ptr,
                              part_keys_ptr, topk_ids_ptr, topk_lp_ptr, token_lp_ptr, ranks_ptr, vocab_size,
                              num_segments, k, STAT_SEGS: tl.constexpr, MERGE_SEGS: tl.constexpr, K: tl.constexpr,
-                             HAS_TOPK: tl.constexpr):
+                             W: tl.constexpr, HAS_TOPK: tl.constexpr):
     """Row t from its segments' parts, in segment order (chunks of STAT_SEGS and MERGE_SEGS, both
     functions of V only): logsumexp, rank, the top-k keys, and the four outputs."""
     t = tl.program_id(0)
@@ -415,14 +410,15 @@ def _logprobs_combine_kernel(logits_ptr, logits_stride, token_ids_ptr, part_max_
     tl.store(token_lp_ptr + t, tl.where(token_ok, token_lp, float("-inf")))
     tl.store(ranks_ptr + t, tl.where(token_ok, 1 + larger, -1))
     if HAS_TOPK:
-        j = tl.arange(0, K)
+        w = tl.arange(0, W)
         best = tl.full((K,), _KEY_NONE, dtype=tl.int64)
         for first in range(0, num_segments, MERGE_SEGS):
             seg = first + tl.arange(0, MERGE_SEGS)
-            keys = tl.load(part_keys_ptr + (base + seg)[:, None] * K + j[None, :],
+            keys = tl.load(part_keys_ptr + (base + seg)[:, None] * W + w[None, :],
                            mask=(seg < num_segments)[:, None], other=_KEY_NONE)
-            chunk_best = tl.topk(tl.reshape(keys, (MERGE_SEGS * K,)), K)
+            chunk_best = tl.topk(tl.reshape(keys, (MERGE_SEGS * W,)), K)
             best = tl.topk(tl.reshape(tl.join(best, chunk_best), (2 * K,)), K)
+        j = tl.arange(0, K)
         ids = 4294967295 - (best & 4294967295)
         ordered = (best >> 32).to(tl.int32)
         vals = tl.where(ordered >= 0, ordered, ordered ^ 0x7FFFFFFF).to(tl.float32, bitcast=True)
@@ -466,22 +462,20 @@ def _logprobs_triton(logits, token_ids, num_logprobs):
     S = cdiv(V, _LOGPROBS_SEGMENT)
     K = next_power_of_2(max(num_logprobs, 2))  # tl.topk needs k >= 2
     has_topk = num_logprobs > 0
-    cap = 4 * K
-    # With fewer than K keys in a segment tau is _KEY_NONE and all SEGMENT > cap keys pass: the fallback.
-    fast = has_topk and 2 * K <= _LOGPROBS_GROUPS and cap < _LOGPROBS_SEGMENT
+    # With fewer than K keys in a segment tau is _KEY_NONE and all SEGMENT > W keys pass: the fallback.
+    fast = has_topk and 2 * K <= _LOGPROBS_GROUPS and 2 * K < _LOGPROBS_SEGMENT
+    W = 2 * K if fast else K
     part_max = logits.new_empty((T, S), dtype=torch.float32)
     part_sum = logits.new_empty((T, S), dtype=torch.float32)
     part_larger = logits.new_empty((T, S), dtype=torch.int64)
-    part_keys = logits.new_empty((T, S, K) if has_topk else (1,), dtype=torch.int64)
-    scratch = logits.new_empty((T, S, cap) if fast else (1,), dtype=torch.int64)
+    part_keys = logits.new_empty((T, S, W) if has_topk else (1,), dtype=torch.int64)
     launch(_logprobs_segment_kernel, (T, S), logits, logits.stride()[0], token_ids, part_max, part_sum, part_larger,
-           part_keys, scratch, V, S, SEGMENT=_LOGPROBS_SEGMENT, GROUPS=_LOGPROBS_GROUPS, K=K, CAP=cap,
-           BLOCK=max(_LOGPROBS_BLOCK, K), HAS_TOPK=has_topk, FAST=fast,
-           num_warps=_LOGPROBS_WARPS)
-    merge_segs = min(next_power_of_2(S), max(1, _LOGPROBS_MERGE_KEYS // K))
+           part_keys, V, S, SEGMENT=_LOGPROBS_SEGMENT, GROUPS=_LOGPROBS_GROUPS, K=K, W=W,
+           BLOCK=max(_LOGPROBS_BLOCK, W), HAS_TOPK=has_topk, FAST=fast, num_warps=_LOGPROBS_WARPS)
+    merge_segs = min(next_power_of_2(S), max(1, _LOGPROBS_MERGE_KEYS // W))
     launch(_logprobs_combine_kernel, (T,), logits, logits.stride()[0], token_ids, part_max, part_sum, part_larger,
            part_keys, *outs, V, S, num_logprobs, STAT_SEGS=min(next_power_of_2(S), 1024),
-           MERGE_SEGS=merge_segs, K=K, HAS_TOPK=has_topk, num_warps=4 if merge_segs * K <= 1024 else 8)
+           MERGE_SEGS=merge_segs, K=K, W=W, HAS_TOPK=has_topk, num_warps=4 if merge_segs * W <= 1024 else 8)
     return outs
 
 
