@@ -15,7 +15,10 @@ import argparse
 import functools
 
 import bench_filtering
+import bench_history
 import bench_logit_bias
+import bench_sample
+import bench_speculative
 import bench_truncation
 import torch
 import triton
@@ -33,7 +36,8 @@ from timing import (
     print_table,
 )
 
-CASES = bench_filtering.CASES + bench_truncation.CASES + bench_logit_bias.CASES
+CASES = (bench_filtering.CASES + bench_truncation.CASES + bench_logit_bias.CASES + bench_history.CASES
+         + bench_sample.CASES + bench_speculative.CASES)
 
 
 @triton.jit
@@ -57,7 +61,7 @@ def host_cost_table(calls: int = 2000) -> str:
                  eager_overhead_us(lambda: _launch.launch(constraints._token_bitmask_kernel, (1, 1), kernel_args, meta),
                                    calls)])
     for case in CASES:
-        inputs = case.make(1, 1000 if "logit_bias" not in case.name else 4096, "cuda", 0)
+        inputs = case.make(1, 4096 if "logit_bias" in case.name or "penalties" in case.name else 1000, "cuda", 0)
         for enabled in (True, False):
             _launch._ENABLED = enabled and _launch._fast_path_supported()
             us = eager_overhead_us(lambda case=case, inputs=inputs: case.ours(*inputs), calls)
