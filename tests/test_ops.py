@@ -263,6 +263,24 @@ def test_cuda_graph_replays_with_changed_arguments(name, gen):
         spec.assert_matches(to_cpu(result), src.cpu(), to_cpu(state))
 
 
+@pytest.mark.cuda
+@pytest.mark.parametrize("name", OP_NAMES)
+def test_a_call_never_waits_for_the_device(name, gen):
+    """No op synchronises the host with the GPU (no `.item()`, no data-dependent shape, no blocking
+    copy): CUDA's sync debug mode raises on any, from the second call on (the first compiles)."""
+    spec = BY_NAME[name]
+    args = spec.args(torch.device("cuda"), gen)
+    spec.run(clone_args(args))
+    torch.cuda.synchronize()
+    previous = torch.cuda.get_sync_debug_mode()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        spec.run(clone_args(args))
+    finally:
+        torch.cuda.set_sync_debug_mode(previous)
+    torch.cuda.synchronize()
+
+
 def test_inductor_calls_the_op_on_cpu(gen):
     """On the CPU the op stays one opaque node: Inductor's code calls it."""
     from torch._inductor.utils import run_and_get_code
