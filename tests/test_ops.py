@@ -2,6 +2,9 @@
 every implementation, debug-mode value checks, autograd and version-counter behaviour, opcheck,
 torch.compile(fullgraph=True) and CUDA-graph capture and replay."""
 import inspect
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -9,7 +12,7 @@ from op_table import BY_NAME, OPS, bad_inputs, clone_args, to_cpu
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import torch_sampling_ops
-from torch_sampling_ops import _registry
+from torch_sampling_ops import _checks, _registry
 
 from conftest import OP_BACKENDS, device_of
 
@@ -123,14 +126,23 @@ def test_debug_mode_checks_values(backend, name, bad, gen, monkeypatch):
     runs (with the documented result) and costs no sync."""
     spec = BY_NAME[name]
     args = spec.args(device_of(backend), gen)
-    monkeypatch.setenv("TORCH_SAMPLING_OPS_DEBUG", "1")
+    monkeypatch.setattr(_checks, "_DEBUG", True)
     spec.op(*clone_args(args))  # valid values pass
     bad_args = clone_args(args)
     bad.spoil(bad_args)
     with pytest.raises(ValueError, match=f"'{bad.arg}'"):
         spec.op(*bad_args)
-    monkeypatch.setenv("TORCH_SAMPLING_OPS_DEBUG", "0")
+    monkeypatch.setattr(_checks, "_DEBUG", False)
     spec.op(*bad_args)
+
+
+def test_debug_checks_follow_the_environment_at_import_and_set_debug_checks():
+    code = ("import torch_sampling_ops as t, torch_sampling_ops._checks as c; a = c.debug_enabled(); "
+            "t.set_debug_checks(not a); print(a, c.debug_enabled())")
+    for value, expected in (("1", "True False"), ("0", "False True")):
+        env = dict(os.environ, TORCH_SAMPLING_OPS_DEBUG=value)
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+        assert out.stdout.split() == expected.split()
 
 
 # ----------------------------------------------------------------------------------------------

@@ -5,6 +5,7 @@ here; CUDA runs Triton kernels, CPU runs the C++ kernels of csrc/, and every op 
 implementation for torch.compile. ``torch_sampling_ops.reference`` holds the float64 semantics.
 """
 from . import reference, state
+from ._checks import set_debug_checks
 from ._warmup import warmup
 from .constraints import apply_token_bitmask, logit_bias
 from .filtering import min_p, temperature
@@ -15,6 +16,6 @@ from .truncation import top_k_top_p
 
 __all__ = [
     "apply_token_bitmask", "bad_words", "logit_bias", "logprobs", "min_p", "penalties", "reference", "rejection_sample",
-    "sample", "temperature", "top_k_top_p", "state", "update_output_counts", "warmup",
+    "sample", "set_debug_checks", "temperature", "top_k_top_p", "state", "update_output_counts", "warmup",
 ]
 __version__ = "0.1.0"

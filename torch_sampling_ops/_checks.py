@@ -15,9 +15,21 @@ LOGITS_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 INDEX_DTYPES = (torch.int32, torch.int64)
 
 
+# Read once, at import: an environment lookup on every call would cost each op call more than its
+# whole C++ kernel on a small input. `set_debug_checks` changes it at run time.
+_DEBUG = os.environ.get("TORCH_SAMPLING_OPS_DEBUG", "0") == "1"
+
+
 def debug_enabled() -> bool:
-    """True when TORCH_SAMPLING_OPS_DEBUG=1: ops then also check values, at the cost of host syncs."""
-    return os.environ.get("TORCH_SAMPLING_OPS_DEBUG", "0") == "1"
+    """True when value checks are on (TORCH_SAMPLING_OPS_DEBUG=1 at import, or `set_debug_checks(True)`): ops
+    then also check values, at the cost of host syncs."""
+    return _DEBUG
+
+
+def set_debug_checks(enabled: bool) -> None:
+    """Turns the value checks of every op on or off (see `debug_enabled`)."""
+    global _DEBUG
+    _DEBUG = bool(enabled)
 
 
 def _dtype_names(dtypes: Sequence[torch.dtype]) -> str:
@@ -67,12 +79,14 @@ def check_tensor(
         raise ValueError(f"sampling.{op}: '{name}' must have unit stride in its last dimension, got strides {tuple(t.stride())}")
 
 
-def check_no_grad(op: str, args: dict[str, object]) -> None:
-    """Under grad mode, checks that no tensor argument requires grad: the ops are not differentiable."""
+def check_no_grad(op: str, names: Sequence[str], args: Sequence[object]) -> None:
+    """Under grad mode, checks that no tensor argument (`args`, named by `names`) requires grad: the
+    ops are not differentiable."""
     if not torch.is_grad_enabled():
         return
-    for name, arg in args.items():
+    for i, arg in enumerate(args):
         if isinstance(arg, torch.Tensor) and arg.requires_grad:
+            name = names[i]
             raise RuntimeError(
                 f"sampling.{op}: '{name}' requires grad, but the op is not differentiable; "
                 f"call it under torch.no_grad() or on detached tensors")
@@ -83,7 +97,8 @@ def check_rows_do_not_overlap(op: str, name: str, t: torch.Tensor) -> None:
     overlapping strides, e.g. a [T, V] matrix with row stride < V): its kernels would process them
     several times. Dimensions of size 1 do not count; the others, from the smallest stride up, must
     each step past the whole extent of the smaller ones."""
-    if t.dim() == 2 and t.stride(1) == 1 and (t.shape[0] <= 1 or t.stride(0) >= t.shape[1]):
+    sizes, strides = t.shape, t.stride()
+    if len(sizes) == 2 and strides[1] == 1 and (sizes[0] <= 1 or strides[0] >= sizes[1]):
         return  # the usual [T, V] matrix with its rows apart: no need for the general rule below
     if t.numel() == 0:
         return

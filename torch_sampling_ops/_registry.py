@@ -120,23 +120,24 @@ def define_op(
         LIB.define(name + torch.library.infer_schema(fn, mutates_args=mutates_args))
         op = getattr(torch.ops.sampling, name).default
         arg_names = [a.name for a in op._schema.arguments]
-        mutated = [a.name for a in op._schema.arguments if a.alias_info is not None and a.alias_info.is_write]
+        mutated = [i for i, a in enumerate(op._schema.arguments) if a.alias_info is not None and a.alias_info.is_write]
 
         def checked(body: Callable | None, real: bool) -> Callable:
             def run(*args, **kwargs):
-                named = dict(zip(arg_names, args, strict=False), **kwargs)
-                _checks.check_no_grad(name, named)
-                check(*args, **kwargs)
-                for arg in mutated:
-                    _checks.check_rows_do_not_overlap(name, arg, named[arg])
+                if kwargs:  # positional from here on, in the schema's order
+                    args = (*args, *(kwargs[n] for n in arg_names[len(args):]))
+                _checks.check_no_grad(name, arg_names, args)
+                check(*args)
+                for i in mutated:
+                    _checks.check_rows_do_not_overlap(name, arg_names[i], args[i])
                 if real:
-                    if check_values is not None and _checks.debug_enabled():
-                        check_values(*args, **kwargs)
+                    if check_values is not None and _checks._DEBUG:
+                        check_values(*args)
                     # As PyTorch's in-place ops do: autograd and views see that the tensor changed.
-                    for arg in mutated:
-                        if not named[arg].is_inference():  # an inference tensor has no version counter
-                            torch.autograd.graph.increment_version(named[arg])
-                return body(*args, **kwargs) if body is not None else None
+                    for i in mutated:
+                        if not args[i].is_inference():  # an inference tensor has no version counter
+                            torch.autograd.graph.increment_version(args[i])
+                return body(*args) if body is not None else None
 
             run.__name__ = f"{name}_{getattr(body, '__name__', 'fake')}"
             return run
