@@ -64,7 +64,8 @@ _SPLIT_MAX_T = 128
 _DRAW_BLOCK_V = 4096
 _DRAW_WARPS = 8
 # Tiles a draw program keeps in flight (software pipelining of its tile loop; no change of result).
-_DRAW_STAGES = 2
+# 1: deeper pipelines made the draw slower at every batch size (docs/notes/sampling-tuning.md).
+_DRAW_STAGES = 1
 _MAX_TOPK = 1024  # largest num_logprobs: the Triton kernels hold K-key lists in registers; more is rejected
 # logprobs splits each row into segments of _LOGPROBS_SEGMENT tokens, one program of _LOGPROBS_WARPS
 # warps each (a function of V only, so a row's result never depends on the batch). Each segment hands
