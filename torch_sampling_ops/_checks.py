@@ -71,8 +71,8 @@ def check_tensor(
     sizes = t.shape
     if len(sizes) != ndim:
         raise ValueError(f"sampling.{op}: '{name}' must have {ndim} dimension(s), got shape {tuple(sizes)}")
-    for want, got in zip(shape, sizes, strict=False):  # shape may name the leading sizes only
-        if want is not None and got != want:
+    for i, want in enumerate(shape):  # shape may name the leading sizes only (ndim of them at most)
+        if want is not None and sizes[i] != want:
             expected = tuple("*" if s is None else s for s in shape)
             raise ValueError(f"sampling.{op}: '{name}' must have shape {expected}, got {tuple(sizes)}")
     if sizes[-1] > 1 and t.stride()[-1] != 1:
