@@ -148,6 +148,15 @@ def test_concurrent_first_calls(toy):
     assert len(plain) + len(launches) == 800 and len(plain) <= 8  # one key, at most a first call per thread
 
 
+def test_host_grid_helpers_match_triton():
+    """_launch.cdiv and next_power_of_2 (plain ints for the launchers' grids) agree with Triton's."""
+    for n in [*range(1, 2100), 151936, 2**31 - 1, 2**31, 2**40 + 3]:
+        assert _launch.next_power_of_2(n) == triton.next_power_of_2(n)
+        for d in (1, 3, 16, 1024, 4096):
+            assert _launch.cdiv(n, d) == triton.cdiv(n, d)
+    assert _launch.cdiv(0, 7) == 0
+
+
 def test_disabled_under_the_interpreter():
     from conftest import INTERPRET
     if INTERPRET:

@@ -112,7 +112,8 @@ def define_op(
     triton(*args): the Triton launcher, called after `check`. The CPU kernel is
         `torch_sampling_ops._C.<name>`, also called after `check`.
     fake(*args): outputs for fake tensors; omit for ops that return nothing.
-    check_values(*args): value checks run on real tensors when TORCH_SAMPLING_OPS_DEBUG=1.
+    check_values(*args): value checks run on real tensors when debug checks are on
+        (TORCH_SAMPLING_OPS_DEBUG=1 at import, or `set_debug_checks(True)`).
     """
 
     def register(fn: Callable) -> Callable:
