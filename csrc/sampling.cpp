@@ -48,9 +48,8 @@ void logprobs_row(const float* x, int64_t V, int64_t tok, TopK& top, int64_t* to
       top.offer(x[j + lane] == x[j + lane] ? x[j + lane] : kNegInf, j + lane);
     }
   }
+  float m = max_lane(v_max);
   float lanes[Vec::size()];
-  v_max.store(lanes);
-  float m = *std::max_element(lanes, lanes + Vec::size());
   v_larger.store(lanes);
   int64_t larger = 0;
   for (int i = 0; i < Vec::size(); ++i) larger += static_cast<int64_t>(lanes[i]);

@@ -63,9 +63,6 @@ _SPLIT_MAX_T = 128
 # The draw's programs walk their tokens in tiles of _DRAW_BLOCK_V over _DRAW_WARPS warps.
 _DRAW_BLOCK_V = 4096
 _DRAW_WARPS = 8
-# Tiles a draw program keeps in flight (software pipelining of its tile loop; no change of result).
-# 1: deeper pipelines made the draw slower at every batch size (docs/notes/sampling-tuning.md).
-_DRAW_STAGES = 1
 _MAX_TOPK = 1024  # largest num_logprobs: the Triton kernels hold K-key lists in registers; more is rejected
 # logprobs splits each row into segments of _LOGPROBS_SEGMENT tokens, one program of _LOGPROBS_WARPS
 # warps each (a function of V only, so a row's result never depends on the batch). Each segment hands
@@ -258,6 +255,18 @@ def gumbel_argmax(row_ptr, begin, end, key, temp, tol, SCALE: tl.constexpr, BLOC
     else:
         score, token = _exact_gumbel_argmax(row_ptr, begin, end, key, temp, SCALE, BLOCK_V)
     return score, token
+
+
+@triton.jit
+def argmax_tokens(row_ptr, begin, end, BLOCK_V: tl.constexpr, STAGES: tl.constexpr = 1):
+    """(max, token) of row_ptr[begin:end] over the tokens above -inf (NaN never), the lower index
+    among ties; (-inf, -1) without one: a greedy row's argmax. STAGES tiles in flight."""
+    best, best_j = argmax_init(BLOCK_V)
+    for start in tl.range(begin, end, BLOCK_V, num_stages=STAGES):
+        offs = start + tl.arange(0, BLOCK_V)
+        x = tl.load(row_ptr + offs, mask=offs < end, other=float("-inf")).to(tl.float32)
+        best, best_j = argmax_update(best, best_j, x, x > float("-inf"), offs)  # false for -inf and NaN
+    return argmax_finish(best, best_j, 2147483647)
 
 
 @triton.jit
@@ -538,28 +547,20 @@ def _scale_rows_kernel(logits_ptr, logits_stride, ws_ptr, idx_mapping_ptr, tempe
 
 @triton.jit
 def _gumbel_argmax_row(row_ptr, begin, end, vocab_size, key, temp, tol, SAMPLED: tl.constexpr, SCALE: tl.constexpr,
-                       BLOCK_V: tl.constexpr, STAGES: tl.constexpr):
-    """(score, token) of tokens [begin, end) (end <= vocab_size) of one row: argmax_j of x_j (/ temp with SCALE) (+ Gumbel
-    noise with SAMPLED) over the tokens above -inf, the lower index among ties; token vocab_size
-    (score -inf) when there is none."""
+                       BLOCK_V: tl.constexpr):
+    """(score, token) of tokens [begin, end) (end <= vocab_size) of one row: gumbel_argmax with
+    SAMPLED, else argmax_tokens; token vocab_size (score -inf) when there is none."""
     if SAMPLED:
-        score, token = gumbel_argmax(row_ptr, begin, end, key, temp, tol, SCALE, BLOCK_V, STAGES)
-        return score, tl.where(token >= 0, token, vocab_size)
+        score, token = gumbel_argmax(row_ptr, begin, end, key, temp, tol, SCALE, BLOCK_V)
     else:
-        best, best_j = argmax_init(BLOCK_V)
-        for start in tl.range(begin, end, BLOCK_V, num_stages=STAGES):
-            offs = start + tl.arange(0, BLOCK_V)
-            x = tl.load(row_ptr + offs, mask=offs < end, other=float("-inf")).to(tl.float32)
-            best, best_j = argmax_update(best, best_j, x, x > float("-inf"), offs)  # false for -inf and NaN
-        score, token = argmax_finish(best, best_j, vocab_size)
-        return score, tl.where(token >= 0, token, vocab_size)
+        score, token = argmax_tokens(row_ptr, begin, end, BLOCK_V)
+    return score, tl.where(token >= 0, token, vocab_size)
 
 
 @triton.jit
 def _gumbel_argmax_kernel(logits_ptr, logits_stride, ws_ptr, idx_mapping_ptr, temperature_ptr, min_p_ptr, top_k_ptr,
                           top_p_ptr, seeds_ptr, output_lens_ptr, out_ptr, part_score_ptr, part_token_ptr, num_slots,
-                          vocab_size, tol, SEGMENT: tl.constexpr, SPLIT: tl.constexpr, BLOCK_V: tl.constexpr,
-                          STAGES: tl.constexpr):
+                          vocab_size, tol, SEGMENT: tl.constexpr, SPLIT: tl.constexpr, BLOCK_V: tl.constexpr):
     """out[t] = argmax_j of x[t, j] + gumbel(seed, position, j) over the tokens above -inf, with x the
     filtered workspace row or, for a row without filters, logits / temperature; the plain argmax of
     the logits for greedy rows (the filters always keep it); -1 without such a token or slot. With
@@ -581,13 +582,13 @@ def _gumbel_argmax_kernel(logits_ptr, logits_stride, ws_ptr, idx_mapping_ptr, te
     logits_row = logits_ptr + t.to(tl.int64) * logits_stride
     if temp == 0.0:
         score, token = _gumbel_argmax_row(logits_row, begin, end, vocab_size, key, temp, tol, SAMPLED=False, SCALE=False,
-                                          BLOCK_V=BLOCK_V, STAGES=STAGES)
+                                          BLOCK_V=BLOCK_V)
     elif _row_is_filtered(slot, min_p_ptr, top_k_ptr, top_p_ptr, vocab_size):
         score, token = _gumbel_argmax_row(ws_ptr + t.to(tl.int64) * vocab_size, begin, end, vocab_size, key, temp, tol,
-                                          SAMPLED=True, SCALE=False, BLOCK_V=BLOCK_V, STAGES=STAGES)
+                                          SAMPLED=True, SCALE=False, BLOCK_V=BLOCK_V)
     else:
         score, token = _gumbel_argmax_row(logits_row, begin, end, vocab_size, key, temp, tol, SAMPLED=True, SCALE=True,
-                                          BLOCK_V=BLOCK_V, STAGES=STAGES)
+                                          BLOCK_V=BLOCK_V)
     if SPLIT:
         part = t.to(tl.int64) * tl.num_programs(1) + tl.program_id(1)
         tl.store(part_score_ptr + part, score)
@@ -657,13 +658,13 @@ def _sample_triton(logits, idx_mapping, temperature, top_k, top_p, min_p, seeds,
     if segments == 1:
         launch(_gumbel_argmax_kernel, (T, 1), logits, logits.stride()[0], ws, *params, seeds, output_lens, out,
                out, out, R, V, GUMBEL_APPROX_TOL, SEGMENT=_SEGMENT, SPLIT=False, BLOCK_V=_DRAW_BLOCK_V,
-               STAGES=_DRAW_STAGES, num_warps=_DRAW_WARPS)
+               num_warps=_DRAW_WARPS)
         return out
     part_score = logits.new_empty((T, segments), dtype=torch.float32)
     part_token = logits.new_empty((T, segments), dtype=torch.int32)
     launch(_gumbel_argmax_kernel, (T, segments), logits, logits.stride()[0], ws, *params, seeds, output_lens, out,
            part_score, part_token, R, V, GUMBEL_APPROX_TOL, SEGMENT=_SEGMENT, SPLIT=True,
-           BLOCK_V=min(_DRAW_BLOCK_V, _SEGMENT), STAGES=_DRAW_STAGES, num_warps=_DRAW_WARPS)
+           BLOCK_V=min(_DRAW_BLOCK_V, _SEGMENT), num_warps=_DRAW_WARPS)
     launch(_reduce_segments_kernel, (T,), idx_mapping, part_score, part_token, out, R, V, segments,
            SEGMENTS_P2=next_power_of_2(segments), num_warps=1)
     return out

@@ -44,6 +44,7 @@ from ._registry import define_op, launch
 from .sampling import (
     argmax_finish,
     argmax_init,
+    argmax_tokens,
     argmax_update,
     fast_log2,
     gumbel_argmax,
@@ -78,17 +79,6 @@ _DONE = tl.constexpr(2)  # the final token is known
 def _load_row(row_ptr, offs, limit):
     x = tl.load(row_ptr + offs, mask=offs < limit, other=float("-inf")).to(tl.float32)
     return tl.where(x == x, x, float("-inf"))  # NaN is read as -inf
-
-
-@triton.jit
-def _argmax_chunk(row_ptr, start, limit, vocab_size, BLOCK_V: tl.constexpr, STAGES: tl.constexpr):
-    """(max, token) of row tokens [start, limit) above -inf, the lower index among ties; (-inf, -1) without one."""
-    best, best_j = argmax_init(BLOCK_V)
-    for tile in tl.range(start, limit, BLOCK_V, num_stages=STAGES):
-        offs = tile + tl.arange(0, BLOCK_V)
-        x = _load_row(row_ptr, offs, limit)
-        best, best_j = argmax_update(best, best_j, x, x > float("-inf"), offs)
-    return argmax_finish(best, best_j, vocab_size)
 
 
 @triton.jit
@@ -307,7 +297,7 @@ def _rejection_level_kernel(logits_ptr, logits_stride, draft_ids_ptr, probs_ptr,
         if state == _ALIVE:
             row_ptr = logits_ptr + (lo + i + level64) * logits_stride
             if greedy:
-                score, best = _argmax_chunk(row_ptr, start, limit, vocab_size, BLOCK_V, STAGES)
+                score, best = argmax_tokens(row_ptr, start, limit, BLOCK_V, STAGES)
                 tl.store(part_f_ptr + part, score)
                 tl.store(part_i_ptr + part, best)
             elif level64 >= n:  # the bonus row: the Gumbel argmax, as `sample` draws
