@@ -45,6 +45,7 @@ from ._triton_helpers import load_slot
 _CHUNK_WORDS = 64
 _BLOCK_WORDS = 64  # mask words one step of a penalties program handles
 _DENSE_POPCOUNT = 12  # above this many set bits in a word of the block, test all 32 bits at once
+_DENSE_WORDS = 8  # words one such all-bits tile covers: [8, 32] a warp keeps the registers low
 _PENALTIES_WARPS = 1
 _BLOCK_ROWS = 128  # rows one update_output_counts program handles
 _BLOCK_BAD_WORDS = 128  # banned sequences one step of a bad_words program compares
@@ -91,7 +92,8 @@ def _next_bit(rest, out_words, w, vocab_size):
 def _penalties_kernel(logits_ptr, logits_stride, idx_mapping_ptr,
                       prompt_mask_ptr, prompt_stride, output_mask_ptr, output_stride, counts_ptr, counts_stride,
                       repetition_ptr, frequency_ptr, presence_ptr, num_slots, vocab_size, num_words,
-                      CHUNK_WORDS: tl.constexpr, BLOCK_WORDS: tl.constexpr, DENSE_POPCOUNT: tl.constexpr):
+                      CHUNK_WORDS: tl.constexpr, BLOCK_WORDS: tl.constexpr, DENSE_WORDS: tl.constexpr,
+                      DENSE_POPCOUNT: tl.constexpr):
     t = tl.program_id(0)
     slot = load_slot(idx_mapping_ptr, t, num_slots)
     if slot < 0:
@@ -116,16 +118,26 @@ def _penalties_kernel(logits_ptr, logits_stride, idx_mapping_ptr,
             seen_words = out_words
         most = tl.max(_popcount(seen_words), axis=0)  # 0: no token of the block is touched
         if most > DENSE_POPCOUNT:
-            # Many bits a word: every bit of the [BLOCK_WORDS, 32] tile tested at once (coalesced).
+            # Many bits a word: every bit of DENSE_WORDS words at a time tested as one [DENSE_WORDS, 32]
+            # tile (coalesced); the words are reloaded (cache hits) so the tile, not the block, sets
+            # the registers a thread holds.
             bit = tl.arange(0, 32)
-            tok = w[:, None] * 32 + bit[None, :]  # < 2**31: V is an int32 token id range
-            in_vocab = tok < vocab_size
-            seen = (((seen_words[:, None] >> bit[None, :]) & 1) != 0) & in_vocab
-            output = (((out_words[:, None] >> bit[None, :]) & 1) != 0) & in_vocab
-            x = tl.load(row_ptr + tok, mask=seen, other=0.0).to(tl.float32)
-            count = tl.load(counts_row + tok, mask=output, other=0).to(tl.float32)
-            x = _penalized(x, count, output, rep, freq, pres)
-            tl.store(row_ptr + tok, x.to(row_ptr.dtype.element_ty), mask=seen)
+            for d in range(0, BLOCK_WORDS, DENSE_WORDS):
+                wd = first + i + d + tl.arange(0, DENSE_WORDS)
+                in_row_d = wd < num_words
+                out_d = tl.load(output_row + wd, mask=in_row_d, other=0)
+                if rep != 1.0:
+                    seen_d = out_d | tl.load(prompt_row + wd, mask=in_row_d, other=0)
+                else:
+                    seen_d = out_d
+                tok = wd[:, None] * 32 + bit[None, :]  # < 2**31: V is an int32 token id range
+                in_vocab = tok < vocab_size
+                seen = (((seen_d[:, None] >> bit[None, :]) & 1) != 0) & in_vocab
+                output = (((out_d[:, None] >> bit[None, :]) & 1) != 0) & in_vocab
+                x = tl.load(row_ptr + tok, mask=seen, other=0.0).to(tl.float32)
+                count = tl.load(counts_row + tok, mask=output, other=0).to(tl.float32)
+                x = _penalized(x, count, output, rep, freq, pres)
+                tl.store(row_ptr + tok, x.to(row_ptr.dtype.element_ty), mask=seen)
         else:
             # Few bits a word: the lowest 4 set bits of every word a step, `ceil(most / 4)` steps,
             # so the work follows the history rather than the 32 bits of a word. The 8 loads of a
@@ -253,7 +265,8 @@ def _penalties_triton(logits, idx_mapping, prompt_mask, output_mask, output_coun
         logits, logits.stride(0), idx_mapping,
         prompt_mask, prompt_mask.stride(0), output_mask, output_mask.stride(0), output_counts, output_counts.stride(0),
         repetition_penalty, frequency_penalty, presence_penalty, repetition_penalty.size(0), V, words,
-        CHUNK_WORDS=_CHUNK_WORDS, BLOCK_WORDS=_BLOCK_WORDS, DENSE_POPCOUNT=_DENSE_POPCOUNT, num_warps=_PENALTIES_WARPS,
+        CHUNK_WORDS=_CHUNK_WORDS, BLOCK_WORDS=_BLOCK_WORDS, DENSE_WORDS=min(_DENSE_WORDS, _BLOCK_WORDS),
+        DENSE_POPCOUNT=_DENSE_POPCOUNT, num_warps=_PENALTIES_WARPS,
     )
 
 
