@@ -39,14 +39,14 @@ from ._launch import cdiv
 from ._registry import define_op, launch
 from ._triton_helpers import load_slot
 
-# Mask words (2048 tokens) one penalties program covers, one warp: 75 programs a row at V = 151936.
+# Mask words (2048 tokens) one penalties program covers, two warps: 75 programs a row at V = 151936.
 # The kernel waits on dependent scattered accesses (mask words, then logits and counts, then the
-# stores), so many small programs keep the most of them in flight at once.
+# stores), so many small programs of few registers keep the most of them in flight at once.
 _CHUNK_WORDS = 64
 _BLOCK_WORDS = 64  # mask words one step of a penalties program handles
 _DENSE_POPCOUNT = 12  # above this many set bits in a word of the block, test all 32 bits at once
 _DENSE_WORDS = 8  # words one such all-bits tile covers: [8, 32] a warp keeps the registers low
-_PENALTIES_WARPS = 1
+_PENALTIES_WARPS = 2
 _BLOCK_ROWS = 128  # rows one update_output_counts program handles
 _BLOCK_BAD_WORDS = 128  # banned sequences one step of a bad_words program compares
 _BLOCK_PREFIX = 8  # prefix tokens one step of that comparison covers
