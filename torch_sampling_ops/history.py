@@ -47,6 +47,7 @@ _BLOCK_WORDS = 64  # mask words one step of a penalties program handles
 _DENSE_POPCOUNT = 12  # above this many set bits in a word of the block, test all 32 bits at once
 _DENSE_WORDS = 8  # words one such all-bits tile covers: [8, 32] a warp keeps the registers low
 _PENALTIES_WARPS = 2
+_EARLY_MASKS = False
 _BLOCK_ROWS = 128  # rows one update_output_counts program handles
 _BLOCK_BAD_WORDS = 128  # banned sequences one step of a bad_words program compares
 _BLOCK_PREFIX = 8  # prefix tokens one step of that comparison covers
@@ -89,79 +90,107 @@ def _next_bit(rest, out_words, w, vocab_size):
 
 
 @triton.jit
+def _penalize_block(row_ptr, counts_row, prompt_row, output_row, first, out_words, seen_words, rep, freq, pres,
+                    vocab_size, num_words, BLOCK_WORDS: tl.constexpr, DENSE_WORDS: tl.constexpr,
+                    DENSE_POPCOUNT: tl.constexpr):
+    """Penalises the seen tokens of mask words [first, first + BLOCK_WORDS), given their output
+    words and seen (output or prompt) words."""
+    w = first + tl.arange(0, BLOCK_WORDS)
+    most = tl.max(_popcount(seen_words), axis=0)  # 0: no token of the block is touched
+    if most > DENSE_POPCOUNT:
+        # Many bits a word: every bit of DENSE_WORDS words at a time tested as one [DENSE_WORDS, 32]
+        # tile (coalesced); the words are reloaded (cache hits) so the tile, not the block, sets
+        # the registers a thread holds.
+        bit = tl.arange(0, 32)
+        for d in range(0, BLOCK_WORDS, DENSE_WORDS):
+            wd = first + d + tl.arange(0, DENSE_WORDS)
+            in_row_d = wd < num_words
+            out_d = tl.load(output_row + wd, mask=in_row_d, other=0)
+            if rep != 1.0:
+                seen_d = out_d | tl.load(prompt_row + wd, mask=in_row_d, other=0)
+            else:
+                seen_d = out_d
+            tok = wd[:, None] * 32 + bit[None, :]  # < 2**31: V is an int32 token id range
+            in_vocab = tok < vocab_size
+            seen = (((seen_d[:, None] >> bit[None, :]) & 1) != 0) & in_vocab
+            output = (((out_d[:, None] >> bit[None, :]) & 1) != 0) & in_vocab
+            x = tl.load(row_ptr + tok, mask=seen, other=0.0).to(tl.float32)
+            count = tl.load(counts_row + tok, mask=output, other=0).to(tl.float32)
+            x = _penalized(x, count, output, rep, freq, pres)
+            tl.store(row_ptr + tok, x.to(row_ptr.dtype.element_ty), mask=seen)
+    else:
+        # Few bits a word: the lowest 4 set bits of every word a step, `ceil(most / 4)` steps,
+        # so the work follows the history rather than the 32 bits of a word. The 8 loads of a
+        # step are issued before its stores: their latencies overlap.
+        rest = seen_words
+        for _ in range(0, most, 4):
+            rest, tok0, seen0, out0 = _next_bit(rest, out_words, w, vocab_size)
+            rest, tok1, seen1, out1 = _next_bit(rest, out_words, w, vocab_size)
+            rest, tok2, seen2, out2 = _next_bit(rest, out_words, w, vocab_size)
+            rest, tok3, seen3, out3 = _next_bit(rest, out_words, w, vocab_size)
+            x0 = tl.load(row_ptr + tok0, mask=seen0, other=0.0).to(tl.float32)
+            x1 = tl.load(row_ptr + tok1, mask=seen1, other=0.0).to(tl.float32)
+            x2 = tl.load(row_ptr + tok2, mask=seen2, other=0.0).to(tl.float32)
+            x3 = tl.load(row_ptr + tok3, mask=seen3, other=0.0).to(tl.float32)
+            c0 = tl.load(counts_row + tok0, mask=out0, other=0).to(tl.float32)
+            c1 = tl.load(counts_row + tok1, mask=out1, other=0).to(tl.float32)
+            c2 = tl.load(counts_row + tok2, mask=out2, other=0).to(tl.float32)
+            c3 = tl.load(counts_row + tok3, mask=out3, other=0).to(tl.float32)
+            # Distinct bits of a word are distinct tokens: no store overwrites another's load.
+            dtype = row_ptr.dtype.element_ty
+            tl.store(row_ptr + tok0, _penalized(x0, c0, out0, rep, freq, pres).to(dtype), mask=seen0)
+            tl.store(row_ptr + tok1, _penalized(x1, c1, out1, rep, freq, pres).to(dtype), mask=seen1)
+            tl.store(row_ptr + tok2, _penalized(x2, c2, out2, rep, freq, pres).to(dtype), mask=seen2)
+            tl.store(row_ptr + tok3, _penalized(x3, c3, out3, rep, freq, pres).to(dtype), mask=seen3)
+
+
+@triton.jit
 def _penalties_kernel(logits_ptr, logits_stride, idx_mapping_ptr,
                       prompt_mask_ptr, prompt_stride, output_mask_ptr, output_stride, counts_ptr, counts_stride,
                       repetition_ptr, frequency_ptr, presence_ptr, num_slots, vocab_size, num_words,
                       CHUNK_WORDS: tl.constexpr, BLOCK_WORDS: tl.constexpr, DENSE_WORDS: tl.constexpr,
-                      DENSE_POPCOUNT: tl.constexpr):
+                      DENSE_POPCOUNT: tl.constexpr, EARLY_MASKS: tl.constexpr):
     t = tl.program_id(0)
     slot = load_slot(idx_mapping_ptr, t, num_slots)
     if slot < 0:
-        return
-    rep = tl.load(repetition_ptr + slot)
-    freq = tl.load(frequency_ptr + slot)
-    pres = tl.load(presence_ptr + slot)
-    if (rep == 1.0) & (freq == 0.0) & (pres == 0.0):  # all three off: the row is not read
         return
     row_ptr = logits_ptr + t.to(tl.int64) * logits_stride
     prompt_row = prompt_mask_ptr + slot * prompt_stride
     output_row = output_mask_ptr + slot * output_stride
     counts_row = counts_ptr + slot * counts_stride
     first = tl.program_id(1) * CHUNK_WORDS
-    for i in range(0, CHUNK_WORDS, BLOCK_WORDS):
-        w = first + i + tl.arange(0, BLOCK_WORDS)
+    if EARLY_MASKS:
+        # One block a program: its mask words are requested with the parameters (one round trip
+        # fewer before the scattered accesses), the prompt words even where repetition is off.
+        tl.static_assert(CHUNK_WORDS == BLOCK_WORDS)
+        w = first + tl.arange(0, BLOCK_WORDS)
         in_row = w < num_words
         out_words = tl.load(output_row + w, mask=in_row, other=0)
-        if rep != 1.0:
-            seen_words = out_words | tl.load(prompt_row + w, mask=in_row, other=0)
-        else:  # repetition off: only output tokens change, and the prompt mask is not read
-            seen_words = out_words
-        most = tl.max(_popcount(seen_words), axis=0)  # 0: no token of the block is touched
-        if most > DENSE_POPCOUNT:
-            # Many bits a word: every bit of DENSE_WORDS words at a time tested as one [DENSE_WORDS, 32]
-            # tile (coalesced); the words are reloaded (cache hits) so the tile, not the block, sets
-            # the registers a thread holds.
-            bit = tl.arange(0, 32)
-            for d in range(0, BLOCK_WORDS, DENSE_WORDS):
-                wd = first + i + d + tl.arange(0, DENSE_WORDS)
-                in_row_d = wd < num_words
-                out_d = tl.load(output_row + wd, mask=in_row_d, other=0)
-                if rep != 1.0:
-                    seen_d = out_d | tl.load(prompt_row + wd, mask=in_row_d, other=0)
-                else:
-                    seen_d = out_d
-                tok = wd[:, None] * 32 + bit[None, :]  # < 2**31: V is an int32 token id range
-                in_vocab = tok < vocab_size
-                seen = (((seen_d[:, None] >> bit[None, :]) & 1) != 0) & in_vocab
-                output = (((out_d[:, None] >> bit[None, :]) & 1) != 0) & in_vocab
-                x = tl.load(row_ptr + tok, mask=seen, other=0.0).to(tl.float32)
-                count = tl.load(counts_row + tok, mask=output, other=0).to(tl.float32)
-                x = _penalized(x, count, output, rep, freq, pres)
-                tl.store(row_ptr + tok, x.to(row_ptr.dtype.element_ty), mask=seen)
-        else:
-            # Few bits a word: the lowest 4 set bits of every word a step, `ceil(most / 4)` steps,
-            # so the work follows the history rather than the 32 bits of a word. The 8 loads of a
-            # step are issued before its stores: their latencies overlap.
-            rest = seen_words
-            for _ in range(0, most, 4):
-                rest, tok0, seen0, out0 = _next_bit(rest, out_words, w, vocab_size)
-                rest, tok1, seen1, out1 = _next_bit(rest, out_words, w, vocab_size)
-                rest, tok2, seen2, out2 = _next_bit(rest, out_words, w, vocab_size)
-                rest, tok3, seen3, out3 = _next_bit(rest, out_words, w, vocab_size)
-                x0 = tl.load(row_ptr + tok0, mask=seen0, other=0.0).to(tl.float32)
-                x1 = tl.load(row_ptr + tok1, mask=seen1, other=0.0).to(tl.float32)
-                x2 = tl.load(row_ptr + tok2, mask=seen2, other=0.0).to(tl.float32)
-                x3 = tl.load(row_ptr + tok3, mask=seen3, other=0.0).to(tl.float32)
-                c0 = tl.load(counts_row + tok0, mask=out0, other=0).to(tl.float32)
-                c1 = tl.load(counts_row + tok1, mask=out1, other=0).to(tl.float32)
-                c2 = tl.load(counts_row + tok2, mask=out2, other=0).to(tl.float32)
-                c3 = tl.load(counts_row + tok3, mask=out3, other=0).to(tl.float32)
-                # Distinct bits of a word are distinct tokens: no store overwrites another's load.
-                dtype = row_ptr.dtype.element_ty
-                tl.store(row_ptr + tok0, _penalized(x0, c0, out0, rep, freq, pres).to(dtype), mask=seen0)
-                tl.store(row_ptr + tok1, _penalized(x1, c1, out1, rep, freq, pres).to(dtype), mask=seen1)
-                tl.store(row_ptr + tok2, _penalized(x2, c2, out2, rep, freq, pres).to(dtype), mask=seen2)
-                tl.store(row_ptr + tok3, _penalized(x3, c3, out3, rep, freq, pres).to(dtype), mask=seen3)
+        prompt_words = tl.load(prompt_row + w, mask=in_row, other=0)
+        rep = tl.load(repetition_ptr + slot)
+        freq = tl.load(frequency_ptr + slot)
+        pres = tl.load(presence_ptr + slot)
+        if (rep == 1.0) & (freq == 0.0) & (pres == 0.0):  # all three off: no logit is read
+            return
+        seen_words = tl.where(rep != 1.0, out_words | prompt_words, out_words)
+        _penalize_block(row_ptr, counts_row, prompt_row, output_row, first, out_words, seen_words, rep, freq, pres,
+                        vocab_size, num_words, BLOCK_WORDS, DENSE_WORDS, DENSE_POPCOUNT)
+    else:
+        rep = tl.load(repetition_ptr + slot)
+        freq = tl.load(frequency_ptr + slot)
+        pres = tl.load(presence_ptr + slot)
+        if (rep == 1.0) & (freq == 0.0) & (pres == 0.0):  # all three off: the row is not read
+            return
+        for i in range(0, CHUNK_WORDS, BLOCK_WORDS):
+            w = first + i + tl.arange(0, BLOCK_WORDS)
+            in_row = w < num_words
+            out_words = tl.load(output_row + w, mask=in_row, other=0)
+            if rep != 1.0:
+                seen_words = out_words | tl.load(prompt_row + w, mask=in_row, other=0)
+            else:  # repetition off: only output tokens change, and the prompt mask is not read
+                seen_words = out_words
+            _penalize_block(row_ptr, counts_row, prompt_row, output_row, first + i, out_words, seen_words, rep, freq,
+                            pres, vocab_size, num_words, BLOCK_WORDS, DENSE_WORDS, DENSE_POPCOUNT)
 
 
 @triton.jit
@@ -266,7 +295,7 @@ def _penalties_triton(logits, idx_mapping, prompt_mask, output_mask, output_coun
         prompt_mask, prompt_mask.stride(0), output_mask, output_mask.stride(0), output_counts, output_counts.stride(0),
         repetition_penalty, frequency_penalty, presence_penalty, repetition_penalty.size(0), V, words,
         CHUNK_WORDS=_CHUNK_WORDS, BLOCK_WORDS=_BLOCK_WORDS, DENSE_WORDS=min(_DENSE_WORDS, _BLOCK_WORDS),
-        DENSE_POPCOUNT=_DENSE_POPCOUNT, num_warps=_PENALTIES_WARPS,
+        DENSE_POPCOUNT=_DENSE_POPCOUNT, EARLY_MASKS=_EARLY_MASKS and _CHUNK_WORDS == _BLOCK_WORDS, num_warps=_PENALTIES_WARPS,
     )
 
 
