@@ -3,17 +3,18 @@ and `update_output_counts` (in place on the per-slot output state).
 
 penalties touches only the tokens a request has seen. Its state is two token bitmasks per slot
 (prompt and output, int32 [R, ceil(V/32)], 19 KB a row at V = 151936) and the output counts
-(int32 [R, V]). One launch over grid (T, word chunks), so that a small T still spreads over the
-GPU: each program walks CHUNK_WORDS mask words of its row's slot, BLOCK_WORDS at a time, and reads
-and writes logits, and reads counts, only where a bit is set. Within a block, with `most` the
-largest number of set bits in one of its words: a block with none costs its two mask loads; with
-up to DENSE_POPCOUNT, each of ceil(most / 4) steps takes the 4 lowest remaining set bits of every
-word (its 8 loads issued together), so the instructions, like the traffic, follow the history
-rather than the 32 bits of every word; with more (a dense history), all 32 bits of every word are
-tested at once and the loads coalesce. Traffic is the two mask rows plus one sector per seen token,
-so the cost grows with the history, not with V. A row whose three penalties are off returns before
-reading anything; with the repetition penalty at 1.0 the prompt mask is not read either (x / 1.0
-and x * 1.0 are exact, so skipping it changes no bit).
+(int32 [R, V]). One launch over grid (T, blocks of BLOCK_WORDS mask words), so that a small T
+still spreads over the GPU: each program loads its block's two mask words and the row's
+parameters together, and reads and writes logits, and reads counts, only where a bit is set. With
+`most` the largest number of set bits in one word of the block: a block with none costs its two
+mask loads; with up to DENSE_POPCOUNT, each of ceil(most / 4) steps takes the 4 lowest remaining
+set bits of every word (its 8 loads issued together), so the instructions, like the traffic,
+follow the history rather than the 32 bits of every word; with more (a dense history), all 32
+bits of DENSE_WORDS words at a time are tested as one tile and the loads coalesce. Traffic is the
+two mask rows plus one sector per seen token, so the cost grows with the history, not with V. A
+row whose three penalties are off reads its mask words and no logit; with the repetition penalty
+at 1.0 the prompt tokens are left alone (x / 1.0 and x * 1.0 are exact, so skipping them changes
+no bit).
 
 Arithmetic is float32: the repetition step divides with an IEEE division (`tl.math.div_rn`, as
 the C++ kernel's `x / p`; Triton's `/` may lower to an approximate divide) and the frequency and
@@ -39,15 +40,15 @@ from ._launch import cdiv
 from ._registry import define_op, launch
 from ._triton_helpers import load_slot
 
-# Mask words (2048 tokens) one penalties program covers, two warps: 75 programs a row at V = 151936.
-# The kernel waits on dependent scattered accesses (mask words, then logits and counts, then the
-# stores), so many small programs of few registers keep the most of them in flight at once.
-_CHUNK_WORDS = 64
-_BLOCK_WORDS = 64  # mask words one step of a penalties program handles
-_DENSE_POPCOUNT = 12  # above this many set bits in a word of the block, test all 32 bits at once
-_DENSE_WORDS = 8  # words one such all-bits tile covers: [8, 32] a warp keeps the registers low
+# Mask words (2048 tokens) one penalties program covers: 75 programs a row at V = 151936. The kernel
+# waits on dependent accesses (slot, then mask words and parameters, then the scattered logits and
+# counts), so many small programs keep the most of them in flight: two warps each, registers capped
+# at 40 (18 programs an SM at 55).
+_BLOCK_WORDS = 64
 _PENALTIES_WARPS = 2
-_EARLY_MASKS = False
+_PENALTIES_MAX_REGISTERS = 40
+_DENSE_POPCOUNT = 12  # above this many set bits in a word of the block, test all 32 bits at once
+_DENSE_WORDS = 8  # words one such all-bits tile covers: [8, 32] a program keeps the registers low
 _BLOCK_ROWS = 128  # rows one update_output_counts program handles
 _BLOCK_BAD_WORDS = 128  # banned sequences one step of a bad_words program compares
 _BLOCK_PREFIX = 8  # prefix tokens one step of that comparison covers
@@ -148,49 +149,31 @@ def _penalize_block(row_ptr, counts_row, prompt_row, output_row, first, out_word
 def _penalties_kernel(logits_ptr, logits_stride, idx_mapping_ptr,
                       prompt_mask_ptr, prompt_stride, output_mask_ptr, output_stride, counts_ptr, counts_stride,
                       repetition_ptr, frequency_ptr, presence_ptr, num_slots, vocab_size, num_words,
-                      CHUNK_WORDS: tl.constexpr, BLOCK_WORDS: tl.constexpr, DENSE_WORDS: tl.constexpr,
-                      DENSE_POPCOUNT: tl.constexpr, EARLY_MASKS: tl.constexpr):
+                      BLOCK_WORDS: tl.constexpr, DENSE_WORDS: tl.constexpr, DENSE_POPCOUNT: tl.constexpr):
     t = tl.program_id(0)
     slot = load_slot(idx_mapping_ptr, t, num_slots)
     if slot < 0:
         return
-    row_ptr = logits_ptr + t.to(tl.int64) * logits_stride
+    first = tl.program_id(1) * BLOCK_WORDS
+    w = first + tl.arange(0, BLOCK_WORDS)
+    in_row = w < num_words
     prompt_row = prompt_mask_ptr + slot * prompt_stride
     output_row = output_mask_ptr + slot * output_stride
-    counts_row = counts_ptr + slot * counts_stride
-    first = tl.program_id(1) * CHUNK_WORDS
-    if EARLY_MASKS:
-        # One block a program: its mask words are requested with the parameters (one round trip
-        # fewer before the scattered accesses), the prompt words even where repetition is off.
-        tl.static_assert(CHUNK_WORDS == BLOCK_WORDS)
-        w = first + tl.arange(0, BLOCK_WORDS)
-        in_row = w < num_words
-        out_words = tl.load(output_row + w, mask=in_row, other=0)
-        prompt_words = tl.load(prompt_row + w, mask=in_row, other=0)
-        rep = tl.load(repetition_ptr + slot)
-        freq = tl.load(frequency_ptr + slot)
-        pres = tl.load(presence_ptr + slot)
-        if (rep == 1.0) & (freq == 0.0) & (pres == 0.0):  # all three off: no logit is read
-            return
-        seen_words = tl.where(rep != 1.0, out_words | prompt_words, out_words)
-        _penalize_block(row_ptr, counts_row, prompt_row, output_row, first, out_words, seen_words, rep, freq, pres,
-                        vocab_size, num_words, BLOCK_WORDS, DENSE_WORDS, DENSE_POPCOUNT)
-    else:
-        rep = tl.load(repetition_ptr + slot)
-        freq = tl.load(frequency_ptr + slot)
-        pres = tl.load(presence_ptr + slot)
-        if (rep == 1.0) & (freq == 0.0) & (pres == 0.0):  # all three off: the row is not read
-            return
-        for i in range(0, CHUNK_WORDS, BLOCK_WORDS):
-            w = first + i + tl.arange(0, BLOCK_WORDS)
-            in_row = w < num_words
-            out_words = tl.load(output_row + w, mask=in_row, other=0)
-            if rep != 1.0:
-                seen_words = out_words | tl.load(prompt_row + w, mask=in_row, other=0)
-            else:  # repetition off: only output tokens change, and the prompt mask is not read
-                seen_words = out_words
-            _penalize_block(row_ptr, counts_row, prompt_row, output_row, first + i, out_words, seen_words, rep, freq,
-                            pres, vocab_size, num_words, BLOCK_WORDS, DENSE_WORDS, DENSE_POPCOUNT)
+    # The mask words are requested with the parameters (one round trip fewer before the scattered
+    # accesses), the prompt words even where repetition is off.
+    out_words = tl.load(output_row + w, mask=in_row, other=0)
+    prompt_words = tl.load(prompt_row + w, mask=in_row, other=0)
+    rep = tl.load(repetition_ptr + slot)
+    freq = tl.load(frequency_ptr + slot)
+    pres = tl.load(presence_ptr + slot)
+    if (rep == 1.0) & (freq == 0.0) & (pres == 0.0):  # all three off: no logit is read
+        return
+    # Repetition off: only output tokens change (x / 1.0 and x * 1.0 are exact: skipping the prompt
+    # tokens changes no bit).
+    seen_words = tl.where(rep != 1.0, out_words | prompt_words, out_words)
+    _penalize_block(logits_ptr + t.to(tl.int64) * logits_stride, counts_ptr + slot * counts_stride, prompt_row,
+                    output_row, first, out_words, seen_words, rep, freq, pres, vocab_size, num_words, BLOCK_WORDS,
+                    DENSE_WORDS, DENSE_POPCOUNT)
 
 
 @triton.jit
@@ -290,12 +273,12 @@ def _penalties_triton(logits, idx_mapping, prompt_mask, output_mask, output_coun
         return
     words = mask_words(V)
     launch(
-        _penalties_kernel, (T, cdiv(words, _CHUNK_WORDS)),
+        _penalties_kernel, (T, cdiv(words, _BLOCK_WORDS)),
         logits, logits.stride(0), idx_mapping,
         prompt_mask, prompt_mask.stride(0), output_mask, output_mask.stride(0), output_counts, output_counts.stride(0),
         repetition_penalty, frequency_penalty, presence_penalty, repetition_penalty.size(0), V, words,
-        CHUNK_WORDS=_CHUNK_WORDS, BLOCK_WORDS=_BLOCK_WORDS, DENSE_WORDS=min(_DENSE_WORDS, _BLOCK_WORDS),
-        DENSE_POPCOUNT=_DENSE_POPCOUNT, EARLY_MASKS=_EARLY_MASKS and _CHUNK_WORDS == _BLOCK_WORDS, num_warps=_PENALTIES_WARPS,
+        BLOCK_WORDS=_BLOCK_WORDS, DENSE_WORDS=min(_DENSE_WORDS, _BLOCK_WORDS), DENSE_POPCOUNT=_DENSE_POPCOUNT,
+        num_warps=_PENALTIES_WARPS, maxnreg=_PENALTIES_MAX_REGISTERS,
     )
 
 
