@@ -30,11 +30,11 @@ exactly. So the token is the exact scores' argmax, bit for bit, at about half th
 `logprobs` on CUDA: two launches. The first splits each row into fixed segments (their length a
 module constant, so a row's result never depends on the batch), one program each, which reads its
 segment once and writes its max, sum of exp(x - max), count of logits strictly larger than the
-token's, and its K largest (value, index) keys: a sortable int64 (order-preserving float bits above,
-V-inverted index below, so ties go to the lower index). The K largest come without a sort: the
-K-th largest maximum of strided groups bounds them from below, the few keys above it are compacted
-into a scratch row, and each takes the place of its rank (the number of keys above or equal);
-`tl.topk` on blocks is the path for large K or when too many keys pass. The second, one program a
+token's, and up to W keys that hold its K largest, in no order: a sortable int64 each
+(order-preserving float bits above, V-inverted index below, so ties go to the lower index). They
+come without a sort: tau, the K-th largest of the float32 maxima of strided groups, bounds the K
+largest from below, and the tokens at or above it (about 1.4 K) take their slots by a prefix sum;
+`tl.topk` on blocks is the path for large K or when more than W pass. The second, one program a
 row, combines the segments in order (max and sum rescaled), sums the counts, and takes the top k of
 the segments' keys with `tl.topk`.
 """
