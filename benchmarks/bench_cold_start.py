@@ -23,25 +23,31 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def _inputs(name, T, V, dtype):
+def _inputs(name, T, V, dtype, R):
+    """The first call's arguments: T rows against R request slots (as a server's slot table, and as
+    warmup(num_slots=R) prepares; Triton specialises R == 1 apart from R > 1)."""
     import bench_filtering
     import bench_logit_bias
     import bench_truncation
 
-    if name == "temperature":
-        args = bench_filtering.filter_inputs(T, V, "cuda", 1.0)
-    elif name == "min_p":
-        args = bench_filtering.filter_inputs(T, V, "cuda", 0.05)
-    elif name == "top_k_top_p":
-        args = bench_truncation.truncation_inputs(T, V, "cuda", 50, 0.9)
-    elif name == "logit_bias":
-        args = bench_logit_bias.logit_bias_inputs(T, V, "cuda")
-    else:
+    if name == "apply_token_bitmask":  # no slots: one mask row a logits row
         args = bench_logit_bias.bitmask_inputs(T, V, "cuda")
+    else:
+        if name == "temperature":
+            args = bench_filtering.filter_inputs(R, V, "cuda", 1.0)
+        elif name == "min_p":
+            args = bench_filtering.filter_inputs(R, V, "cuda", 0.05)
+        elif name == "top_k_top_p":
+            args = bench_truncation.truncation_inputs(R, V, "cuda", 50, 0.9)
+        else:
+            args = bench_logit_bias.logit_bias_inputs(R, V, "cuda", stops=LOGIT_BIAS_WIDTHS[2])
+        rows = 3 if name == "logit_bias" else 2  # logits, idx_mapping (and output_lens): the first T rows
+        args[:rows] = [a[:T].contiguous() for a in args[:rows]]
     args[0] = args[0].to(dtype)
     return args
 
 
+LOGIT_BIAS_WIDTHS = (1024, 1024, 8)  # allowed, bias and stop list widths of the logit_bias call
 FIRST_CALLS = [("temperature", 1, "float32"), ("min_p", 1, "float32"), ("apply_token_bitmask", 1, "float32"),
                ("logit_bias", 1, "float32"), ("top_k_top_p", 1, "float32"), ("top_k_top_p", 256, "float32"),
                ("top_k_top_p", 1, "bfloat16")]
@@ -59,10 +65,11 @@ def worker(V: int, max_num_tokens: int, warmup: str) -> dict:
     if warmup != "none":
         dtypes = (torch.float32, torch.bfloat16) if warmup.endswith("+bf16") else (torch.float32,)
         start = time.perf_counter()
-        tso.warmup(V, dtypes=dtypes, max_num_tokens=max_num_tokens, parallel=warmup.startswith("parallel"))
+        tso.warmup(V, dtypes=dtypes, max_num_tokens=max_num_tokens, logit_bias_widths=(LOGIT_BIAS_WIDTHS,),
+                   parallel=warmup.startswith("parallel"))
         result["warmup"] = time.perf_counter() - start
     for name, T, dtype in FIRST_CALLS:
-        args = _inputs(name, T, V, getattr(torch, dtype))
+        args = _inputs(name, T, V, getattr(torch, dtype), max_num_tokens)
         torch.cuda.synchronize()
         start = time.perf_counter()
         getattr(torch.ops.sampling, name)(*args)
