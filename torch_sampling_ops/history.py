@@ -7,8 +7,8 @@ penalties touches only the tokens a request has seen. Its state is two token bit
 still spreads over the GPU: each program loads its block's two mask words and the row's
 parameters together, and reads and writes logits, and reads counts, only where a bit is set. With
 `most` the largest number of set bits in one word of the block: a block with none costs its two
-mask loads; with up to DENSE_POPCOUNT, each of ceil(most / 4) steps takes the 4 lowest remaining
-set bits of every word (its 8 loads issued together), so the instructions, like the traffic,
+mask loads; with up to DENSE_POPCOUNT, each of ceil(most / 2) steps takes the 2 lowest remaining
+set bits of every word (its 4 loads issued together), so the instructions, like the traffic,
 follow the history rather than the 32 bits of every word; with more (a dense history), all 32
 bits of DENSE_WORDS words at a time are tested as one tile and the loads coalesce. Traffic is the
 two mask rows plus one sector per seen token, so the cost grows with the history, not with V. A
@@ -48,8 +48,7 @@ _BLOCK_WORDS = 64
 _PENALTIES_WARPS = 2
 _PENALTIES_MAX_REGISTERS = 40
 _DENSE_POPCOUNT = 12  # above this many set bits in a word of the block, test all 32 bits at once
-_SPARSE_BITS = 4
-_DENSE_WORDS = 8  # words one such all-bits tile covers: [8, 32] a program keeps the registers low
+_DENSE_WORDS = 4  # words one such all-bits tile covers: [4, 32] a program keeps the registers low
 _BLOCK_ROWS = 128  # rows one update_output_counts program handles
 _BLOCK_BAD_WORDS = 128  # banned sequences one step of a bad_words program compares
 _BLOCK_PREFIX = 8  # prefix tokens one step of that comparison covers
@@ -94,7 +93,7 @@ def _next_bit(rest, out_words, w, vocab_size):
 @triton.jit
 def _penalize_block(row_ptr, counts_row, prompt_row, output_row, first, out_words, seen_words, rep, freq, pres,
                     vocab_size, num_words, BLOCK_WORDS: tl.constexpr, DENSE_WORDS: tl.constexpr,
-                    DENSE_POPCOUNT: tl.constexpr, SPARSE_BITS: tl.constexpr):
+                    DENSE_POPCOUNT: tl.constexpr):
     """Penalises the seen tokens of mask words [first, first + BLOCK_WORDS), given their output
     words and seen (output or prompt) words."""
     w = first + tl.arange(0, BLOCK_WORDS)
@@ -121,54 +120,29 @@ def _penalize_block(row_ptr, counts_row, prompt_row, output_row, first, out_word
             x = _penalized(x, count, output, rep, freq, pres)
             tl.store(row_ptr + tok, x.to(row_ptr.dtype.element_ty), mask=seen)
     else:
-        # Few bits a word: the lowest 4 set bits of every word a step, `ceil(most / 4)` steps,
-        # so the work follows the history rather than the 32 bits of a word. The 8 loads of a
-        # step are issued before its stores: their latencies overlap.
+        # Few bits a word: the lowest 2 set bits of every word a step, `ceil(most / 2)` steps,
+        # so the work follows the history rather than the 32 bits of a word (a realistic history
+        # has at most 2 bits in most words of a block). The 4 loads of a step are issued before
+        # its stores: their latencies overlap.
         rest = seen_words
         dtype = row_ptr.dtype.element_ty
-        if SPARSE_BITS == 4:
-            for _ in range(0, most, 4):
-                rest, tok0, seen0, out0 = _next_bit(rest, out_words, w, vocab_size)
-                rest, tok1, seen1, out1 = _next_bit(rest, out_words, w, vocab_size)
-                rest, tok2, seen2, out2 = _next_bit(rest, out_words, w, vocab_size)
-                rest, tok3, seen3, out3 = _next_bit(rest, out_words, w, vocab_size)
-                x0 = tl.load(row_ptr + tok0, mask=seen0, other=0.0).to(tl.float32)
-                x1 = tl.load(row_ptr + tok1, mask=seen1, other=0.0).to(tl.float32)
-                x2 = tl.load(row_ptr + tok2, mask=seen2, other=0.0).to(tl.float32)
-                x3 = tl.load(row_ptr + tok3, mask=seen3, other=0.0).to(tl.float32)
-                c0 = tl.load(counts_row + tok0, mask=out0, other=0).to(tl.float32)
-                c1 = tl.load(counts_row + tok1, mask=out1, other=0).to(tl.float32)
-                c2 = tl.load(counts_row + tok2, mask=out2, other=0).to(tl.float32)
-                c3 = tl.load(counts_row + tok3, mask=out3, other=0).to(tl.float32)
-                # Distinct bits of a word are distinct tokens: no store overwrites another's load.
-                tl.store(row_ptr + tok0, _penalized(x0, c0, out0, rep, freq, pres).to(dtype), mask=seen0)
-                tl.store(row_ptr + tok1, _penalized(x1, c1, out1, rep, freq, pres).to(dtype), mask=seen1)
-                tl.store(row_ptr + tok2, _penalized(x2, c2, out2, rep, freq, pres).to(dtype), mask=seen2)
-                tl.store(row_ptr + tok3, _penalized(x3, c3, out3, rep, freq, pres).to(dtype), mask=seen3)
-        elif SPARSE_BITS == 2:
-            for _ in range(0, most, 2):
-                rest, tok0, seen0, out0 = _next_bit(rest, out_words, w, vocab_size)
-                rest, tok1, seen1, out1 = _next_bit(rest, out_words, w, vocab_size)
-                x0 = tl.load(row_ptr + tok0, mask=seen0, other=0.0).to(tl.float32)
-                x1 = tl.load(row_ptr + tok1, mask=seen1, other=0.0).to(tl.float32)
-                c0 = tl.load(counts_row + tok0, mask=out0, other=0).to(tl.float32)
-                c1 = tl.load(counts_row + tok1, mask=out1, other=0).to(tl.float32)
-                tl.store(row_ptr + tok0, _penalized(x0, c0, out0, rep, freq, pres).to(dtype), mask=seen0)
-                tl.store(row_ptr + tok1, _penalized(x1, c1, out1, rep, freq, pres).to(dtype), mask=seen1)
-        else:
-            for _ in range(0, most):
-                rest, tok0, seen0, out0 = _next_bit(rest, out_words, w, vocab_size)
-                x0 = tl.load(row_ptr + tok0, mask=seen0, other=0.0).to(tl.float32)
-                c0 = tl.load(counts_row + tok0, mask=out0, other=0).to(tl.float32)
-                tl.store(row_ptr + tok0, _penalized(x0, c0, out0, rep, freq, pres).to(dtype), mask=seen0)
+        for _ in range(0, most, 2):
+            rest, tok0, seen0, out0 = _next_bit(rest, out_words, w, vocab_size)
+            rest, tok1, seen1, out1 = _next_bit(rest, out_words, w, vocab_size)
+            x0 = tl.load(row_ptr + tok0, mask=seen0, other=0.0).to(tl.float32)
+            x1 = tl.load(row_ptr + tok1, mask=seen1, other=0.0).to(tl.float32)
+            c0 = tl.load(counts_row + tok0, mask=out0, other=0).to(tl.float32)
+            c1 = tl.load(counts_row + tok1, mask=out1, other=0).to(tl.float32)
+            # Distinct bits of a word are distinct tokens: no store overwrites another's load.
+            tl.store(row_ptr + tok0, _penalized(x0, c0, out0, rep, freq, pres).to(dtype), mask=seen0)
+            tl.store(row_ptr + tok1, _penalized(x1, c1, out1, rep, freq, pres).to(dtype), mask=seen1)
 
 
 @triton.jit
 def _penalties_kernel(logits_ptr, logits_stride, idx_mapping_ptr,
                       prompt_mask_ptr, prompt_stride, output_mask_ptr, output_stride, counts_ptr, counts_stride,
                       repetition_ptr, frequency_ptr, presence_ptr, num_slots, vocab_size, num_words,
-                      BLOCK_WORDS: tl.constexpr, DENSE_WORDS: tl.constexpr, DENSE_POPCOUNT: tl.constexpr,
-                      SPARSE_BITS: tl.constexpr):
+                      BLOCK_WORDS: tl.constexpr, DENSE_WORDS: tl.constexpr, DENSE_POPCOUNT: tl.constexpr):
     t = tl.program_id(0)
     slot = load_slot(idx_mapping_ptr, t, num_slots)
     if slot < 0:
@@ -192,7 +166,7 @@ def _penalties_kernel(logits_ptr, logits_stride, idx_mapping_ptr,
     seen_words = tl.where(rep != 1.0, out_words | prompt_words, out_words)
     _penalize_block(logits_ptr + t.to(tl.int64) * logits_stride, counts_ptr + slot * counts_stride, prompt_row,
                     output_row, first, out_words, seen_words, rep, freq, pres, vocab_size, num_words, BLOCK_WORDS,
-                    DENSE_WORDS, DENSE_POPCOUNT, SPARSE_BITS)
+                    DENSE_WORDS, DENSE_POPCOUNT)
 
 
 @triton.jit
@@ -297,7 +271,7 @@ def _penalties_triton(logits, idx_mapping, prompt_mask, output_mask, output_coun
         prompt_mask, prompt_mask.stride(0), output_mask, output_mask.stride(0), output_counts, output_counts.stride(0),
         repetition_penalty, frequency_penalty, presence_penalty, repetition_penalty.size(0), V, words,
         BLOCK_WORDS=_BLOCK_WORDS, DENSE_WORDS=min(_DENSE_WORDS, _BLOCK_WORDS), DENSE_POPCOUNT=_DENSE_POPCOUNT,
-        SPARSE_BITS=_SPARSE_BITS, num_warps=_PENALTIES_WARPS, maxnreg=_PENALTIES_MAX_REGISTERS,
+        num_warps=_PENALTIES_WARPS, maxnreg=_PENALTIES_MAX_REGISTERS,
     )
 
 
