@@ -323,6 +323,22 @@ def _sortable_key(x, offs):
 
 
 @triton.jit
+def _key_parts(keys):
+    """(value float32, token int32) of `_sortable_key` keys; (NaN-bits value, -1) for _KEY_NONE."""
+    ordered = (keys >> 32).to(tl.int32)
+    values = tl.where(ordered >= 0, ordered, ordered ^ 0x7FFFFFFF).to(tl.float32, bitcast=True)
+    return values, tl.where(keys != _KEY_NONE, (4294967295 - (keys & 4294967295)).to(tl.int32), -1)
+
+
+@triton.jit
+def _store_candidates(vals_ptr, ids_ptr, keys, W: tl.constexpr):
+    """Stores W keys as their (value, token) parts (token -1 for _KEY_NONE)."""
+    values, tokens = _key_parts(keys)
+    tl.store(vals_ptr + tl.arange(0, W), values)
+    tl.store(ids_ptr + tl.arange(0, W), tokens)
+
+
+@triton.jit
 def _topk_of_blocks(row_ptr, begin, end, K: tl.constexpr, BLOCK: tl.constexpr):
     """The K largest keys of row[begin:end] (_KEY_NONE past the end), larger first: `tl.topk` on each
     block holding a key above the running K-th."""
@@ -340,12 +356,12 @@ def _topk_of_blocks(row_ptr, begin, end, K: tl.constexpr, BLOCK: tl.constexpr):
 
 @triton.jit
 def _logprobs_segment_kernel(logits_ptr, logits_stride, token_ids_ptr, part_max_ptr, part_sum_ptr, part_larger_ptr,
-                             part_keys_ptr, vocab_size, num_segments, SEGMENT: tl.constexpr, GROUPS: tl.constexpr,
+                             part_vals_ptr, part_ids_ptr, vocab_size, num_segments, SEGMENT: tl.constexpr, GROUPS: tl.constexpr,
                              K: tl.constexpr, W: tl.constexpr, BLOCK: tl.constexpr, HAS_TOPK: tl.constexpr,
                              FAST: tl.constexpr):
     """Segment s of row t: its max, sum of exp(x - max) (0 without mass), count of logits strictly
-    larger than the token's, and W keys holding its K largest (in no order; _KEY_NONE pads), at
-    [t, s] of the part tensors."""
+    larger than the token's, and W candidates holding its K largest (value and token, in no order;
+    token -1 pads), at [t, s] of the part tensors."""
     t = tl.program_id(0)
     s = tl.program_id(1)
     part = t.to(tl.int64) * num_segments + s
@@ -366,7 +382,8 @@ def _logprobs_segment_kernel(logits_ptr, logits_stride, token_ids_ptr, part_max_
     tl.store(part_sum_ptr + part, seg_sum)
     tl.store(part_larger_ptr + part, tl.sum((x > x_token).to(tl.int32), axis=0).to(tl.int64))
     if HAS_TOPK:
-        out = part_keys_ptr + part * W
+        out_vals = part_vals_ptr + part * W
+        out_ids = part_ids_ptr + part * W
         if FAST:
             # The maxima of GROUPS strided groups (index mod GROUPS), in float32 (cheaper than keys): with
             # tau the largest maximum that at least K maxima reach (ties included), at least K groups
@@ -377,19 +394,22 @@ def _logprobs_segment_kernel(logits_ptr, logits_stride, token_ids_ptr, part_max_
             take = (x >= tau) & ok  # every in-range token when tau is -inf: more than W, the general path
             n = tl.sum(take.to(tl.int32), axis=0)
             if n <= W:
-                # The n keys >= tau to slots 0 .. n - 1, _KEY_NONE to the others: disjoint stores.
+                # The n tokens >= tau to slots 0 .. n - 1, token -1 to the others: disjoint stores. Values
+                # and int32 tokens rather than int64 keys: half the bytes reach the prefix sum's layout.
                 c = tl.arange(0, W)
-                tl.store(out + tl.cumsum(take.to(tl.int32), axis=0) - 1, _sortable_key(x, offs), mask=take)
-                tl.store(out + c, tl.full((W,), _KEY_NONE, tl.int64), mask=c >= n)
+                slot = tl.cumsum(take.to(tl.int32), axis=0) - 1
+                tl.store(out_vals + slot, x, mask=take)
+                tl.store(out_ids + slot, offs.to(tl.int32), mask=take)
+                tl.store(out_ids + c, tl.full((W,), -1, tl.int32), mask=c >= n)
             else:
-                tl.store(out + tl.arange(0, W), _topk_of_blocks(row_ptr, begin, end, W, BLOCK))
+                _store_candidates(out_vals, out_ids, _topk_of_blocks(row_ptr, begin, end, W, BLOCK), W)
         else:
-            tl.store(out + tl.arange(0, W), _topk_of_blocks(row_ptr, begin, end, W, BLOCK))
+            _store_candidates(out_vals, out_ids, _topk_of_blocks(row_ptr, begin, end, W, BLOCK), W)
 
 
 @triton.jit
 def _logprobs_combine_kernel(logits_ptr, logits_stride, token_ids_ptr, part_max_ptr, part_sum_ptr, part_larger_ptr,
-                             part_keys_ptr, topk_ids_ptr, topk_lp_ptr, token_lp_ptr, ranks_ptr, vocab_size,
+                             part_vals_ptr, part_ids_ptr, topk_ids_ptr, topk_lp_ptr, token_lp_ptr, ranks_ptr, vocab_size,
                              num_segments, k, STAT_SEGS: tl.constexpr, MERGE_SEGS: tl.constexpr, K: tl.constexpr,
                              W: tl.constexpr, HAS_TOPK: tl.constexpr):
     """Row t from its segments' parts, in segment order (chunks of STAT_SEGS and MERGE_SEGS, both
@@ -426,14 +446,15 @@ def _logprobs_combine_kernel(logits_ptr, logits_stride, token_ids_ptr, part_max_
         best = tl.full((K,), _KEY_NONE, dtype=tl.int64)
         for first in range(0, num_segments, MERGE_SEGS):
             seg = first + tl.arange(0, MERGE_SEGS)
-            keys = tl.load(part_keys_ptr + (base + seg)[:, None] * W + w[None, :],
-                           mask=(seg < num_segments)[:, None], other=_KEY_NONE)
+            at = (base + seg)[:, None] * W + w[None, :]
+            live = (seg < num_segments)[:, None]
+            tokens = tl.load(part_ids_ptr + at, mask=live, other=-1)
+            values = tl.load(part_vals_ptr + at, mask=live & (tokens >= 0), other=float("-inf"))
+            keys = tl.where(tokens >= 0, _sortable_key(values, tokens), _KEY_NONE)
             chunk_best = tl.topk(tl.reshape(keys, (MERGE_SEGS * W,)), K)
             best = tl.topk(tl.reshape(tl.join(best, chunk_best), (2 * K,)), K)
         j = tl.arange(0, K)
-        ids = 4294967295 - (best & 4294967295)
-        ordered = (best >> 32).to(tl.int32)
-        vals = tl.where(ordered >= 0, ordered, ordered ^ 0x7FFFFFFF).to(tl.float32, bitcast=True)
+        vals, ids = _key_parts(best)
         lp = tl.where(no_mass, float("-inf"), vals - lse)
         out = t.to(tl.int64) * k + j
         tl.store(topk_ids_ptr + out, ids, mask=j < k)
@@ -480,13 +501,14 @@ def _logprobs_triton(logits, token_ids, num_logprobs):
     part_max = logits.new_empty((T, S), dtype=torch.float32)
     part_sum = logits.new_empty((T, S), dtype=torch.float32)
     part_larger = logits.new_empty((T, S), dtype=torch.int64)
-    part_keys = logits.new_empty((T, S, W) if has_topk else (1,), dtype=torch.int64)
+    part_vals = logits.new_empty((T, S, W) if has_topk else (1,), dtype=torch.float32)
+    part_ids = logits.new_empty((T, S, W) if has_topk else (1,), dtype=torch.int32)
     launch(_logprobs_segment_kernel, (T, S), logits, logits.stride()[0], token_ids, part_max, part_sum, part_larger,
-           part_keys, V, S, SEGMENT=_LOGPROBS_SEGMENT, GROUPS=_LOGPROBS_GROUPS, K=K, W=W,
+           part_vals, part_ids, V, S, SEGMENT=_LOGPROBS_SEGMENT, GROUPS=_LOGPROBS_GROUPS, K=K, W=W,
            BLOCK=max(_LOGPROBS_BLOCK, W), HAS_TOPK=has_topk, FAST=fast, num_warps=_LOGPROBS_WARPS)
     merge_segs = min(next_power_of_2(S), max(1, _LOGPROBS_MERGE_KEYS // W))
     launch(_logprobs_combine_kernel, (T,), logits, logits.stride()[0], token_ids, part_max, part_sum, part_larger,
-           part_keys, *outs, V, S, num_logprobs, STAT_SEGS=min(next_power_of_2(S), 1024),
+           part_vals, part_ids, *outs, V, S, num_logprobs, STAT_SEGS=min(next_power_of_2(S), 1024),
            MERGE_SEGS=merge_segs, K=K, W=W, HAS_TOPK=has_topk, num_warps=4 if merge_segs * W <= 1024 else 8)
     return outs
 
