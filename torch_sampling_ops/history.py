@@ -42,13 +42,13 @@ from ._triton_helpers import load_slot
 
 # Mask words (2048 tokens) one penalties program covers: 75 programs a row at V = 151936. The kernel
 # waits on dependent accesses (slot, then mask words and parameters, then the scattered logits and
-# counts), so many small programs keep the most of them in flight: two warps each, registers capped
-# at 40 (18 programs an SM at 55).
+# counts), so many small programs keep the most of them in flight: one warp each (its block maximum
+# needs no barrier), registers capped at 40.
 _BLOCK_WORDS = 64
-_PENALTIES_WARPS = 2
+_PENALTIES_WARPS = 1
 _PENALTIES_MAX_REGISTERS = 40
 _DENSE_POPCOUNT = 12  # above this many set bits in a word of the block, test all 32 bits at once
-_DENSE_WORDS = 4  # words one such all-bits tile covers: [4, 32] a program keeps the registers low
+_DENSE_WORDS = 8  # words one such all-bits tile covers: [8, 32] a program keeps the registers low
 _BLOCK_ROWS = 128  # rows one update_output_counts program handles
 _BLOCK_BAD_WORDS = 128  # banned sequences one step of a bad_words program compares
 _BLOCK_PREFIX = 8  # prefix tokens one step of that comparison covers
