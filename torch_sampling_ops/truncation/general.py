@@ -115,16 +115,21 @@ def _key_count(row_ptr, vocab_size, low, high, BLOCK: tl.constexpr):
     return tl.sum(count)
 
 
-@triton.jit
-def _find_threshold(row_ptr, scratch_ptr, vocab_size, row_max, finite_max, infinite, pivots, counts, masses,
-                    target, USE_MASS: tl.constexpr, P: tl.constexpr, CAP: tl.constexpr, BLOCK: tl.constexpr):
+# _find_threshold and _rank_bracket stay functions of their own (noinline; Triton allows it with
+# scalar arguments only): Triton's coalescing pass walks, for each load and store, the dataflow
+# slice of the whole function holding it, so its work grows with the function's size times its
+# memory operations, and inlined, the general path's searches and sorts multiplied the selection
+# kernel's.
+@triton.jit(noinline=True)
+def _find_threshold(row_ptr, scratch_ptr, vocab_size, row_max, finite_max, lo, hi, above_count, above_mass,
+                    in_bracket, target, USE_MASS: tl.constexpr, CAP: tl.constexpr, BLOCK: tl.constexpr):
     """The largest finite row value v whose count / mass of tokens >= v reaches target, and the mass
-    of the finite tokens >= v; the `infinite` +inf tokens (top-k only) are counted above every finite
-    pivot. Exact for any finite row: the first pass's pivots give a bracket, which key rounds narrow
-    (each keeps the one of 16 parts of its key interval holding the answer, so the interval shrinks
-    at least 8-fold a round and reaches a single key within 11) until at most CAP tokens are left,
-    which are sorted in registers. A single key left is the answer, with all its ties."""
-    lo, hi, above_count, above_mass, in_bracket = _bracket(pivots, counts, masses, target, infinite, USE_MASS, P)
+    of the finite tokens >= v, from the first pass's bracket (_bracket: the values [lo, hi), the
+    count and mass of the tokens >= hi, with the +inf tokens for top-k, and the tokens in it). Exact
+    for any finite row: key rounds narrow the bracket (each keeps the one of 16 parts of its key
+    interval holding the answer, so the interval shrinks at least 8-fold a round and reaches a
+    single key within 11) until at most CAP tokens are left, which are sorted in registers. A single
+    key left is the answer, with all its ties."""
     # [lo, hi) as keys, capped at the largest finite value (hi may be +inf, or above it).
     low = _float_key(lo)
     high = tl.minimum(_float_key(hi) - 1, _float_key(finite_max))
@@ -153,6 +158,19 @@ def _find_threshold(row_ptr, scratch_ptr, vocab_size, row_max, finite_max, infin
             base = _compact_tile(x, in_row, low, high, scratch_ptr, base, CAP)
     above_mass = tl.sum(mass)
     tl.debug_barrier()
+    threshold, bracket_mass = _rank_bracket(scratch_ptr, compact, in_bracket, low, row_max, above_mass, above_count,
+                                            target, tl.full([], USE_MASS, tl.int1), CAP)
+    return threshold, above_mass + bracket_mass
+
+
+@triton.jit(noinline=True)
+def _rank_bracket(scratch_ptr, compact, in_bracket, low, row_max, above_mass, above_count, target, use_mass,
+                  CAP: tl.constexpr):
+    """_find_threshold's last step: the threshold among the bracket's in_bracket tokens, sorted from
+    the scratch (compact) or all of key `low` (a single key left), given the count and mass of the
+    tokens above the bracket, and the mass of the bracket's tokens >= it. use_mass is a runtime
+    flag, not a constexpr, so that both searches call one function and the CAP-wide sort is
+    compiled once."""
     k = tl.arange(0, CAP)
     if compact:
         ranked = tl.sort(tl.load(scratch_ptr + k, mask=k < in_bracket, other=float("-inf"), cache_modifier=".cg"),
@@ -160,7 +178,7 @@ def _find_threshold(row_ptr, scratch_ptr, vocab_size, row_max, finite_max, infin
     else:  # a single key left: every bracket token has its value
         ranked = tl.where(k < in_bracket, _key_value(low), float("-inf"))
     weights = tl.where(k < in_bracket, tl.exp(ranked - row_max), 0.0)
-    if USE_MASS:
+    if use_mass:
         reached = (above_mass + tl.cumsum(weights, axis=0)) >= target
         first = tl.min(tl.where(reached, k, tl.minimum(in_bracket, CAP) - 1))
     else:
@@ -169,7 +187,7 @@ def _find_threshold(row_ptr, scratch_ptr, vocab_size, row_max, finite_max, infin
     bracket_mass = tl.sum(tl.where(ranked >= threshold, weights, 0.0))
     if not compact:  # all of the single key's tokens are kept
         bracket_mass = in_bracket * tl.exp(threshold - row_max)
-    return threshold, above_mass + bracket_mass
+    return threshold, bracket_mass
 
 
 @triton.jit
@@ -184,16 +202,19 @@ def _general_row(row_ptr, scratch_ptr, vocab_size, k, p, k_on, p_on, P: tl.const
             if k <= infinite:
                 threshold = float("inf")
             else:
-                threshold, kept_mass = _find_threshold(row_ptr, scratch_ptr, vocab_size, row_max, finite_max,
-                                                       infinite, pivots, counts, masses, k.to(tl.float32), False, P,
-                                                       CAP, BLOCK)
+                target = k.to(tl.float32)
+                lo, hi, above_count, above_mass, in_bracket = _bracket(pivots, counts, masses, target, infinite, False,
+                                                                       P)
+                threshold, kept_mass = _find_threshold(row_ptr, scratch_ptr, vocab_size, row_max, finite_max, lo, hi,
+                                                       above_count, above_mass, in_bracket, target, False, CAP, BLOCK)
         if p_on:
             if infinite > 0:  # all the mass lies on the +inf tokens
                 threshold = float("inf")
             else:
                 target = tl.maximum(p * kept_mass, 1e-30)
-                top_p_threshold, _ = _find_threshold(row_ptr, scratch_ptr, vocab_size, row_max, finite_max, 0,
-                                                     pivots, counts, masses, target, True, P, CAP, BLOCK)
+                lo, hi, above_count, above_mass, in_bracket = _bracket(pivots, counts, masses, target, 0, True, P)
+                top_p_threshold, _ = _find_threshold(row_ptr, scratch_ptr, vocab_size, row_max, finite_max, lo, hi,
+                                                     above_count, above_mass, in_bracket, target, True, CAP, BLOCK)
                 threshold = tl.maximum(threshold, top_p_threshold)
         for v0 in range(0, vocab_size, MASK_BLOCK):
             offs = v0 + tl.arange(0, MASK_BLOCK)
