@@ -91,12 +91,33 @@ def _next_bit(rest, out_words, w, vocab_size):
 
 
 @triton.jit
-def _penalize_block(row_ptr, counts_row, prompt_row, output_row, first, out_words, seen_words, rep, freq, pres,
-                    vocab_size, num_words, BLOCK_WORDS: tl.constexpr, DENSE_WORDS: tl.constexpr,
-                    DENSE_POPCOUNT: tl.constexpr):
-    """Penalises the seen tokens of mask words [first, first + BLOCK_WORDS), given their output
-    words and seen (output or prompt) words."""
+def _penalties_kernel(logits_ptr, logits_stride, idx_mapping_ptr,
+                      prompt_mask_ptr, prompt_stride, output_mask_ptr, output_stride, counts_ptr, counts_stride,
+                      repetition_ptr, frequency_ptr, presence_ptr, num_slots, vocab_size, num_words,
+                      BLOCK_WORDS: tl.constexpr, DENSE_WORDS: tl.constexpr, DENSE_POPCOUNT: tl.constexpr):
+    t = tl.program_id(0)
+    slot = load_slot(idx_mapping_ptr, t, num_slots)
+    if slot < 0:
+        return
+    first = tl.program_id(1) * BLOCK_WORDS
     w = first + tl.arange(0, BLOCK_WORDS)
+    in_row = w < num_words
+    prompt_row = prompt_mask_ptr + slot * prompt_stride
+    output_row = output_mask_ptr + slot * output_stride
+    # The mask words are requested with the parameters (one round trip fewer before the scattered
+    # accesses), the prompt words even where repetition is off.
+    out_words = tl.load(output_row + w, mask=in_row, other=0)
+    prompt_words = tl.load(prompt_row + w, mask=in_row, other=0)
+    rep = tl.load(repetition_ptr + slot)
+    freq = tl.load(frequency_ptr + slot)
+    pres = tl.load(presence_ptr + slot)
+    if (rep == 1.0) & (freq == 0.0) & (pres == 0.0):  # all three off: no logit is read
+        return
+    # Repetition off: only output tokens change (x / 1.0 and x * 1.0 are exact: skipping the prompt
+    # tokens changes no bit).
+    seen_words = tl.where(rep != 1.0, out_words | prompt_words, out_words)
+    row_ptr = logits_ptr + t.to(tl.int64) * logits_stride
+    counts_row = counts_ptr + slot * counts_stride
     most = tl.max(_popcount(seen_words), axis=0)  # 0: no token of the block is touched
     if most > DENSE_POPCOUNT:
         # Many bits a word: every bit of DENSE_WORDS words at a time tested as one [DENSE_WORDS, 32]
@@ -136,37 +157,6 @@ def _penalize_block(row_ptr, counts_row, prompt_row, output_row, first, out_word
             # Distinct bits of a word are distinct tokens: no store overwrites another's load.
             tl.store(row_ptr + tok0, _penalized(x0, c0, out0, rep, freq, pres).to(dtype), mask=seen0)
             tl.store(row_ptr + tok1, _penalized(x1, c1, out1, rep, freq, pres).to(dtype), mask=seen1)
-
-
-@triton.jit
-def _penalties_kernel(logits_ptr, logits_stride, idx_mapping_ptr,
-                      prompt_mask_ptr, prompt_stride, output_mask_ptr, output_stride, counts_ptr, counts_stride,
-                      repetition_ptr, frequency_ptr, presence_ptr, num_slots, vocab_size, num_words,
-                      BLOCK_WORDS: tl.constexpr, DENSE_WORDS: tl.constexpr, DENSE_POPCOUNT: tl.constexpr):
-    t = tl.program_id(0)
-    slot = load_slot(idx_mapping_ptr, t, num_slots)
-    if slot < 0:
-        return
-    first = tl.program_id(1) * BLOCK_WORDS
-    w = first + tl.arange(0, BLOCK_WORDS)
-    in_row = w < num_words
-    prompt_row = prompt_mask_ptr + slot * prompt_stride
-    output_row = output_mask_ptr + slot * output_stride
-    # The mask words are requested with the parameters (one round trip fewer before the scattered
-    # accesses), the prompt words even where repetition is off.
-    out_words = tl.load(output_row + w, mask=in_row, other=0)
-    prompt_words = tl.load(prompt_row + w, mask=in_row, other=0)
-    rep = tl.load(repetition_ptr + slot)
-    freq = tl.load(frequency_ptr + slot)
-    pres = tl.load(presence_ptr + slot)
-    if (rep == 1.0) & (freq == 0.0) & (pres == 0.0):  # all three off: no logit is read
-        return
-    # Repetition off: only output tokens change (x / 1.0 and x * 1.0 are exact: skipping the prompt
-    # tokens changes no bit).
-    seen_words = tl.where(rep != 1.0, out_words | prompt_words, out_words)
-    _penalize_block(logits_ptr + t.to(tl.int64) * logits_stride, counts_ptr + slot * counts_stride, prompt_row,
-                    output_row, first, out_words, seen_words, rep, freq, pres, vocab_size, num_words, BLOCK_WORDS,
-                    DENSE_WORDS, DENSE_POPCOUNT)
 
 
 @triton.jit

@@ -30,13 +30,13 @@ exactly. So the token is the exact scores' argmax, bit for bit, at about half th
 `logprobs` on CUDA: two launches. The first splits each row into fixed segments (their length a
 module constant, so a row's result never depends on the batch), one program each, which reads its
 segment once and writes its max, sum of exp(x - max), count of logits strictly larger than the
-token's, and up to W keys that hold its K largest, in no order: a sortable int64 each
-(order-preserving float bits above, V-inverted index below, so ties go to the lower index). They
-come without a sort: tau, the K-th largest of the float32 maxima of strided groups, bounds the K
-largest from below, and the tokens at or above it (about 1.4 K) take their slots by a prefix sum;
-`tl.topk` on blocks is the path for large K or when more than W pass. The second, one program a
+token's, and up to W candidates (value, token) that hold its K largest, in no order. They come
+without a sort: tau, the K-th largest of the float32 maxima of strided groups, bounds the K largest
+from below, and the tokens at or above it (about 1.4 K) take their slots by a prefix sum; `tl.topk`
+on blocks is the path for large K or when more than W pass. The second, one program a
 row, combines the segments in order (max and sum rescaled), sums the counts, and takes the top k of
-the segments' keys with `tl.topk`.
+the segments' candidates with `tl.topk`, as sortable int64 keys (order-preserving float bits
+above, V-inverted index below, so ties go to the lower index).
 """
 from __future__ import annotations
 
@@ -66,12 +66,12 @@ _DRAW_WARPS = 8
 _MAX_TOPK = 1024  # largest num_logprobs: the Triton kernels hold K-key lists in registers; more is rejected
 # logprobs splits each row into segments of _LOGPROBS_SEGMENT tokens, one program of _LOGPROBS_WARPS
 # warps each (a function of V only, so a row's result never depends on the batch). Each segment hands
-# the combining program W keys that hold its K largest (K = num_logprobs to a power of two, at least
-# 2), in no order. Fast path (2 * K <= _LOGPROBS_GROUPS, W = 2 * K < _LOGPROBS_SEGMENT): the keys at
-# or above a threshold from the maxima of _LOGPROBS_GROUPS strided groups (about 1.4 K of them),
-# unless more than W pass it; otherwise, and for larger K (W = K), `tl.topk` on blocks of
-# max(_LOGPROBS_BLOCK, W) keys. The combining program takes `tl.topk` on up to
-# _LOGPROBS_MERGE_KEYS of the segments' keys at once.
+# the combining program W candidates (value, token) that hold its K largest (K = num_logprobs to a
+# power of two, at least 2), in no order. Fast path (2 * K <= _LOGPROBS_GROUPS, W = 2 * K <
+# _LOGPROBS_SEGMENT): the tokens at or above a threshold from the maxima of _LOGPROBS_GROUPS strided
+# groups (about 1.4 K of them), unless more than W pass it; otherwise, and for larger K (W = K),
+# `tl.topk` on blocks of max(_LOGPROBS_BLOCK, W) keys. The combining program takes `tl.topk` on up
+# to _LOGPROBS_MERGE_KEYS of the segments' candidates at once.
 _LOGPROBS_SEGMENT = 4096 if os.environ.get("TRITON_INTERPRET") != "1" else 1024
 _LOGPROBS_GROUPS = 64
 _LOGPROBS_BLOCK = 1024
@@ -356,9 +356,9 @@ def _topk_of_blocks(row_ptr, begin, end, K: tl.constexpr, BLOCK: tl.constexpr):
 
 @triton.jit
 def _logprobs_segment_kernel(logits_ptr, logits_stride, token_ids_ptr, part_max_ptr, part_sum_ptr, part_larger_ptr,
-                             part_vals_ptr, part_ids_ptr, vocab_size, num_segments, SEGMENT: tl.constexpr, GROUPS: tl.constexpr,
-                             K: tl.constexpr, W: tl.constexpr, BLOCK: tl.constexpr, HAS_TOPK: tl.constexpr,
-                             FAST: tl.constexpr):
+                             part_vals_ptr, part_ids_ptr, vocab_size, num_segments, SEGMENT: tl.constexpr,
+                             GROUPS: tl.constexpr, K: tl.constexpr, W: tl.constexpr, BLOCK: tl.constexpr,
+                             HAS_TOPK: tl.constexpr, FAST: tl.constexpr):
     """Segment s of row t: its max, sum of exp(x - max) (0 without mass), count of logits strictly
     larger than the token's, and W candidates holding its K largest (value and token, in no order;
     token -1 pads), at [t, s] of the part tensors."""
@@ -409,9 +409,9 @@ def _logprobs_segment_kernel(logits_ptr, logits_stride, token_ids_ptr, part_max_
 
 @triton.jit
 def _logprobs_combine_kernel(logits_ptr, logits_stride, token_ids_ptr, part_max_ptr, part_sum_ptr, part_larger_ptr,
-                             part_vals_ptr, part_ids_ptr, topk_ids_ptr, topk_lp_ptr, token_lp_ptr, ranks_ptr, vocab_size,
-                             num_segments, k, STAT_SEGS: tl.constexpr, MERGE_SEGS: tl.constexpr, K: tl.constexpr,
-                             W: tl.constexpr, HAS_TOPK: tl.constexpr):
+                             part_vals_ptr, part_ids_ptr, topk_ids_ptr, topk_lp_ptr, token_lp_ptr, ranks_ptr,
+                             vocab_size, num_segments, k, STAT_SEGS: tl.constexpr, MERGE_SEGS: tl.constexpr,
+                             K: tl.constexpr, W: tl.constexpr, HAS_TOPK: tl.constexpr):
     """Row t from its segments' parts, in segment order (chunks of STAT_SEGS and MERGE_SEGS, both
     functions of V only): logsumexp, rank, the top-k keys, and the four outputs."""
     t = tl.program_id(0)
@@ -495,7 +495,7 @@ def _logprobs_triton(logits, token_ids, num_logprobs):
     S = cdiv(V, _LOGPROBS_SEGMENT)
     K = next_power_of_2(max(num_logprobs, 2))  # tl.topk needs k >= 2
     has_topk = num_logprobs > 0
-    # With fewer than K keys in a segment tau is _KEY_NONE and all SEGMENT > W keys pass: the fallback.
+    # With fewer than K finite values in a segment tau is -inf and all SEGMENT > W tokens pass: the fallback.
     fast = has_topk and 2 * K <= _LOGPROBS_GROUPS and 2 * K < _LOGPROBS_SEGMENT
     W = 2 * K if fast else K
     part_max = logits.new_empty((T, S), dtype=torch.float32)

@@ -40,7 +40,7 @@ _SECOND_BOUND = tl.constexpr(7)
 def _workspace_words(num_segments: int, settings) -> int:
     """Words per workspace row (a multiple of 16, so every row starts 64-byte aligned)."""
     return cdiv(_HEADER + 8 * num_segments + 4 * num_segments * settings.seg_cap
-                       + max(settings.tile, settings.cap), 16) * 16
+                + max(settings.tile, settings.cap), 16) * 16
 
 
 @triton.jit
