@@ -3,6 +3,8 @@ the state helpers; argument checks, opcheck, torch.compile and CUDA graphs."""
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 import torch_sampling_ops
 
@@ -501,6 +503,51 @@ def test_penalties_cpu_and_triton_agree_bitwise(backend, density, gen):
     triton_args = [a.to(device_of(backend)) for a in args]
     run_op(backend, "penalties", *triton_args)
     assert same_bits(triton_args[0].cpu(), cpu[0])
+
+
+@pytest.mark.parametrize("backend", [p for p in BACKENDS if p.values[0] != "cpu"])
+@pytest.mark.parametrize("rep", [1.3, 0.7, 1e5], ids=["fast-division", "penalty-below-1", "penalty-above-2**16"])
+def test_penalties_extreme_logits_agree_bitwise(backend, rep, gen):
+    """Dense rows whose logits leave the fast division's ranges (tiny, subnormal, huge, infinite,
+    NaN) next to ordinary ones: the tiles that hold them are divided exactly, as in C++."""
+    T, V = 2, 4099
+    logits = make_logits(T, V, torch.float32, "cpu", generator=gen)
+    specials = torch.tensor([1e-30, 1e-45, 2e-38, 3e38, float("inf"), -float("inf"), NAN, 8.3e-25, 1.3e30, -1e-30])
+    logits[0, 100:100 + specials.numel()] = specials
+    logits[1, 4000:4000 + specials.numel()] = specials
+    args = [logits, torch.tensor([0, 0], dtype=INT), *penalty_state(1, V, gen, prompt_density=0.9, output_density=0.5),
+            *penalty_params([(rep, 0.2, 0.1)])]
+    cpu = [a.clone() for a in args]
+    torch.ops.sampling.penalties(*cpu)
+    triton_args = [a.to(device_of(backend)) for a in args]
+    run_op(backend, "penalties", *triton_args)
+    # bit for bit, NaN aside (its payload is the hardware's)
+    torch.testing.assert_close(triton_args[0].cpu(), cpu[0], rtol=0, atol=0, equal_nan=True)
+
+
+@triton.jit
+def _divide_fast_kernel(x_ptr, rep_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + offs, mask=offs < n)
+    rep = tl.load(rep_ptr + offs, mask=offs < n)
+    tl.store(out_ptr + offs, penalties_module._divide_fast(x, rep, tl.math.div_rn(1.0, rep)), mask=offs < n)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
+def test_fast_division_is_the_ieee_division(gen):
+    """The penalties kernels' 5-instruction division gives the IEEE quotient bit for bit inside its
+    ranges: every float32 mantissa of the penalty, each with random logits over x in [2**-80, 2**100]
+    and the penalty scaled into [1, 2**16)."""
+    n = 2**23
+    mantissa = 1.0 + torch.arange(n, dtype=torch.float64) / n
+    for _ in range(4):
+        rep = (mantissa * torch.exp2(torch.randint(0, 16, (n,), generator=gen)).double()).float()
+        x = ((1 + torch.rand(n, generator=gen, dtype=torch.float64)) * torch.exp2(
+            torch.randint(-80, 100, (n,), generator=gen)).double()).float()
+        out = torch.empty(n, device="cuda")
+        _divide_fast_kernel[(n // 1024,)](x.cuda(), rep.cuda(), out, n, BLOCK=1024)
+        assert same_bits(out.cpu(), x / rep)
 
 
 @pytest.mark.cuda

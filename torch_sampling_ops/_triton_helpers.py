@@ -1,6 +1,11 @@
 """Triton helpers shared by the op families."""
+import os
+
 import triton
 import triton.language as tl
+
+# PTX is compiled (inline assembly allowed); false under the interpreter, which runs none.
+ON_GPU = tl.constexpr(os.environ.get("TRITON_INTERPRET") != "1")
 
 
 @triton.jit

@@ -10,16 +10,18 @@ parameters together, and reads and writes logits, and reads counts, only where a
 mask loads; with up to DENSE_POPCOUNT, each of ceil(most / 2) steps takes the 2 lowest remaining
 set bits of every word (its 4 loads issued together), so the instructions, like the traffic,
 follow the history rather than the 32 bits of every word; with more (a dense history), all 32
-bits of DENSE_WORDS words at a time are tested as one tile and the loads coalesce. Traffic is the
-two mask rows plus one sector per seen token, so the cost grows with the history, not with V. A
-row whose three penalties are off reads its mask words and no logit; with the repetition penalty
-at 1.0 the prompt tokens are left alone (x / 1.0 and x * 1.0 are exact, so skipping them changes
-no bit).
+bits of DENSE_WORDS words at a time are tested as one tile (the loads coalesce), the next tile's
+loads issued before this one's stores. Traffic is the two mask rows plus one sector per seen
+token, so the cost grows with the history, not with V. A row whose three penalties are off reads
+its mask words and no logit; with the repetition penalty at 1.0 the prompt tokens are left alone
+(x / 1.0 and x * 1.0 are exact, so skipping them changes no bit).
 
-Arithmetic is float32: the repetition step divides with an IEEE division (`tl.math.div_rn`, as
-the C++ kernel's `x / p`; Triton's `/` may lower to an approximate divide) and the frequency and
-presence term is one fused multiply-add (`fma(frequency, count, presence)`, `std::fma` in C++),
-so CPU and CUDA agree bitwise in float32.
+Arithmetic is float32: the repetition step's quotient is the IEEE one (the C++ kernel's `x / p`):
+`tl.math.div_rn` (Triton's `/` may lower to an approximate divide), or in the dense tiles the same
+bits from a reciprocal computed once a row and two correction steps (`_divide_fast`, which states
+its ranges and proof; a tile holding a logit outside them is stored again, divided exactly). The
+frequency and presence term is one fused multiply-add (`fma(frequency, count, presence)`,
+`std::fma` in C++), so CPU and CUDA agree bitwise in float32 (NaN payloads aside).
 
 update_output_counts is one launch over the rows: an atomic add on the count and an atomic OR on
 the mask word per row, so rows that name the same slot and token (speculative decoding) all count.
@@ -38,17 +40,18 @@ import triton.language as tl
 from . import _checks
 from ._launch import cdiv
 from ._registry import define_op, launch
-from ._triton_helpers import load_slot
+from ._triton_helpers import ON_GPU, load_slot
 
 # Mask words (2048 tokens) one penalties program covers: 75 programs a row at V = 151936. The kernel
 # waits on dependent accesses (slot, then mask words and parameters, then the scattered logits and
 # counts), so many small programs keep the most of them in flight: one warp each (its block maximum
-# needs no barrier), registers capped at 40.
+# needs no barrier). An SM holds at most 32 one-warp programs (the block limit), so 64 registers a
+# thread cost no occupancy.
 _BLOCK_WORDS = 64
 _PENALTIES_WARPS = 1
-_PENALTIES_MAX_REGISTERS = 40
+_PENALTIES_MAX_REGISTERS = 64
 _DENSE_POPCOUNT = 12  # above this many set bits in a word of the block, test all 32 bits at once
-_DENSE_WORDS = 8  # words one such all-bits tile covers: [8, 32] a program keeps the registers low
+_DENSE_WORDS = 4  # words one such all-bits tile covers; two tiles' accesses are in flight
 _BLOCK_ROWS = 128  # rows one update_output_counts program handles
 _BLOCK_BAD_WORDS = 128  # banned sequences one step of a bad_words program compares
 _BLOCK_PREFIX = 8  # prefix tokens one step of that comparison covers
@@ -73,10 +76,91 @@ def _popcount(x):
 
 
 @triton.jit
-def _penalized(x, count, output, rep, freq, pres):
-    """The penalised float32 logits: repetition, then frequency and presence where `output`."""
-    x = tl.where(x > 0, tl.math.div_rn(x, rep), x * rep)
+def _divide_fast(x, rep, inv_rep):
+    """x / rep as the IEEE division rounds it, from inv_rep = RN(1 / rep) in 5 float instructions,
+    for rep in [1, 2**16] and x in [2**-80, 2**100] (`_fast_division_holds`).
+
+    q = RN(x * inv_rep) is within 2 ulp of x / rep; one step RN(q + RN(x - q * rep) * inv_rep) makes
+    it faithful (its error stays far below half an ulp); with q faithful the remainder x - q * rep
+    is exact in a fused multiply-add, and the same step rounds correctly (Markstein's theorem:
+    inv_rep within half an ulp of 1 / rep, q within one ulp). The ranges keep every step clear of
+    overflow and underflow, which the proof needs. The interpreter (whose fma is not fused) divides."""
+    if ON_GPU:
+        q = x * inv_rep
+        q = tl.fma(tl.fma(-q, rep, x), inv_rep, q)
+        return tl.fma(tl.fma(-q, rep, x), inv_rep, q)
+    else:
+        return tl.math.div_rn(x, rep)
+
+
+@triton.jit
+def _fast_division_holds(x, rep):
+    """Whether `_divide_fast` is exact for every x > 0 of the [words, 32] tile x: rep in [1, 2**16]
+    and each x > 0 in [2**-80, 2**100] (so not infinite). The word axis is reduced first (a lane
+    holds its bit of every word: no shuffle), then one flag a lane."""
+    largest = tl.max(x, axis=0)
+    smallest_positive = tl.min(tl.where(x > 0, x, 1.0), axis=0)
+    outside = (largest > 1.2676506002282294e30) | (smallest_positive < 8.271806125530277e-25)
+    return (tl.max(outside.to(tl.int32), axis=0) == 0) & (rep >= 1.0) & (rep <= 65536.0)
+
+
+@triton.jit
+def _penalized(x, count, output, rep, inv_rep, freq, pres, FAST: tl.constexpr):
+    """The penalised float32 logits: repetition (x / rep where x > 0, else x * rep), then frequency
+    and presence where `output`. FAST: the division by `_divide_fast`."""
+    if FAST:
+        q = _divide_fast(x, rep, inv_rep)
+    else:
+        q = tl.math.div_rn(x, rep)
+    x = tl.where(x > 0, q, x * rep)
     return tl.where(output, x - tl.fma(freq, count, pres), x)
+
+
+@triton.jit
+def _dense_tile_bits(out_d, seen_d, word, vocab_size, DENSE_WORDS: tl.constexpr):
+    """(tokens from the tile's first, seen, output) of a [DENSE_WORDS, 32] tile of mask words
+    (output words out_d, seen words seen_d) from `word`: lane j of a warp holds bit j of each word,
+    so each word's 32 tokens are one coalesced access at constant offsets from the tile's first."""
+    bit = tl.arange(0, 32)
+    local = tl.arange(0, DENSE_WORDS)[:, None] * 32 + bit[None, :]
+    lane_bit = (1 << bit)[None, :]
+    in_vocab = local < vocab_size - word * 32  # word * 32 < 2**31: V is an int32 token id range
+    return local, ((seen_d[:, None] & lane_bit) != 0) & in_vocab, ((out_d[:, None] & lane_bit) != 0) & in_vocab
+
+
+@triton.jit
+def _load_dense_tile(row_ptr, counts_row, output_row, prompt_row, word, num_words, vocab_size, rep,
+                     DENSE_WORDS: tl.constexpr):
+    """(output words, seen words, seen logits as float32, output counts) of the dense tile of
+    DENSE_WORDS mask words from `word`. Words past the row read its last one (their tokens lie past
+    V: masked)."""
+    wd = tl.minimum(word + tl.arange(0, DENSE_WORDS), num_words - 1)
+    out_d = tl.load(output_row + wd)
+    if rep != 1.0:
+        seen_d = out_d | tl.load(prompt_row + wd)
+    else:
+        seen_d = out_d
+    local, seen, output = _dense_tile_bits(out_d, seen_d, word, vocab_size, DENSE_WORDS)
+    x = tl.load(row_ptr + word * 32 + local, mask=seen, other=0.0).to(tl.float32)
+    count = tl.load(counts_row + word * 32 + local, mask=output, other=0)
+    return out_d, seen_d, x, count
+
+
+@triton.jit
+def _store_dense_tile(out_d, seen_d, x, count, row_ptr, word, vocab_size, rep, inv_rep, freq, pres,
+                      DENSE_WORDS: tl.constexpr):
+    """Stores the penalised seen logits of a tile `_load_dense_tile` read (its masks recomputed from
+    the words, so no predicate stays live in between)."""
+    local, seen, output = _dense_tile_bits(out_d, seen_d, word, vocab_size, DENSE_WORDS)
+    tile_ptr = row_ptr + word * 32
+    dtype = row_ptr.dtype.element_ty
+    count = count.to(tl.float32)
+    tl.store(tile_ptr + local, _penalized(x, count, output, rep, inv_rep, freq, pres, FAST=ON_GPU).to(dtype),
+             mask=seen)
+    if ON_GPU:
+        if not _fast_division_holds(x, rep):  # rare: the tile is stored again, divided exactly
+            tl.store(tile_ptr + local, _penalized(x, count, output, rep, inv_rep, freq, pres, FAST=False).to(dtype),
+                     mask=seen)
 
 
 @triton.jit
@@ -113,6 +197,7 @@ def _penalties_kernel(logits_ptr, logits_stride, idx_mapping_ptr,
     pres = tl.load(presence_ptr + slot)
     if (rep == 1.0) & (freq == 0.0) & (pres == 0.0):  # all three off: no logit is read
         return
+    inv_rep = tl.math.div_rn(1.0, rep)  # RN(1 / rep): the dense tiles' division
     # Repetition off: only output tokens change (x / 1.0 and x * 1.0 are exact: skipping the prompt
     # tokens changes no bit).
     seen_words = tl.where(rep != 1.0, out_words | prompt_words, out_words)
@@ -120,26 +205,19 @@ def _penalties_kernel(logits_ptr, logits_stride, idx_mapping_ptr,
     counts_row = counts_ptr + slot * counts_stride
     most = tl.max(_popcount(seen_words), axis=0)  # 0: no token of the block is touched
     if most > DENSE_POPCOUNT:
-        # Many bits a word: every bit of DENSE_WORDS words at a time tested as one [DENSE_WORDS, 32]
-        # tile (coalesced); the words are reloaded (cache hits) so the tile, not the block, sets
-        # the registers a thread holds.
-        bit = tl.arange(0, 32)
-        for d in range(0, BLOCK_WORDS, DENSE_WORDS):
-            wd = first + d + tl.arange(0, DENSE_WORDS)
-            in_row_d = wd < num_words
-            out_d = tl.load(output_row + wd, mask=in_row_d, other=0)
-            if rep != 1.0:
-                seen_d = out_d | tl.load(prompt_row + wd, mask=in_row_d, other=0)
-            else:
-                seen_d = out_d
-            tok = wd[:, None] * 32 + bit[None, :]  # < 2**31: V is an int32 token id range
-            in_vocab = tok < vocab_size
-            seen = (((seen_d[:, None] >> bit[None, :]) & 1) != 0) & in_vocab
-            output = (((out_d[:, None] >> bit[None, :]) & 1) != 0) & in_vocab
-            x = tl.load(row_ptr + tok, mask=seen, other=0.0).to(tl.float32)
-            count = tl.load(counts_row + tok, mask=output, other=0).to(tl.float32)
-            x = _penalized(x, count, output, rep, freq, pres)
-            tl.store(row_ptr + tok, x.to(row_ptr.dtype.element_ty), mask=seen)
+        # Many bits a word: all 32 bits of DENSE_WORDS words at a time, the next tile's loads
+        # issued before this one's stores (distinct tokens: no hazard), so two tiles' accesses
+        # are in flight.
+        out_d, seen_d, x, count = _load_dense_tile(row_ptr, counts_row, output_row, prompt_row, first, num_words,
+                                                   vocab_size, rep, DENSE_WORDS)
+        for d in range(DENSE_WORDS, BLOCK_WORDS, DENSE_WORDS):
+            out_n, seen_n, x_n, count_n = _load_dense_tile(row_ptr, counts_row, output_row, prompt_row, first + d,
+                                                           num_words, vocab_size, rep, DENSE_WORDS)
+            _store_dense_tile(out_d, seen_d, x, count, row_ptr, first + d - DENSE_WORDS, vocab_size, rep, inv_rep,
+                              freq, pres, DENSE_WORDS)
+            out_d, seen_d, x, count = out_n, seen_n, x_n, count_n
+        _store_dense_tile(out_d, seen_d, x, count, row_ptr, first + BLOCK_WORDS - DENSE_WORDS, vocab_size, rep,
+                          inv_rep, freq, pres, DENSE_WORDS)
     else:
         # Few bits a word: the lowest 2 set bits of every word a step, `ceil(most / 2)` steps,
         # so the work follows the history rather than the 32 bits of a word (a realistic history
@@ -155,8 +233,10 @@ def _penalties_kernel(logits_ptr, logits_stride, idx_mapping_ptr,
             c0 = tl.load(counts_row + tok0, mask=out0, other=0).to(tl.float32)
             c1 = tl.load(counts_row + tok1, mask=out1, other=0).to(tl.float32)
             # Distinct bits of a word are distinct tokens: no store overwrites another's load.
-            tl.store(row_ptr + tok0, _penalized(x0, c0, out0, rep, freq, pres).to(dtype), mask=seen0)
-            tl.store(row_ptr + tok1, _penalized(x1, c1, out1, rep, freq, pres).to(dtype), mask=seen1)
+            y0 = _penalized(x0, c0, out0, rep, inv_rep, freq, pres, FAST=False)
+            y1 = _penalized(x1, c1, out1, rep, inv_rep, freq, pres, FAST=False)
+            tl.store(row_ptr + tok0, y0.to(dtype), mask=seen0)
+            tl.store(row_ptr + tok1, y1.to(dtype), mask=seen1)
 
 
 @triton.jit

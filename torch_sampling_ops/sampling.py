@@ -49,7 +49,7 @@ import triton.language as tl
 from . import _checks
 from ._launch import cdiv, next_power_of_2
 from ._registry import define_op, launch
-from ._triton_helpers import load_slot, program_range
+from ._triton_helpers import ON_GPU, load_slot, program_range
 from .filtering import _min_p_triton, blocks_per_program
 from .truncation.op import _top_k_top_p_triton
 
@@ -81,7 +81,6 @@ _LOGPROBS_WARPS = 4
 # kernel argument: above their analysed error with room to spare; larger only costs exact passes
 # (tests raise it to force the exact pass everywhere).
 GUMBEL_APPROX_TOL = 2.0**-16
-_HARDWARE_LOG2 = tl.constexpr(os.environ.get("TRITON_INTERPRET") != "1")
 _KEY_NONE = tl.constexpr(-2**63)  # below every `_sortable_key` (its high word is a NaN's; NaN is read as -inf)
 
 # ----------------------------------------------------------------------------------------------
