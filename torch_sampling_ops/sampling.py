@@ -124,7 +124,7 @@ def stream_gumbel(bits):
 def fast_log2(x):
     """log2(x) for x > 0 by the hardware approximation (PTX lg2.approx: absolute error at most
     2**-22.6 on [0.5, 2], 2 ulp elsewhere); tl.log2 under the interpreter, which runs no PTX."""
-    if _HARDWARE_LOG2:
+    if ON_GPU:
         return tl.inline_asm_elementwise("lg2.approx.f32 $0, $1;", "=r,r", [x], dtype=tl.float32, is_pure=True,
                                          pack=1)
     else:
@@ -393,12 +393,17 @@ def _logprobs_segment_kernel(logits_ptr, logits_stride, token_ids_ptr, part_max_
             take = (x >= tau) & ok  # every in-range token when tau is -inf: more than W, the general path
             n = tl.sum(take.to(tl.int32), axis=0)
             if n <= W:
-                # The n tokens >= tau to slots 0 .. n - 1, token -1 to the others: disjoint stores. Values
-                # and int32 tokens rather than int64 keys: half the bytes reach the prefix sum's layout.
+                # The n tokens >= tau to slots 0 .. n - 1 in token order, token -1 to the others:
+                # disjoint stores. The prefix sum runs on rows of 4 consecutive tokens, as one thread
+                # holds them: a sum and a prefix within each row, a scan over the row counts only
+                # (a scan of every token would move them all into its layout). Values and int32
+                # tokens rather than int64 keys: half the bytes.
+                take_rows = tl.reshape(take, (SEGMENT // 4, 4)).to(tl.int32)
+                row_n = tl.sum(take_rows, axis=1)
+                slot = (tl.cumsum(row_n, axis=0) - row_n)[:, None] + tl.cumsum(take_rows, axis=1) - 1
+                tl.store(out_vals + slot, tl.reshape(x, (SEGMENT // 4, 4)), mask=take_rows != 0)
+                tl.store(out_ids + slot, tl.reshape(offs, (SEGMENT // 4, 4)).to(tl.int32), mask=take_rows != 0)
                 c = tl.arange(0, W)
-                slot = tl.cumsum(take.to(tl.int32), axis=0) - 1
-                tl.store(out_vals + slot, x, mask=take)
-                tl.store(out_ids + slot, offs.to(tl.int32), mask=take)
                 tl.store(out_ids + c, tl.full((W,), -1, tl.int32), mask=c >= n)
             else:
                 _store_candidates(out_vals, out_ids, _topk_of_blocks(row_ptr, begin, end, W, BLOCK), W)
