@@ -2,6 +2,7 @@
 
 namespace tso {
 pybind11::object bind_launch_args(const pybind11::tuple& args);  // launch_args.cpp
+pybind11::object arg_signature(const pybind11::tuple& args);     // arg_signature.cpp
 }  // namespace tso
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -20,4 +21,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("sample", &tso::sample);
   m.def("rejection_sample", &tso::rejection_sample);
   m.def("bind_launch_args", &tso::bind_launch_args);
+  m.def("arg_signature", &tso::arg_signature);
 }

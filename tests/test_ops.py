@@ -92,6 +92,44 @@ def test_bad_input_raises_before_anything_runs(backend, name, bad, gen):
         assert torch.equal(a, b) if isinstance(a, torch.Tensor) else a == b, "a rejected call modified an argument"
 
 
+@pytest.mark.parametrize("backend", OP_BACKENDS)
+@pytest.mark.parametrize("name, bad", BAD)
+def test_bad_input_raises_after_valid_calls(backend, name, bad, gen):
+    """The checks a valid call passed are skipped for calls with the same argument metadata
+    (`_registry`): a bad input after valid calls is still rejected, and the valid call still runs."""
+    spec = BY_NAME[name]
+    device = device_of(backend)
+    args = spec.args(device, gen)
+    for _ in range(2):
+        spec.op(*clone_args(args))
+    with pytest.raises(bad.error, match=f"'{bad.arg}'"):
+        spec.op(*call_with_bad_input(spec, bad, clone_args(args), device))
+    spec.op(*clone_args(args))
+
+
+def test_arg_signature_tells_apart_what_the_checks_read():
+    """The key holds each tensor's dtype, device, sizes, strides and (under grad mode) requires_grad,
+    and the other arguments' values; there is none for a tensor subclass or another type."""
+    sig = _registry._arg_signature
+    if sig is _registry._no_signature:
+        pytest.skip("the C++ extension is not built")
+    x = torch.zeros(4, 6)
+    same = [sig((x, 1, None, 0.5, True)), sig((torch.ones(4, 6), 1, None, 0.5, True))]
+    assert same[0] == same[1] and isinstance(same[0], bytes)
+    others = [(x.double(), 1, None, 0.5, True), (x[:, :5], 1, None, 0.5, True), (x.t(), 1, None, 0.5, True),
+              (torch.zeros(4, 5), 1, None, 0.5, True), (x, 2, None, 0.5, True), (x, 1, x, 0.5, True),
+              (x, 1, None, 0.25, True), (x, 1, None, 0.5, False), (x.requires_grad_(True), 1, None, 0.5, True)]
+    keys = {sig(a) for a in others}
+    assert len(keys) == len(others) and same[0] not in keys
+    with torch.no_grad():  # requires_grad counts only under grad mode, as the checks do
+        assert sig((x, 1, None, 0.5, True)) == same[0]
+    x.requires_grad_(False)
+    class Subclass(torch.Tensor):
+        pass
+
+    assert sig((x.as_subclass(Subclass),)) is None and sig(([1],)) is None and sig((2**70,)) is None
+
+
 @pytest.mark.parametrize("name, bad", [p for p in BAD if p.values[1].what != "device"])
 def test_bad_input_raises_on_fake_tensors(name, bad, gen):
     """The fake implementation (torch.compile, export) rejects the same inputs with the same error."""

@@ -15,7 +15,8 @@ Every implementation also checks what no op supports: an input that requires gra
 share memory (`expand`, overlapping strides: a kernel would process them several times). The CPU
 and CUDA ones bump the version counter of every mutated tensor, as PyTorch's in-place ops do. These
 checks sit in the kernels rather than in an Autograd kernel of their own, which would cost every
-eager call one more trip through the dispatcher.
+eager call one more trip through the dispatcher. The CPU and CUDA ones remember the argument
+metadata that passed (`_C.arg_signature`) and skip the checks for a call that repeats it.
 
 Under torch.compile the CUDA body is also traced into the graph as Triton kernel nodes, as
 `torch.library.triton_op` does: a FunctionalTensorMode rule runs the launcher with `wrap_triton`,
@@ -77,6 +78,29 @@ def _functional_rule(mode, op, types, args, kwargs):
     return mode.__torch_dispatch__(op, types, args, kwargs)
 
 
+# The checks read only metadata: the arguments' types, the tensors' dtypes, devices, sizes and
+# strides, whether they require grad under grad mode, and the other arguments' values. A call
+# whose metadata (`_C.arg_signature`, one bytes key) matches one already checked skips them; they
+# cost more than a small call's kernel. Plain tensors and Python scalars only (a tensor subclass,
+# a FakeTensor, any other argument gives no key and is checked every time).
+_MAX_SIGNATURES = 4096  # signatures remembered an op (then forgotten at once)
+
+
+def _no_signature(args) -> None:
+    return None
+
+
+def _load_arg_signature() -> Callable:
+    try:
+        from ._C import arg_signature
+    except ImportError:  # the extension is not built: every call is checked
+        return _no_signature
+    return arg_signature
+
+
+_arg_signature = _load_arg_signature()
+
+
 def _cpu_kernel(name: str) -> Callable:
     kernel = None  # the C++ function, looked up on the first call (the extension may be missing)
 
@@ -123,14 +147,22 @@ def define_op(
         arg_names = [a.name for a in op._schema.arguments]
         mutated = [i for i, a in enumerate(op._schema.arguments) if a.alias_info is not None and a.alias_info.is_write]
 
+        passed: set[bytes] = set()  # argument signatures (`_arg_signature`) whose checks passed
+
         def checked(body: Callable | None, real: bool) -> Callable:
             def run(*args, **kwargs):
                 if kwargs:  # positional from here on, in the schema's order
                     args = (*args, *(kwargs[n] for n in arg_names[len(args):]))
-                _checks.check_no_grad(name, arg_names, args)
-                check(*args)
-                for i in mutated:
-                    _checks.check_rows_do_not_overlap(name, arg_names[i], args[i])
+                key = _arg_signature(args) if real else None
+                if key is None or key not in passed:
+                    _checks.check_no_grad(name, arg_names, args)
+                    check(*args)
+                    for i in mutated:
+                        _checks.check_rows_do_not_overlap(name, arg_names[i], args[i])
+                    if key is not None:
+                        if len(passed) >= _MAX_SIGNATURES:
+                            passed.clear()
+                        passed.add(key)
                 if real:
                     if check_values is not None and _checks._DEBUG:
                         check_values(*args)
