@@ -84,20 +84,18 @@ def _divide_fast(x, rep, inv_rep):
     it faithful (its error stays far below half an ulp); with q faithful the remainder x - q * rep
     is exact in a fused multiply-add, and the same step rounds correctly (Markstein's theorem:
     inv_rep within half an ulp of 1 / rep, q within one ulp). The ranges keep every step clear of
-    overflow and underflow, which the proof needs. The interpreter (whose fma is not fused) divides."""
-    if ON_GPU:
-        q = x * inv_rep
-        q = tl.fma(tl.fma(-q, rep, x), inv_rep, q)
-        return tl.fma(tl.fma(-q, rep, x), inv_rep, q)
-    else:
-        return tl.math.div_rn(x, rep)
+    overflow and underflow, which the proof needs. GPU only: the interpreter's fma is not fused."""
+    q = x * inv_rep
+    q = tl.fma(tl.fma(-q, rep, x), inv_rep, q)
+    return tl.fma(tl.fma(-q, rep, x), inv_rep, q)
 
 
 @triton.jit
 def _fast_division_holds(x, rep):
     """Whether `_divide_fast` is exact for every x > 0 of the [words, 32] tile x: rep in [1, 2**16]
     and each x > 0 in [2**-80, 2**100] (so not infinite). The word axis is reduced first (a lane
-    holds its bit of every word: no shuffle), then one flag a lane."""
+    holds its bit of every word: no shuffle), then one flag a lane. The maxima skip NaN (which the
+    division never meets: it is not > 0)."""
     largest = tl.max(x, axis=0)
     smallest_positive = tl.min(tl.where(x > 0, x, 1.0), axis=0)
     outside = (largest > 1.2676506002282294e30) | (smallest_positive < 8.271806125530277e-25)
@@ -107,7 +105,7 @@ def _fast_division_holds(x, rep):
 @triton.jit
 def _penalized(x, count, output, rep, inv_rep, freq, pres, FAST: tl.constexpr):
     """The penalised float32 logits: repetition (x / rep where x > 0, else x * rep), then frequency
-    and presence where `output`. FAST: the division by `_divide_fast`."""
+    and presence where `output`. FAST (GPU only): the division by `_divide_fast`."""
     if FAST:
         q = _divide_fast(x, rep, inv_rep)
     else:
