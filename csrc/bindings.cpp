@@ -18,7 +18,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("bad_words", &tso::bad_words);
   m.def("random_stream", &tso::random_stream);
   m.def("logprobs", &tso::logprobs);
-  m.def("sample", &tso::sample);
+  namespace py = pybind11;
+  m.def("sample", &tso::sample, py::arg("logits"), py::arg("idx_mapping"), py::arg("temperature"),
+        py::arg("top_k"), py::arg("top_p"), py::arg("min_p"), py::arg("seeds"),
+        py::arg("output_lens"), py::arg("tol") = 1.0 / 65536.0);
   m.def("rejection_sample", &tso::rejection_sample);
   m.def("bind_launch_args", &tso::bind_launch_args);
   m.def("arg_signature", &tso::arg_signature);

@@ -42,9 +42,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> logprobs(const at::Te
                                                                     const at::Tensor& token_ids,
                                                                     int64_t num_logprobs);
 
+// tol: the approximate draw's tolerance (GUMBEL_APPROX_TOL in sampling.py; larger only costs exact
+// passes, which tests force with a large one).
 at::Tensor sample(const at::Tensor& logits, const at::Tensor& idx_mapping,
                   const at::Tensor& temperature, const at::Tensor& top_k, const at::Tensor& top_p,
-                  const at::Tensor& min_p, const at::Tensor& seeds, const at::Tensor& output_lens);
+                  const at::Tensor& min_p, const at::Tensor& seeds, const at::Tensor& output_lens,
+                  double tol);
 
 std::tuple<at::Tensor, at::Tensor> rejection_sample(
     const at::Tensor& target_logits, const at::Tensor& draft_token_ids,

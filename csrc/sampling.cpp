@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <type_traits>
 #include <vector>
 
@@ -94,10 +95,84 @@ void logprobs_kernel(const at::Tensor& logits, const int64_t* tokens, int64_t k,
   });
 }
 
+// The exact draw of one row: argmax_j of x[j] + stream_gumbel(key, j) over the tokens above -inf
+// (NaN never), the lower index among ties; -1 without one.
+int64_t exact_gumbel_argmax(const float* row, int64_t V, uint32_t key) {
+  float best = kNegInf;
+  int64_t best_j = -1;
+  for (int64_t j = 0; j < V; ++j) {
+    const float x = row[j];
+    if (!(x > kNegInf)) continue;  // -inf or NaN: never drawn
+    const float score = x + stream_gumbel(stream_bits(key, static_cast<uint32_t>(j)));
+    if (best_j < 0 || score > best) {
+      best = score;
+      best_j = j;
+    }
+  }
+  return best_j;
+}
+
+// Tokens whose noise one step of `gumbel_argmax_row` computes together (stack arrays).
+constexpr int64_t kDrawBlock = 256;
+
+// exact_gumbel_argmax's token, mostly from approximate scores, as the CUDA draw (gumbel_argmax in
+// sampling.py) does: the noise's two logs vectorized (at::vec's log, within 1 ulp where the exact
+// noise takes std::log), each score within err(s) = tol * (35 + |s|) of its exact value (tol >=
+// 2**-16 leaves a wide margin: both logs' errors move a score by less than 2**-18 + 2**-23 |s|),
+// and the largest and second-largest score kept. When the largest minus its err stays above the
+// runner-up plus its err, the largest's token wins the exact scores too; otherwise (a near tie, an
+// infinite score) the row is drawn exactly. A score that overflows to -inf counts at -FLT_MAX.
+// A block with few tokens above -inf (a filtered row) scores just those, exactly.
+int64_t gumbel_argmax_row(const float* row, int64_t V, uint32_t key, float tol) {
+  alignas(64) uint32_t bits[kDrawBlock];
+  alignas(64) float noise[kDrawBlock];
+  float first = kNegInf, second = kNegInf;
+  int64_t first_j = -1;
+  auto offer = [&](float x, float g, int64_t j) {
+    const float score = std::max(x + g, -std::numeric_limits<float>::max());
+    if (score > first) {
+      second = first;
+      first = score;
+      first_j = j;
+    } else if (score > second) {
+      second = score;
+    }
+  };
+  for (int64_t j0 = 0; j0 < V; j0 += kDrawBlock) {
+    const int64_t n = std::min(kDrawBlock, V - j0);
+    const float* x = row + j0;
+    int64_t live = 0;
+    for (int64_t i = 0; i < n; ++i) live += x[i] > kNegInf;  // NaN is not
+    if (live * 8 < n) {
+      for (int64_t i = 0; i < n; ++i) {
+        if (x[i] > kNegInf) offer(x[i], stream_gumbel(stream_bits(key, static_cast<uint32_t>(j0 + i))), j0 + i);
+      }
+      continue;
+    }
+    for (int64_t i = 0; i < n; ++i) bits[i] = stream_bits(key, static_cast<uint32_t>(j0 + i));
+    for (int64_t i = 0; i < n; ++i) noise[i] = stream_uniform(bits[i]);
+    int64_t i = 0;
+    for (; i + Vec::size() <= n; i += Vec::size()) {
+      const Vec e = Vec(0.0f) - Vec::loadu(noise + i).log();  // -log(u) > 0
+      (Vec(0.0f) - e.log()).store(noise + i);
+    }
+    for (; i < n; ++i) noise[i] = -std::log(-std::log(noise[i]));
+    for (i = 0; i < n; ++i) {
+      if (x[i] > kNegInf) offer(x[i], noise[i], j0 + i);
+    }
+  }
+  if (first_j < 0) return -1;
+  auto err = [tol](float s) { return tol * (35.0f + std::fabs(s)); };
+  const bool certified =
+      first < -kNegInf && (second == kNegInf || second + err(second) < first - err(first));
+  return certified ? first_j : exact_gumbel_argmax(row, V, key);
+}
+
 // The token of each row: argmax of the (temperature-scaled, filtered) row plus the Gumbel noise of
 // its stream; the plain argmax for greedy rows; -1 for rows without a logit above -inf.
 void gumbel_argmax(const at::Tensor& scaled, const int64_t* slots, const float* temps,
-                   const int64_t* seeds, const int64_t* positions, int64_t R, int64_t* out) {
+                   const int64_t* seeds, const int64_t* positions, int64_t R, float tol,
+                   int64_t* out) {
   const int64_t T = scaled.size(0), V = scaled.size(1);
   const float* base = scaled.data_ptr<float>();
   at::parallel_for(0, T, 1, [&](int64_t begin, int64_t end) {
@@ -108,17 +183,17 @@ void gumbel_argmax(const at::Tensor& scaled, const int64_t* slots, const float* 
         continue;
       }
       const float* row = base + t * V;
-      const bool greedy = temps[r] == 0.0f;
-      const uint32_t key = stream_key(seeds[r], positions[t]);
+      if (temps[r] != 0.0f) {
+        out[t] = gumbel_argmax_row(row, V, stream_key(seeds[r], positions[t]), tol);
+        continue;
+      }
       float best = kNegInf;
       int64_t best_j = -1;
       for (int64_t j = 0; j < V; ++j) {
         const float x = row[j];
         if (!(x > kNegInf)) continue;  // -inf or NaN: never drawn
-        const float score =
-            greedy ? x : x + stream_gumbel(stream_bits(key, static_cast<uint32_t>(j)));
-        if (best_j < 0 || score > best) {
-          best = score;
+        if (best_j < 0 || x > best) {
+          best = x;
           best_j = j;
         }
       }
@@ -164,7 +239,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> logprobs(const at::Te
 
 at::Tensor sample(const at::Tensor& logits, const at::Tensor& idx_mapping,
                   const at::Tensor& temperature, const at::Tensor& top_k, const at::Tensor& top_p,
-                  const at::Tensor& min_p, const at::Tensor& seeds, const at::Tensor& output_lens) {
+                  const at::Tensor& min_p, const at::Tensor& seeds, const at::Tensor& output_lens,
+                  double tol) {
   const int64_t T = logits.size(0);
   const at::Tensor slots = as_int64(idx_mapping), positions = as_int64(output_lens),
                    seed = as_int64(seeds);
@@ -179,7 +255,7 @@ at::Tensor sample(const at::Tensor& logits, const at::Tensor& idx_mapping,
   tso::top_k_top_p(scaled, slots, top_k, top_p);
   at::Tensor out = at::empty({T}, logits.options().dtype(at::kLong));
   gumbel_argmax(scaled, slots.data_ptr<int64_t>(), temps.data_ptr<float>(),
-                seed.data_ptr<int64_t>(), positions.data_ptr<int64_t>(), R,
+                seed.data_ptr<int64_t>(), positions.data_ptr<int64_t>(), R, static_cast<float>(tol),
                 out.data_ptr<int64_t>());
   return out;
 }

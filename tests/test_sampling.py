@@ -369,22 +369,30 @@ def test_approximate_gumbel_noise_is_within_its_tolerance(backend):
     assert 2.0**-17 * 35 <= sampling.GUMBEL_APPROX_TOL * 35  # the draw's err(s) covers the noise's
 
 
-@pytest.mark.parametrize("backend", ["interpret", pytest.param("cuda", marks=pytest.mark.cuda)])
+def exact_draw(backend, args, monkeypatch):
+    """sample's tokens with a tolerance so large that every row (every tile on CUDA) is scored
+    exactly: GUMBEL_APPROX_TOL for the Triton draw, the C++ kernel's `tol` argument on the CPU."""
+    if backend == "cpu":
+        return _C.sample(*args, tol=1e30)
+    monkeypatch.setattr(sampling, "GUMBEL_APPROX_TOL", 1e30)
+    return run_op(backend, "sample", *args)
+
+
+@pytest.mark.parametrize("backend", ["cpu", "interpret", pytest.param("cuda", marks=pytest.mark.cuda)])
 def test_sample_exact_rescoring_gives_the_exact_draw(backend, monkeypatch):
     """The draw scores tiles approximately and rescores candidates exactly: its tokens equal those
     of scoring every token exactly (a tolerance so large that every tile is rescored whole)."""
     gen = torch.Generator().manual_seed(21)
-    T, V = (512, 151936) if backend == "cuda" else (6, 3000)
+    T, V = {"cuda": (512, 151936), "cpu": (64, 32000)}.get(backend, (6, 3000))
     args = sample_args(T, V, gen, device_of(backend), R=6)
     args[1] = torch.randint(1, 6, (T,), generator=gen).to(args[1])  # no greedy rows: they draw no noise
     fast = run_op(backend, "sample", *args)
-    monkeypatch.setattr(sampling, "GUMBEL_APPROX_TOL", 1e30)
-    exact = run_op(backend, "sample", *args)
+    exact = exact_draw(backend, args, monkeypatch)
     assert torch.equal(fast, exact)
     assert bool((fast >= 0).all())
 
 
-@pytest.mark.parametrize("backend", ["interpret", pytest.param("cuda", marks=pytest.mark.cuda)])
+@pytest.mark.parametrize("backend", ["cpu", "interpret", pytest.param("cuda", marks=pytest.mark.cuda)])
 def test_sample_exact_rescoring_at_the_edges(backend, monkeypatch):
     """Rows the certificate must get right or leave to the exact pass: one live token in a segment,
     none, a scaled logit overflowing to -inf or +inf, ties of equal logits: the exact scores' tokens."""
@@ -402,12 +410,12 @@ def test_sample_exact_rescoring_at_the_edges(backend, monkeypatch):
             torch.arange(R, dtype=torch.int64) * 977, torch.arange(R) + 3]
     args = [a.to(device_of(backend)) for a in args]
     fast = run_op(backend, "sample", *args).cpu()
-    monkeypatch.setattr(sampling, "GUMBEL_APPROX_TOL", 1e30)
-    exact = run_op(backend, "sample", *args).cpu()
+    exact = exact_draw(backend, args, monkeypatch).cpu()
     assert torch.equal(fast, exact)
     assert fast.tolist()[:4] == [7, -1, V - 3, 0]  # row 3: +inf scores, the lowest index
-    monkeypatch.setattr(sampling, "_SPLIT_MAX_T", 0)  # whole rows in one program
-    assert torch.equal(run_op(backend, "sample", *args).cpu(), exact)
+    if backend != "cpu":
+        monkeypatch.setattr(sampling, "_SPLIT_MAX_T", 0)  # whole rows in one program
+        assert torch.equal(run_op(backend, "sample", *args).cpu(), exact)
 
 
 @pytest.mark.parametrize("backend", ["interpret", pytest.param("cuda", marks=pytest.mark.cuda)])
