@@ -24,10 +24,11 @@ void append(std::string& key, V value) {
 
 }  // namespace
 
-// Per argument: a plain tensor gives 'T', its dtype, device type and index, whether it requires
-// grad under grad mode, its rank, sizes and strides; an int 'I' and its value, a bool 'B' and its
-// value, a float 'F' and its bits, None 'N'. Returns None for anything else (a tensor subclass, an
-// int beyond 64 bits, another type): the caller then runs its checks.
+// Per argument: a plain strided tensor gives 'T', its dtype, device type and index, whether it
+// requires grad under grad mode, its rank, sizes and strides; an int 'I' and its value, a bool
+// 'B' and its value, a float 'F' and its bits, None 'N'. Returns None for anything else (a tensor
+// subclass or another layout, an int beyond 64 bits, another type): the caller then runs its
+// checks.
 py::object arg_signature(const py::tuple& args) {
   const Py_ssize_t n = PyTuple_GET_SIZE(args.ptr());
   const bool grad_mode = at::GradMode::is_enabled();
@@ -37,6 +38,7 @@ py::object arg_signature(const py::tuple& args) {
     PyObject* a = PyTuple_GET_ITEM(args.ptr(), i);
     if (THPVariable_CheckExact(a)) {
       const at::Tensor& t = THPVariable_Unpack(a);
+      if (t.layout() != at::kStrided) return py::none();  // sparse, nested: no strides to read
       const int64_t dim = t.dim();
       key += 'T';
       key += static_cast<char>(t.scalar_type());

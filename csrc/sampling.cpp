@@ -145,7 +145,8 @@ int64_t gumbel_argmax_row(const float* row, int64_t V, uint32_t key, float tol) 
     for (int64_t i = 0; i < n; ++i) live += x[i] > kNegInf;  // NaN is not
     if (live * 8 < n) {
       for (int64_t i = 0; i < n; ++i) {
-        if (x[i] > kNegInf) offer(x[i], stream_gumbel(stream_bits(key, static_cast<uint32_t>(j0 + i))), j0 + i);
+        if (!(x[i] > kNegInf)) continue;
+        offer(x[i], stream_gumbel(stream_bits(key, static_cast<uint32_t>(j0 + i))), j0 + i);
       }
       continue;
     }

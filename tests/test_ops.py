@@ -128,6 +128,7 @@ def test_arg_signature_tells_apart_what_the_checks_read():
         pass
 
     assert sig((x.as_subclass(Subclass),)) is None and sig(([1],)) is None and sig((2**70,)) is None
+    assert sig((x.to_sparse(),)) is None
 
 
 @pytest.mark.parametrize("name, bad", [p for p in BAD if p.values[1].what != "device"])
