@@ -1,3 +1,4 @@
+#include "draw.h"
 #include "ops.h"
 
 namespace tso {
@@ -21,7 +22,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   namespace py = pybind11;
   m.def("sample", &tso::sample, py::arg("logits"), py::arg("idx_mapping"), py::arg("temperature"),
         py::arg("top_k"), py::arg("top_p"), py::arg("min_p"), py::arg("seeds"),
-        py::arg("output_lens"), py::arg("tol") = 1.0 / 65536.0);
+        py::arg("output_lens"), py::arg("tol") = tso::kGumbelApproxTol);
+  m.attr("GUMBEL_APPROX_TOL") = tso::kGumbelApproxTol;
   m.def("rejection_sample", &tso::rejection_sample);
   m.def("bind_launch_args", &tso::bind_launch_args);
   m.def("arg_signature", &tso::arg_signature);

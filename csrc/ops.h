@@ -42,8 +42,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> logprobs(const at::Te
                                                                     const at::Tensor& token_ids,
                                                                     int64_t num_logprobs);
 
-// tol: the approximate draw's tolerance (GUMBEL_APPROX_TOL in sampling.py; larger only costs exact
-// passes, which tests force with a large one).
+// tol: the approximate draw's tolerance (kGumbelApproxTol in draw.h by default; larger only costs
+// exact passes, which tests force with a large one).
 at::Tensor sample(const at::Tensor& logits, const at::Tensor& idx_mapping,
                   const at::Tensor& temperature, const at::Tensor& top_k, const at::Tensor& top_p,
                   const at::Tensor& min_p, const at::Tensor& seeds, const at::Tensor& output_lens,

@@ -1,5 +1,6 @@
 // CPU kernels of the sampling op family (torch_sampling_ops/sampling.py): sample and logprobs,
 // and the random stream exposed for tests.
+#include "draw.h"
 #include "ops.h"
 #include "random_stream.h"
 #include "top_k.h"
@@ -95,34 +96,19 @@ void logprobs_kernel(const at::Tensor& logits, const int64_t* tokens, int64_t k,
   });
 }
 
-// The exact draw of one row: argmax_j of x[j] + stream_gumbel(key, j) over the tokens above -inf
-// (NaN never), the lower index among ties; -1 without one.
-int64_t exact_gumbel_argmax(const float* row, int64_t V, uint32_t key) {
-  float best = kNegInf;
-  int64_t best_j = -1;
-  for (int64_t j = 0; j < V; ++j) {
-    const float x = row[j];
-    if (!(x > kNegInf)) continue;  // -inf or NaN: never drawn
-    const float score = x + stream_gumbel(stream_bits(key, static_cast<uint32_t>(j)));
-    if (best_j < 0 || score > best) {
-      best = score;
-      best_j = j;
-    }
-  }
-  return best_j;
-}
-
-// Tokens whose noise one step of `gumbel_argmax_row` computes together (stack arrays).
+// Tokens whose noise one step of `gumbel_argmax_row` computes together (stack arrays). A block
+// with fewer than one token in kSparseShare above -inf scores its live tokens one by one, exactly.
 constexpr int64_t kDrawBlock = 256;
+constexpr int64_t kSparseShare = 8;
 
-// exact_gumbel_argmax's token, mostly from approximate scores, as the CUDA draw (gumbel_argmax in
-// sampling.py) does: the noise's two logs vectorized (at::vec's log, within 1 ulp where the exact
-// noise takes std::log), each score within err(s) = tol * (35 + |s|) of its exact value (tol >=
-// 2**-16 leaves a wide margin: both logs' errors move a score by less than 2**-18 + 2**-23 |s|),
-// and the largest and second-largest score kept. When the largest minus its err stays above the
-// runner-up plus its err, the largest's token wins the exact scores too; otherwise (a near tie, an
-// infinite score) the row is drawn exactly. A score that overflows to -inf counts at -FLT_MAX.
-// A block with few tokens above -inf (a filtered row) scores just those, exactly.
+// row_argmax's Gumbel draw (draw.h), mostly from approximate scores, as the CUDA draw
+// (gumbel_argmax in sampling.py) does: the noise's two logs vectorized (at::vec's log, within 1 ulp
+// where the exact noise takes std::log), each score within err(s) = tol * (35 + |s|) of its exact
+// value (tol >= 2**-16 leaves a wide margin: both logs' errors move a score by less than 2**-18 +
+// 2**-23 |s|), and the largest and second-largest score kept. When the largest minus its err stays
+// above the runner-up plus its err, the largest's token wins the exact scores too; otherwise (a
+// near tie, an infinite score) the row is drawn exactly. A score that overflows to -inf counts at
+// -FLT_MAX. A sparse block (a filtered row) scores its live tokens exactly.
 int64_t gumbel_argmax_row(const float* row, int64_t V, uint32_t key, float tol) {
   alignas(64) uint32_t bits[kDrawBlock];
   alignas(64) float noise[kDrawBlock];
@@ -143,7 +129,7 @@ int64_t gumbel_argmax_row(const float* row, int64_t V, uint32_t key, float tol) 
     const float* x = row + j0;
     int64_t live = 0;
     for (int64_t i = 0; i < n; ++i) live += x[i] > kNegInf;  // NaN is not
-    if (live * 8 < n) {
+    if (live * kSparseShare < n) {
       for (int64_t i = 0; i < n; ++i) {
         if (!(x[i] > kNegInf)) continue;
         offer(x[i], stream_gumbel(stream_bits(key, static_cast<uint32_t>(j0 + i))), j0 + i);
@@ -166,7 +152,7 @@ int64_t gumbel_argmax_row(const float* row, int64_t V, uint32_t key, float tol) 
   auto err = [tol](float s) { return tol * (35.0f + std::fabs(s)); };
   const bool certified =
       first < -kNegInf && (second == kNegInf || second + err(second) < first - err(first));
-  return certified ? first_j : exact_gumbel_argmax(row, V, key);
+  return certified ? first_j : row_argmax(row, V, /*noise=*/true, key);
 }
 
 // The token of each row: argmax of the (temperature-scaled, filtered) row plus the Gumbel noise of
@@ -184,21 +170,8 @@ void gumbel_argmax(const at::Tensor& scaled, const int64_t* slots, const float* 
         continue;
       }
       const float* row = base + t * V;
-      if (temps[r] != 0.0f) {
-        out[t] = gumbel_argmax_row(row, V, stream_key(seeds[r], positions[t]), tol);
-        continue;
-      }
-      float best = kNegInf;
-      int64_t best_j = -1;
-      for (int64_t j = 0; j < V; ++j) {
-        const float x = row[j];
-        if (!(x > kNegInf)) continue;  // -inf or NaN: never drawn
-        if (best_j < 0 || x > best) {
-          best = x;
-          best_j = j;
-        }
-      }
-      out[t] = best_j;
+      out[t] = temps[r] != 0.0f ? gumbel_argmax_row(row, V, stream_key(seeds[r], positions[t]), tol)
+                                : row_argmax(row, V, /*noise=*/false, 0);
     }
   });
 }

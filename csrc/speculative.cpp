@@ -3,6 +3,7 @@
 // reading a target row only when it reaches it and a draft-probability row in full only at the
 // rejected position. Requests run in parallel; a request's tokens depend only on its own rows,
 // seed and position (the random stream of sample, csrc/random_stream.h).
+#include "draw.h"
 #include "ops.h"
 #include "random_stream.h"
 
@@ -16,47 +17,6 @@ namespace {
 
 // The token index of the acceptance uniform in a position's stream (outside every vocabulary).
 constexpr uint32_t kAcceptToken = 0x7FFFFFFFu;
-
-template <typename scalar_t>
-inline float logit_at(const scalar_t* row, int64_t j) {
-  const float x = static_cast<float>(row[j]);
-  return x == x ? x : kNegInf;  // NaN is read as -inf
-}
-
-// An upper bound of the stream's Gumbel noise: its largest uniform 1 - 2**-24 gives 16.6355. A
-// token whose score cannot beat the running best even with this noise is skipped without computing
-// its noise; float addition is monotonic, so fl(x + g) <= fl(x + kMaxGumbel) < best and the result
-// is the same as without skipping.
-constexpr float kMaxGumbel = 16.64f;
-
-// A running argmax that keeps the lower index on ties.
-struct Argmax {
-  float best = kNegInf;
-  int64_t index = -1;
-  void offer(float score, int64_t j) {
-    if (index < 0 || score > best) {
-      best = score;
-      index = j;
-    }
-  }
-};
-
-// argmax of the row (plus the Gumbel noise of `key` when `noise`) over the tokens above -inf; -1 if
-// none.
-template <typename scalar_t>
-int64_t row_argmax(const scalar_t* row, int64_t V, bool noise, uint32_t key) {
-  Argmax am;
-  for (int64_t j = 0; j < V; ++j) {
-    const float x = logit_at(row, j);
-    if (!(x > kNegInf)) continue;
-    if (!noise) {
-      am.offer(x, j);
-    } else if (am.index < 0 || !(x + kMaxGumbel < am.best)) {
-      am.offer(x + stream_gumbel(stream_bits(key, static_cast<uint32_t>(j))), j);
-    }
-  }
-  return am.index;
-}
 
 // The max of the row and the sum of exp(x - max); (-inf, 0) without a logit above -inf.
 template <typename scalar_t>

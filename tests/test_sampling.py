@@ -369,6 +369,10 @@ def test_approximate_gumbel_noise_is_within_its_tolerance(backend):
     assert 2.0**-17 * 35 <= sampling.GUMBEL_APPROX_TOL * 35  # the draw's err(s) covers the noise's
 
 
+def test_cpu_and_triton_draws_share_their_tolerance():
+    assert _C.GUMBEL_APPROX_TOL == sampling.GUMBEL_APPROX_TOL
+
+
 def exact_draw(backend, args, monkeypatch):
     """sample's tokens with a tolerance so large that every row (every tile on CUDA) is scored
     exactly: GUMBEL_APPROX_TOL for the Triton draw, the C++ kernel's `tol` argument on the CPU."""
