@@ -5,9 +5,10 @@ the row that it alone owns, and orders its own phases with CTA barriers (`tl.deb
 loads of data that other threads of the program wrote earlier bypass L1 (`.cg`).
 
 1. `_allowed_and_bias_kernel`, one program per (row, chunk of 16384 tokens):
-   - allowed list: the listed ids of the chunk are OR-ed into a bit scratch (zeroed first), then
-     one pass writes each token's fate: its old logit where listed (read only there), -inf
-     elsewhere. No logit is saved, filled with -inf and restored;
+   - allowed list: the chunk's listed logits are read (into registers, or a scratch for long
+     lists), a barrier, -inf is stored over the whole chunk (written, never read), a barrier, the
+     listed logits are stored back. No other program touches the chunk, so no thread stores -inf
+     over a listed token after its value is back;
    - bias: the listed logits of the chunk are all read (plus bias), then written back, so a
      duplicated id gets one of its biases.
 2. `_min_tokens_kernel`, one program per row with active min-tokens: the stop logits are saved and
@@ -76,10 +77,11 @@ def _write_listed(row_ptr, ids_ptr, n, lo, hi, scratch_ptr, BLOCK: tl.constexpr,
 @triton.jit
 def _allowed_and_bias_kernel(
     logits_ptr, logits_stride, idx_mapping_ptr,
-    allowed_ids_ptr, allowed_stride, num_allowed_ptr, max_allowed, bits_ptr,
+    allowed_ids_ptr, allowed_stride, num_allowed_ptr, max_allowed,
     bias_ids_ptr, bias_ids_stride, bias_values_ptr, bias_values_stride, num_bias_ptr, max_bias,
-    scratch_ptr, scratch_stride, num_slots, vocab_size,
-    HAS_ALLOWED: tl.constexpr, HAS_BIAS: tl.constexpr, BIAS_IN_REGISTERS: tl.constexpr,
+    scratch_ptr, scratch_stride, allowed_scratch_offset, num_slots, vocab_size,
+    HAS_ALLOWED: tl.constexpr, ALLOWED_IN_REGISTERS: tl.constexpr, HAS_BIAS: tl.constexpr,
+    BIAS_IN_REGISTERS: tl.constexpr,
     BLOCK_V: tl.constexpr, CHUNK_V: tl.constexpr, BLOCK_ALLOWED: tl.constexpr, BLOCK_BIAS: tl.constexpr,
 ):
     t = tl.program_id(0)
@@ -94,22 +96,27 @@ def _allowed_and_bias_kernel(
     if HAS_ALLOWED:
         n_allowed = _list_length(num_allowed_ptr, slot, max_allowed)
         if n_allowed > 0:
-            words_ptr = bits_ptr + (t.to(tl.int64) * tl.num_programs(1) + chunk) * (CHUNK_V // 32)
-            tl.store(words_ptr + tl.arange(0, CHUNK_V // 32), tl.zeros([CHUNK_V // 32], tl.int32))
-            tl.debug_barrier()
+            # The chunk is written whole without being read: its listed logits are read first,
+            # then -inf fills the chunk, then the listed logits are written back. The barriers
+            # order each phase's accesses against the other threads' accesses of the next.
             ids_ptr = allowed_ids_ptr + slot * allowed_stride
-            for i in range(0, n_allowed, BLOCK_ALLOWED):
-                ids, ok = _load_listed(ids_ptr, i + tl.arange(0, BLOCK_ALLOWED), n_allowed, lo, hi)
-                bit = tl.full([BLOCK_ALLOWED], 1, tl.int32) << (ids & 31)
-                tl.atomic_or(words_ptr + ((ids - lo) >> 5), bit, mask=ok, sem="relaxed")
+            if ALLOWED_IN_REGISTERS:
+                ids, ok = _load_listed(ids_ptr, tl.arange(0, BLOCK_ALLOWED), n_allowed, lo, hi)
+                kept = tl.load(row_ptr + ids, mask=ok)
+            else:
+                allowed_scratch = scratch_ptr + t.to(tl.int64) * scratch_stride + allowed_scratch_offset
+                _save_listed(row_ptr, ids_ptr, n_allowed, lo, hi, allowed_scratch, allowed_scratch, BLOCK_ALLOWED,
+                             False)
             tl.debug_barrier()
+            neg_inf = tl.full([BLOCK_V], float("-inf"), logits_ptr.dtype.element_ty)
             for v0 in range(lo, hi, BLOCK_V):
                 offs = v0 + tl.arange(0, BLOCK_V)
-                in_row = offs < hi
-                word = tl.load(words_ptr + ((offs - lo) >> 5), mask=in_row, other=0, cache_modifier=".cg")
-                keep = ((word >> (offs & 31)) & 1) != 0
-                kept = tl.load(row_ptr + offs, mask=keep & in_row)
-                tl.store(row_ptr + offs, tl.where(keep, kept, float("-inf")), mask=in_row)
+                tl.store(row_ptr + offs, neg_inf, mask=offs < hi)
+            tl.debug_barrier()
+            if ALLOWED_IN_REGISTERS:
+                tl.store(row_ptr + ids, kept, mask=ok)
+            else:
+                _write_listed(row_ptr, ids_ptr, n_allowed, lo, hi, allowed_scratch, BLOCK_ALLOWED, False)
             tl.debug_barrier()
 
     if HAS_BIAS:
@@ -231,22 +238,24 @@ def _logit_bias_triton(logits, idx_mapping, output_lens, allowed_ids, num_allowe
     allowed_w, bias_w, stop_w = allowed_ids.size(1), bias_ids.size(1), stop_ids.size(1)
     if T == 0:
         return
-    # Scratch: allowed-token bits per (row, chunk); staged values of lists too long for registers.
+    # Scratch per row for the values of lists too long for registers: the bias's or the stops'
+    # (one launch after the other) from word 0, the allowed list's after them (all chunks of a row
+    # stage their allowed and their biased logits at the same time, in disjoint entries of each list).
     chunks = cdiv(V, _CHUNK_V)
-    bits = logits.new_empty((T, chunks * _CHUNK_V // 32), dtype=torch.int32) if allowed_w > 0 else None
-    staged_w = max(bias_w, stop_w)
-    scratch = logits.new_empty((T, staged_w), dtype=torch.float32) if staged_w > _MAX_BLOCK_IDS else None
-    scratch_stride = staged_w if scratch is not None else 0
+    staged_w = max(bias_w, stop_w) if max(bias_w, stop_w) > _MAX_BLOCK_IDS else 0
+    allowed_staged_w = allowed_w if allowed_w > _MAX_BLOCK_IDS else 0
+    scratch_stride = staged_w + allowed_staged_w
+    scratch = logits.new_empty((T, scratch_stride), dtype=torch.float32) if scratch_stride > 0 else None
     if allowed_w > 0 or bias_w > 0:
         launch(
             _allowed_and_bias_kernel, (T, chunks),
             logits, logits.stride(0), idx_mapping,
-            allowed_ids, allowed_ids.stride(0), num_allowed, allowed_w, bits,
+            allowed_ids, allowed_ids.stride(0), num_allowed, allowed_w,
             bias_ids, bias_ids.stride(0), bias_values, bias_values.stride(0), num_bias, bias_w,
-            scratch, scratch_stride, R, V,
-            HAS_ALLOWED=allowed_w > 0, HAS_BIAS=bias_w > 0, BIAS_IN_REGISTERS=bias_w <= _MAX_BLOCK_IDS,
-            BLOCK_V=_BLOCK_V, CHUNK_V=_CHUNK_V, BLOCK_ALLOWED=_ids_block(allowed_w), BLOCK_BIAS=_ids_block(bias_w),
-            num_warps=8,
+            scratch, scratch_stride, staged_w, R, V,
+            HAS_ALLOWED=allowed_w > 0, ALLOWED_IN_REGISTERS=allowed_w <= _MAX_BLOCK_IDS, HAS_BIAS=bias_w > 0,
+            BIAS_IN_REGISTERS=bias_w <= _MAX_BLOCK_IDS, BLOCK_V=_BLOCK_V, CHUNK_V=_CHUNK_V,
+            BLOCK_ALLOWED=_ids_block(allowed_w), BLOCK_BIAS=_ids_block(bias_w), num_warps=8,
         )
     if stop_w > 0:
         launch(
