@@ -1,5 +1,7 @@
 """torch_sampling_ops.warmup: it reaches every kernel variant the ops launch, and (on CUDA) the ops
 then compile nothing more."""
+import json
+
 import pytest
 import torch
 from triton.runtime.jit import JITFunction
@@ -67,6 +69,31 @@ def test_small_batches_skip_large_batch_variants(monkeypatch):
     assert rows == [1]
     rows = _warmup._truncation_row_counts(1000, 1024, pdl=False)
     assert rows[0] == 1 and len(rows) == len(set(rows)) >= 3
+
+
+def test_worker_shares_compile_every_variant_once(monkeypatch):
+    """The variants shared out among warm-up processes: each compiled by exactly one share, the
+    heavy selection kernels spread over the shares, share 0 the heaviest."""
+    compiled = []
+    kernel_class = type(sampling._gumbel_argmax_kernel)
+    monkeypatch.setattr(kernel_class, "run", lambda self, *args, grid, warmup, **meta:
+                        compiled.append(_warmup._variant_key(self, args, meta)))
+    launch_args = (3001, (torch.float32, torch.bfloat16), 300, torch.device("cpu"), 4, torch.int32, ((8, 6, 3),), 4,
+                   (0, 20))
+    variants = _warmup._distinct_variants(launch_args)
+    assert not compiled and len(variants) == len({key for key, _ in variants}) > 20
+    names = [name for _, name in variants]
+    shares = _warmup._share_out(names, 6)
+    assert sorted(i for share in shares for i in share) == list(range(len(variants)))
+    load = [sum(_warmup._COMPILE_WEIGHT.get(names[i], 1) for i in share) for share in shares]
+    assert load[0] == max(load) and max(load) - min(load) <= max(_warmup._COMPILE_WEIGHT.values())
+    assert all(sum(names[i] == "_select_kernel" for i in share) <= 1 for share in shares)
+    for share in shares:
+        compiled.clear()
+        _warmup._compile_share(launch_args, set(share))
+        assert compiled == [variants[i][0] for i in share]
+    job = _warmup._encode(launch_args)
+    assert _warmup._decode(json.loads(json.dumps(job)))[1:3] == launch_args[1:3]
 
 
 def _all_kernels():

@@ -186,24 +186,28 @@ def _entry(kernel, compiled, nargs: int, meta: dict):
 # Set by `compiling_only` for one thread: its launches compile their kernel and launch nothing.
 _compiling = False
 _compiling_thread: int | None = None
+_compile_filter = None
 
 
 @contextlib.contextmanager
-def compiling_only():
-    """In this thread, `launch` compiles (Triton's `run(..., warmup=True)`) instead of launching."""
-    global _compiling, _compiling_thread
+def compiling_only(compile_filter=None):
+    """In this thread, `launch` compiles (Triton's `run(..., warmup=True)`) instead of launching;
+    with `compile_filter(kernel, args, meta)`, only the launches it returns True for."""
+    global _compiling, _compiling_thread, _compile_filter
     if _compiling:
         raise RuntimeError("torch_sampling_ops: compiling_only() is already active")
-    _compiling, _compiling_thread = True, threading.get_ident()
+    _compiling, _compiling_thread, _compile_filter = True, threading.get_ident(), compile_filter
     try:
         yield
     finally:
-        _compiling, _compiling_thread = False, None
+        _compiling, _compiling_thread, _compile_filter = False, None, None
 
 
 def launch(kernel, grid, args: tuple, meta: dict):
     """`kernel[grid](*args, **meta)`, through the cached launcher when the specialisation was bound."""
     if _compiling and _compiling_thread == threading.get_ident():
+        if _compile_filter is not None and not _compile_filter(kernel, args, meta):
+            return None
         return kernel.run(*args, grid=grid, warmup=True, **meta)
     if not _ENABLED or type(grid) is not tuple or _hooks_installed():
         return kernel[grid](*args, **meta)

@@ -6,15 +6,22 @@ specialisation of its arguments: the logits dtype, the index dtype, whether each
 or divisible by 16 (the vocabulary size, the row stride, the number of request slots R) and whether
 each pointer is 16-byte aligned. `warmup` runs each op's launcher on uninitialised tensors of the
 given shapes under `_launch.compiling_only()`, so every launch compiles (or loads from Triton's
-cache) without running anything; with `parallel`, Triton compiles the variants on a thread pool
-(`triton.AsyncCompileMode`).
+cache) without running anything.
+
+With `parallel`, the distinct variants are shared out among worker processes (Python holds one
+lock a process, and Triton's front end and passes hold it while they work). Each worker replays
+the same launches, compiles only its share into Triton's on-disk cache, and exits; this process
+compiles a share of its own meanwhile, then replays every launch, now loading the variants from
+the cache. A worker that fails leaves its share to that last replay.
 """
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 import time
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 
 import torch
 import triton
@@ -96,6 +103,123 @@ def _launch_all(vocab_size, dtypes, max_num_tokens, device, num_slots, index_dty
     return calls + 1
 
 
+# Kernels that take several times as long as the others to compile (top_k_top_p's selection: its
+# sort and its threshold search), weighed so when the variants are shared out among processes.
+_COMPILE_WEIGHT = {"_select_kernel": 8}
+
+
+def _variant_key(kernel, args, meta) -> str:
+    """A string naming what Triton compiles a launch as, the same in every process: the kernel, its
+    constants and options, and per argument the classes Triton specialises on (at least as fine
+    as its own, so distinct variants get distinct keys)."""
+    def arg_class(a):
+        if isinstance(a, torch.Tensor):
+            return f"{a.dtype}:{a.data_ptr() % 16 == 0}"
+        if isinstance(a, bool) or a is None:
+            return repr(a)
+        if isinstance(a, int):
+            return f"int:{a == 1}:{a % 16 == 0}:{-2**31 <= a < 2**31}:{a < 2**63}"
+        if isinstance(a, float):
+            return "float"
+        return type(a).__name__
+    fn = getattr(kernel, "fn", kernel)
+    return repr((fn.__module__, fn.__qualname__, sorted(meta.items()), [arg_class(a) for a in args]))
+
+
+def _distinct_variants(launch_args):
+    """[(key, kernel name)] of the distinct variants `_launch_all(*launch_args)` launches, in the
+    order of their first launch (nothing is compiled)."""
+    variants, seen = [], set()
+
+    def record(kernel, args, meta):
+        key = _variant_key(kernel, args, meta)
+        if key not in seen:
+            seen.add(key)
+            variants.append((key, getattr(kernel, "fn", kernel).__name__))
+        return False
+
+    with _launch.compiling_only(record):
+        _launch_all(*launch_args)
+    return variants
+
+
+def _share_out(names: list[str], shares: int) -> list[list[int]]:
+    """Variant indices split into `shares` lists of about equal compile time (weights
+    _COMPILE_WEIGHT, else 1): the heaviest first, each to the lightest share so far. Share 0 is
+    the heaviest, the one this process compiles while the workers start."""
+    loads = [0] * shares
+    out = [[] for _ in range(shares)]
+    for i in sorted(range(len(names)), key=lambda i: -_COMPILE_WEIGHT.get(names[i], 1)):
+        j = loads.index(min(loads))
+        out[j].append(i)
+        loads[j] += _COMPILE_WEIGHT.get(names[i], 1)
+    order = sorted(range(shares), key=lambda j: -loads[j])
+    return [sorted(out[j]) for j in order]
+
+
+def _compile_share(launch_args, share: set[int]) -> None:
+    """Compiles the variants whose first-launch index is in `share` (the order of _distinct_variants)."""
+    index = {}
+
+    def mine(kernel, args, meta):
+        key = _variant_key(kernel, args, meta)
+        if key in index:
+            return False
+        index[key] = len(index)
+        return index[key] in share
+
+    with _launch.compiling_only(mine):
+        _launch_all(*launch_args)
+
+
+def _encode(launch_args) -> dict:
+    (V, dtypes, max_num_tokens, device, num_slots, index_dtype, widths, max_spec_len, num_logprobs) = launch_args
+    return dict(V=V, dtypes=[str(d).removeprefix("torch.") for d in dtypes], max_num_tokens=max_num_tokens,
+                device=device.index, num_slots=num_slots, index_dtype=str(index_dtype).removeprefix("torch."),
+                widths=[list(w) for w in widths], max_spec_len=max_spec_len, num_logprobs=list(num_logprobs))
+
+
+def _decode(job: dict) -> tuple:
+    return (job["V"], tuple(getattr(torch, d) for d in job["dtypes"]), job["max_num_tokens"],
+            torch.device("cuda", job["device"]), job["num_slots"], getattr(torch, job["index_dtype"]),
+            tuple(tuple(w) for w in job["widths"]), job["max_spec_len"], tuple(job["num_logprobs"]))
+
+
+def _worker_main() -> None:
+    """A worker process: the job (JSON) on stdin; compiles its share into Triton's cache."""
+    job = json.loads(sys.stdin.read())
+    launch_args = _decode(job)
+    with torch.cuda.device(launch_args[3]):
+        _compile_share(launch_args, set(job["share"]))
+
+
+def _start_worker(launch_args, share: list[int]) -> subprocess.Popen:
+    env = dict(os.environ)
+    package_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
+    cache_dir = getattr(getattr(getattr(triton, "knobs", None), "cache", None), "dir", None)
+    if cache_dir:  # the cache this process reads, wherever it was configured
+        env["TRITON_CACHE_DIR"] = cache_dir
+    worker = subprocess.Popen([sys.executable, "-c", "from torch_sampling_ops._warmup import _worker_main; _worker_main()"],
+                              stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
+                              text=True)
+    worker.stdin.write(json.dumps(dict(_encode(launch_args), share=share)))
+    worker.stdin.close()
+    return worker
+
+
+def _compile_in_processes(launch_args, workers: int) -> int:
+    """Compiles every variant, shared out among `workers` processes (this one included); returns
+    the number of processes used."""
+    variants = _distinct_variants(launch_args)
+    shares = _share_out([name for _, name in variants], max(1, min(workers, len(variants))))
+    started = [_start_worker(launch_args, share) for share in shares[1:]]
+    _compile_share(launch_args, set(shares[0]))
+    for worker in started:
+        worker.wait()
+    return len(shares)
+
+
 def warmup(
     vocab_size: int,
     dtypes: Sequence[torch.dtype] = (torch.float32,),
@@ -108,6 +232,7 @@ def warmup(
     num_logprobs: Sequence[int] = (0, 20),
     max_spec_len: int = 4,
     parallel: bool = True,
+    workers: int | None = None,
 ) -> dict:
     """Compiles every Triton kernel variant the ops launch for this vocabulary, so that a server pays
     Triton's JIT (or its disk cache load) before its first request. Launches nothing.
@@ -124,25 +249,29 @@ def warmup(
         num_logprobs: the num_logprobs values of the logprobs calls to prepare (its kernel is
             compiled per power of two >= num_logprobs, and once for 0).
         max_spec_len: the drafts a request proposes at most, for rejection_sample.
-        parallel: compile the variants on a thread pool.
+        parallel: share the variants out among worker processes (each a Python interpreter with a
+            CUDA context and the launch shapes' tensors while it runs: a few hundred MB of GPU
+            memory each); else compile them one after the other in this thread.
+        workers: processes, this one included (default: the CPU count, at most 16).
 
-    Returns ``{"seconds": wall time, "calls": op calls made}``. On the CPU, or under the Triton
-    interpreter (which compiles nothing), it returns at once with ``calls == 0``.
+    Returns ``{"seconds": wall time, "calls": op calls made, "processes": processes that compiled}``.
+    On the CPU, or under the Triton interpreter (which compiles nothing), it returns at once with
+    ``calls == 0``.
     """
     device = torch.device("cuda" if device is None else device)
     if device.type != "cuda" or os.environ.get("TRITON_INTERPRET") == "1":
-        return {"seconds": 0.0, "calls": 0}
+        return {"seconds": 0.0, "calls": 0, "processes": 0}
     if device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
     num_slots = max_num_tokens if num_slots is None else num_slots
     start = time.perf_counter()
-    args = (vocab_size, tuple(dtypes), max_num_tokens, device, num_slots, index_dtype, tuple(logit_bias_widths),
-            max_spec_len, tuple(num_logprobs))
-    with torch.cuda.device(device), _launch.compiling_only():
-        if parallel and hasattr(triton, "AsyncCompileMode"):
-            workers = max(1, min(16, os.cpu_count() or 1))
-            with ThreadPoolExecutor(max_workers=workers) as pool, triton.AsyncCompileMode(pool):
-                calls = _launch_all(*args)
-        else:
-            calls = _launch_all(*args)
-    return {"seconds": time.perf_counter() - start, "calls": calls}
+    launch_args = (vocab_size, tuple(dtypes), max_num_tokens, device, num_slots, index_dtype,
+                   tuple(tuple(w) for w in logit_bias_widths), max_spec_len, tuple(num_logprobs))
+    processes = 1
+    with torch.cuda.device(device):
+        workers = min(16, os.cpu_count() or 1) if workers is None else workers
+        if parallel and workers > 1:
+            processes = _compile_in_processes(launch_args, workers)
+        with _launch.compiling_only():  # loads what the workers compiled; compiles anything still missing
+            calls = _launch_all(*launch_args)
+    return {"seconds": time.perf_counter() - start, "calls": calls, "processes": processes}
