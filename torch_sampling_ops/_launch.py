@@ -208,7 +208,13 @@ def launch(kernel, grid, args: tuple, meta: dict):
     if _compiling and _compiling_thread == threading.get_ident():
         if _compile_filter is not None and not _compile_filter(kernel, args, meta):
             return None
-        return kernel.run(*args, grid=grid, warmup=True, **meta)
+        compiled = kernel.run(*args, grid=grid, warmup=True, **meta)
+        # Load the module and build its launcher now (Triton does both at the first launch, and
+        # compiles the launcher's C source, which it caches on disk, the first time).
+        init_handles = getattr(compiled, "_init_handles", None)
+        if init_handles is not None:
+            init_handles()
+        return compiled
     if not _ENABLED or type(grid) is not tuple or _hooks_installed():
         return kernel[grid](*args, **meta)
     bound = _bind_args(args)

@@ -12,7 +12,8 @@ With `parallel`, the distinct variants are shared out among worker processes (Py
 lock a process, and Triton's front end and passes hold it while they work). Each worker replays
 the same launches, compiles only its share into Triton's on-disk cache, and exits; this process
 compiles a share of its own meanwhile, then replays every launch, now loading the variants from
-the cache. A worker that fails leaves its share to that last replay.
+the cache. A worker that fails leaves its share to that last replay. First the caller compiles
+the first variant alone: found in the cache (an earlier warm-up), no worker is started.
 """
 from __future__ import annotations
 
@@ -106,6 +107,8 @@ def _launch_all(vocab_size, dtypes, max_num_tokens, device, num_slots, index_dty
 # Kernels that take several times as long as the others to compile (top_k_top_p's selection: its
 # sort and its threshold search), weighed so when the variants are shared out among processes.
 _COMPILE_WEIGHT = {"_select_kernel": 8}
+# Below this, a variant came from Triton's cache (a compile takes a good part of a second at least).
+_CACHE_HIT_SECONDS = 0.15
 
 
 def _variant_key(kernel, args, meta) -> str:
@@ -209,10 +212,17 @@ def _start_worker(launch_args, share: list[int]) -> subprocess.Popen:
 
 
 def _compile_in_processes(launch_args, workers: int) -> int:
-    """Compiles every variant, shared out among `workers` processes (this one included); returns
-    the number of processes used."""
+    """Compiles every variant, shared out among `workers` processes (this one included), unless the
+    first one is found in Triton's cache; returns the number of processes used."""
     variants = _distinct_variants(launch_args)
-    shares = _share_out([name for _, name in variants], max(1, min(workers, len(variants))))
+    # The probe: the first variant, loaded in milliseconds if an earlier warm-up of the same
+    # arguments filled the cache, which then holds every variant: this process loads the rest.
+    start = time.perf_counter()
+    _compile_share(launch_args, {0})
+    if time.perf_counter() - start < _CACHE_HIT_SECONDS or len(variants) == 1:
+        return 1
+    rest = _share_out([name for _, name in variants[1:]], max(1, min(workers, len(variants) - 1)))
+    shares = [[i + 1 for i in share] for share in rest]
     started = [_start_worker(launch_args, share) for share in shares[1:]]
     _compile_share(launch_args, set(shares[0]))
     for worker in started:

@@ -30,6 +30,7 @@ from ._triton_helpers import load_slot
 _BLOCK_V = 4096  # tokens per step of a pass over the row
 _CHUNK_V = 4 * _BLOCK_V  # tokens per program of _allowed_and_bias_kernel
 _MAX_BLOCK_IDS = 2048  # list ids one program holds in registers
+_WARPS = 8
 
 
 def _ids_block(width: int) -> int:
@@ -255,7 +256,7 @@ def _logit_bias_triton(logits, idx_mapping, output_lens, allowed_ids, num_allowe
             scratch, scratch_stride, staged_w, R, V,
             HAS_ALLOWED=allowed_w > 0, ALLOWED_IN_REGISTERS=allowed_w <= _MAX_BLOCK_IDS, HAS_BIAS=bias_w > 0,
             BIAS_IN_REGISTERS=bias_w <= _MAX_BLOCK_IDS, BLOCK_V=_BLOCK_V, CHUNK_V=_CHUNK_V,
-            BLOCK_ALLOWED=_ids_block(allowed_w), BLOCK_BIAS=_ids_block(bias_w), num_warps=8,
+            BLOCK_ALLOWED=_ids_block(allowed_w), BLOCK_BIAS=_ids_block(bias_w), num_warps=_WARPS,
         )
     if stop_w > 0:
         launch(
