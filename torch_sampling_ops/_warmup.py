@@ -12,8 +12,8 @@ With `parallel`, the distinct variants are shared out among worker processes (Py
 lock a process, and Triton's front end and passes hold it while they work). Each worker replays
 the same launches, compiles only its share into Triton's on-disk cache, and exits; this process
 compiles a share of its own meanwhile, then replays every launch, now loading the variants from
-the cache. A worker that fails leaves its share to that last replay. First the caller compiles
-the first variant alone: found in the cache (an earlier warm-up), no worker is started.
+the cache. A worker that fails leaves its share to that last replay. The caller first compiles
+two variants as a probe: if the second comes from the cache, the workers are stopped.
 """
 from __future__ import annotations
 
@@ -107,7 +107,8 @@ def _launch_all(vocab_size, dtypes, max_num_tokens, device, num_slots, index_dty
 # Kernels that take several times as long as the others to compile (top_k_top_p's selection: its
 # sort and its threshold search), weighed so when the variants are shared out among processes.
 _COMPILE_WEIGHT = {"_select_kernel": 8}
-# Below this, a variant came from Triton's cache (a compile takes a good part of a second at least).
+# Below this, a variant came from Triton's cache (a compile takes a good part of a second at least;
+# the first lookup of a process also pays Triton's set-up, so the probe times the second).
 _CACHE_HIT_SECONDS = 0.15
 
 
@@ -212,23 +213,32 @@ def _start_worker(launch_args, share: list[int]) -> subprocess.Popen:
 
 
 def _compile_in_processes(launch_args, workers: int) -> int:
-    """Compiles every variant, shared out among `workers` processes (this one included), unless the
-    first one is found in Triton's cache; returns the number of processes used."""
+    """Compiles every variant, shared out among `workers` processes (this one included), unless
+    Triton's cache already holds them; returns the number of processes used."""
     variants = _distinct_variants(launch_args)
-    # The probe: the first variant, loaded in milliseconds if an earlier warm-up of the same
-    # arguments filled the cache, which then holds every variant: this process loads the rest.
-    start = time.perf_counter()
-    _compile_share(launch_args, {0})
-    if time.perf_counter() - start < _CACHE_HIT_SECONDS or len(variants) == 1:
+    if len(variants) < 3 or workers < 2:
         return 1
-    rest = _share_out([name for _, name in variants[1:]], max(1, min(workers, len(variants) - 1)))
-    shares = [[i + 1 for i in share] for share in rest]
+    # Workers start at once (importing torch takes them seconds), with shares of the variants but
+    # the first two, which this process compiles first as a probe: the first pays Triton's one-time
+    # set-up; the second, found in the cache (an earlier warm-up of the same arguments filled it,
+    # with every variant), comes back in milliseconds: then the workers are stopped and this
+    # process loads the rest.
+    rest = _share_out([name for _, name in variants[2:]], min(workers, len(variants) - 2))
+    shares = [[i + 2 for i in share] for share in rest]
     started = [_start_worker(launch_args, share) for share in shares[1:]]
-    _compile_share(launch_args, set(shares[0]))
-    for worker in started:
-        worker.wait()
+    try:
+        _compile_share(launch_args, {0})
+        start = time.perf_counter()
+        _compile_share(launch_args, {1})
+        if time.perf_counter() - start < _CACHE_HIT_SECONDS:
+            for worker in started:
+                worker.kill()
+            return 1
+        _compile_share(launch_args, set(shares[0]))
+    finally:
+        for worker in started:
+            worker.wait()
     return len(shares)
-
 
 def warmup(
     vocab_size: int,
@@ -262,7 +272,8 @@ def warmup(
         parallel: share the variants out among worker processes (each a Python interpreter with a
             CUDA context and the launch shapes' tensors while it runs: a few hundred MB of GPU
             memory each); else compile them one after the other in this thread.
-        workers: processes, this one included (default: the CPU count, at most 16).
+        workers: processes, this one included (default: half the CPU count, at most 8: more
+            start more slowly, as they import torch side by side).
 
     Returns ``{"seconds": wall time, "calls": op calls made, "processes": processes that compiled}``.
     On the CPU, or under the Triton interpreter (which compiles nothing), it returns at once with
@@ -279,7 +290,7 @@ def warmup(
                    tuple(tuple(w) for w in logit_bias_widths), max_spec_len, tuple(num_logprobs))
     processes = 1
     with torch.cuda.device(device):
-        workers = min(16, os.cpu_count() or 1) if workers is None else workers
+        workers = min(8, (os.cpu_count() or 1) // 2) if workers is None else workers
         if parallel and workers > 1:
             processes = _compile_in_processes(launch_args, workers)
         with _launch.compiling_only():  # loads what the workers compiled; compiles anything still missing
