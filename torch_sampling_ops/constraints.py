@@ -94,48 +94,63 @@ def _allowed_and_bias_kernel(
     lo = chunk * CHUNK_V
     hi = tl.minimum(lo + CHUNK_V, vocab_size)
 
+    if HAS_BIAS:
+        n_bias = _list_length(num_bias_ptr, slot, max_bias)
+        bias_ids_row = bias_ids_ptr + slot * bias_ids_stride
+        bias_values_row = bias_values_ptr + slot * bias_values_stride
+        if BIAS_IN_REGISTERS:  # requested now: their latency passes while the allowed list is applied
+            k_bias = tl.arange(0, BLOCK_BIAS)
+            bias_ids, bias_ok = _load_listed(bias_ids_row, k_bias, n_bias, lo, hi)
+            bias_add = tl.load(bias_values_row + k_bias, mask=bias_ok, other=0.0)
+
     if HAS_ALLOWED:
         n_allowed = _list_length(num_allowed_ptr, slot, max_allowed)
         if n_allowed > 0:
-            # The chunk is written whole without being read: its listed logits are read first,
-            # then -inf fills the chunk, then the listed logits are written back. The barriers
-            # order each phase's accesses against the other threads' accesses of the next.
+            # Each block of the chunk is written whole without being read: its listed logits are
+            # read, a barrier, -inf is stored over the block, a barrier, the listed logits are
+            # stored back. The barriers order each phase's accesses against other threads' in the
+            # next; the next block's listed logits are requested before this block's fill, so
+            # their latency passes under it.
             ids_ptr = allowed_ids_ptr + slot * allowed_stride
+            neg_inf = tl.full([BLOCK_V], float("-inf"), logits_ptr.dtype.element_ty)
             if ALLOWED_IN_REGISTERS:
-                ids, ok = _load_listed(ids_ptr, tl.arange(0, BLOCK_ALLOWED), n_allowed, lo, hi)
+                k = tl.arange(0, BLOCK_ALLOWED)
+                ids = tl.load(ids_ptr + k, mask=k < n_allowed, other=-1)
+                listed = k < n_allowed
+                ok = listed & (ids >= lo) & (ids < tl.minimum(lo + BLOCK_V, hi))
                 kept = tl.load(row_ptr + ids, mask=ok)
+                for v0 in range(lo, hi, BLOCK_V):
+                    tl.debug_barrier()
+                    v1 = v0 + BLOCK_V
+                    ok_next = listed & (ids >= v1) & (ids < tl.minimum(v1 + BLOCK_V, hi))
+                    kept_next = tl.load(row_ptr + ids, mask=ok_next)
+                    offs = v0 + tl.arange(0, BLOCK_V)
+                    tl.store(row_ptr + offs, neg_inf, mask=offs < hi)
+                    tl.debug_barrier()
+                    tl.store(row_ptr + ids, kept, mask=ok)
+                    ok, kept = ok_next, kept_next
             else:
                 allowed_scratch = scratch_ptr + t.to(tl.int64) * scratch_stride + allowed_scratch_offset
                 _save_listed(row_ptr, ids_ptr, n_allowed, lo, hi, allowed_scratch, allowed_scratch, BLOCK_ALLOWED,
                              False)
-            tl.debug_barrier()
-            neg_inf = tl.full([BLOCK_V], float("-inf"), logits_ptr.dtype.element_ty)
-            for v0 in range(lo, hi, BLOCK_V):
-                offs = v0 + tl.arange(0, BLOCK_V)
-                tl.store(row_ptr + offs, neg_inf, mask=offs < hi)
-            tl.debug_barrier()
-            if ALLOWED_IN_REGISTERS:
-                tl.store(row_ptr + ids, kept, mask=ok)
-            else:
+                tl.debug_barrier()
+                for v0 in range(lo, hi, BLOCK_V):
+                    offs = v0 + tl.arange(0, BLOCK_V)
+                    tl.store(row_ptr + offs, neg_inf, mask=offs < hi)
+                tl.debug_barrier()
                 _write_listed(row_ptr, ids_ptr, n_allowed, lo, hi, allowed_scratch, BLOCK_ALLOWED, False)
             tl.debug_barrier()
 
     if HAS_BIAS:
-        n_bias = _list_length(num_bias_ptr, slot, max_bias)
-        ids_ptr = bias_ids_ptr + slot * bias_ids_stride
-        values_ptr = bias_values_ptr + slot * bias_values_stride
         if BIAS_IN_REGISTERS:
-            k = tl.arange(0, BLOCK_BIAS)
-            ids, ok = _load_listed(ids_ptr, k, n_bias, lo, hi)
-            biased = tl.load(row_ptr + ids, mask=ok, cache_modifier=".cg").to(tl.float32)
-            biased += tl.load(values_ptr + k, mask=ok, other=0.0)
+            biased = tl.load(row_ptr + bias_ids, mask=bias_ok, cache_modifier=".cg").to(tl.float32) + bias_add
             tl.debug_barrier()  # every listed logit is read before any is written
-            tl.store(row_ptr + ids, biased.to(logits_ptr.dtype.element_ty), mask=ok)
+            tl.store(row_ptr + bias_ids, biased.to(logits_ptr.dtype.element_ty), mask=bias_ok)
         else:
             scratch_row = scratch_ptr + t.to(tl.int64) * scratch_stride
-            _save_listed(row_ptr, ids_ptr, n_bias, lo, hi, scratch_row, values_ptr, BLOCK_BIAS, True)
+            _save_listed(row_ptr, bias_ids_row, n_bias, lo, hi, scratch_row, bias_values_row, BLOCK_BIAS, True)
             tl.debug_barrier()
-            _write_listed(row_ptr, ids_ptr, n_bias, lo, hi, scratch_row, BLOCK_BIAS, False)
+            _write_listed(row_ptr, bias_ids_row, n_bias, lo, hi, scratch_row, BLOCK_BIAS, False)
 
 
 @triton.jit
