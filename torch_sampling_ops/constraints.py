@@ -9,8 +9,9 @@ loads of data that other threads of the program wrote earlier bypass L1 (`.cg`).
      lists), a barrier, -inf is stored over the whole chunk (written, never read), a barrier, the
      listed logits are stored back. No other program touches the chunk, so no thread stores -inf
      over a listed token after its value is back;
-   - bias: the listed logits of the chunk are all read (plus bias), then written back, so a
-     duplicated id gets one of its biases.
+   - bias: the bias lists are requested first (their latency passes under the allowed list);
+     the listed logits of the chunk are all read (plus bias), then written back, so a duplicated
+     id gets one of its biases.
 2. `_min_tokens_kernel`, one program per row with active min-tokens: the stop logits are saved and
    set to -inf, the row is scanned for a finite logit (the scan stops at the first one, usually in
    the first block), and if there is none the saved stop logits are written back.
@@ -106,38 +107,26 @@ def _allowed_and_bias_kernel(
     if HAS_ALLOWED:
         n_allowed = _list_length(num_allowed_ptr, slot, max_allowed)
         if n_allowed > 0:
-            # Each block of the chunk is written whole without being read: its listed logits are
-            # read, a barrier, -inf is stored over the block, a barrier, the listed logits are
-            # stored back. The barriers order each phase's accesses against other threads' in the
-            # next; the next block's listed logits are requested before this block's fill, so
-            # their latency passes under it.
+            # The chunk is written whole without being read: its listed logits are read first,
+            # then -inf fills the chunk, then the listed logits are written back. The barriers
+            # order each phase's accesses against the other threads' accesses of the next.
             ids_ptr = allowed_ids_ptr + slot * allowed_stride
-            neg_inf = tl.full([BLOCK_V], float("-inf"), logits_ptr.dtype.element_ty)
             if ALLOWED_IN_REGISTERS:
-                k = tl.arange(0, BLOCK_ALLOWED)
-                ids = tl.load(ids_ptr + k, mask=k < n_allowed, other=-1)
-                listed = k < n_allowed
-                ok = listed & (ids >= lo) & (ids < tl.minimum(lo + BLOCK_V, hi))
+                ids, ok = _load_listed(ids_ptr, tl.arange(0, BLOCK_ALLOWED), n_allowed, lo, hi)
                 kept = tl.load(row_ptr + ids, mask=ok)
-                for v0 in range(lo, hi, BLOCK_V):
-                    tl.debug_barrier()
-                    v1 = v0 + BLOCK_V
-                    ok_next = listed & (ids >= v1) & (ids < tl.minimum(v1 + BLOCK_V, hi))
-                    kept_next = tl.load(row_ptr + ids, mask=ok_next)
-                    offs = v0 + tl.arange(0, BLOCK_V)
-                    tl.store(row_ptr + offs, neg_inf, mask=offs < hi)
-                    tl.debug_barrier()
-                    tl.store(row_ptr + ids, kept, mask=ok)
-                    ok, kept = ok_next, kept_next
             else:
                 allowed_scratch = scratch_ptr + t.to(tl.int64) * scratch_stride + allowed_scratch_offset
                 _save_listed(row_ptr, ids_ptr, n_allowed, lo, hi, allowed_scratch, allowed_scratch, BLOCK_ALLOWED,
                              False)
-                tl.debug_barrier()
-                for v0 in range(lo, hi, BLOCK_V):
-                    offs = v0 + tl.arange(0, BLOCK_V)
-                    tl.store(row_ptr + offs, neg_inf, mask=offs < hi)
-                tl.debug_barrier()
+            tl.debug_barrier()
+            neg_inf = tl.full([BLOCK_V], float("-inf"), logits_ptr.dtype.element_ty)
+            for v0 in range(lo, hi, BLOCK_V):
+                offs = v0 + tl.arange(0, BLOCK_V)
+                tl.store(row_ptr + offs, neg_inf, mask=offs < hi)
+            tl.debug_barrier()
+            if ALLOWED_IN_REGISTERS:
+                tl.store(row_ptr + ids, kept, mask=ok)
+            else:
                 _write_listed(row_ptr, ids_ptr, n_allowed, lo, hi, allowed_scratch, BLOCK_ALLOWED, False)
             tl.debug_barrier()
 

@@ -139,13 +139,9 @@ def _load_dense_tile(row_ptr, counts_row, output_row, prompt_row, word, num_word
     else:
         seen_d = out_d
     local, seen, output = _dense_tile_bits(out_d, seen_d, word, vocab_size, DENSE_WORDS)
-    # Logits and counts of every token of the tile (a dense tile touches nearly every sector): the
-    # loads wait on no mask word. Unseen logits read as 0 (the fast division's range test), and
-    # counts count only where `output`.
-    in_vocab = local < vocab_size - word * 32
-    x = tl.load(row_ptr + word * 32 + local, mask=in_vocab, other=0.0).to(tl.float32)
-    count = tl.load(counts_row + word * 32 + local, mask=in_vocab, other=0)
-    return out_d, seen_d, tl.where(seen, x, 0.0), count
+    x = tl.load(row_ptr + word * 32 + local, mask=seen, other=0.0).to(tl.float32)
+    count = tl.load(counts_row + word * 32 + local, mask=output, other=0)
+    return out_d, seen_d, x, count
 
 
 @triton.jit
