@@ -1,6 +1,6 @@
 """torch_sampling_ops.warmup: it reaches every kernel variant the ops launch, and (on CUDA) the ops
 then compile nothing more."""
-import os
+import json
 
 import pytest
 import torch
@@ -71,40 +71,29 @@ def test_small_batches_skip_large_batch_variants(monkeypatch):
     assert rows[0] == 1 and len(rows) == len(set(rows)) >= 3
 
 
-def test_compile_jobs_are_shared_out_by_weight():
-    weights = [8, 8] + [1] * 30
-    shares = _warmup._share_out(weights, 6)
-    assert sorted(i for share in shares for i in share) == list(range(len(weights)))
-    loads = [sum(weights[i] for i in share) for share in shares]
-    assert max(loads) - min(loads) <= 8 and all(sum(weights[i] == 8 for i in share) <= 1 for share in shares)
-    assert _warmup._share_out([1, 1], 5) == [[0], [1]]
-
-
-@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
-def test_forked_compiles_run_every_job_once_in_children(tmp_path):
-    """The executor warmup hands to Triton: every recorded job runs once, in a child process, and
-    every future ends as _CompiledElsewhere (so Triton keeps no result of it)."""
-    jobs = _warmup._ForkedCompiles()
-
-    def job(i, fail=False):
-        with open(tmp_path / str(i), "a") as f:
-            f.write(f"{os.getpid()}\n")
-        if fail:
-            raise RuntimeError("a compiler error")
-
-    futures = []
-    for i in range(12):
-        jobs.kernel_name = "_select_kernel" if i < 2 else "other"
-        futures.append(jobs.submit(job, i, fail=(i == 5)))
-    assert jobs.run(4) == 4
-    pids = {int((tmp_path / str(i)).read_text()) for i in range(12) if (tmp_path / str(i)).exists()}
-    for i in range(12):
-        lines = (tmp_path / str(i)).read_text().split() if (tmp_path / str(i)).exists() else []
-        assert len(lines) <= 1
-    assert len(pids) <= 4 and os.getpid() not in pids
-    assert sum((tmp_path / str(i)).exists() for i in range(12)) >= 12 - 3  # a failing job ends its share
-    for future in futures:
-        assert isinstance(future.exception(timeout=0), _warmup._CompiledElsewhere)
+def test_worker_shares_compile_every_variant_once(monkeypatch):
+    """The variants shared out among warm-up processes: each compiled by exactly one share, the
+    heavy selection kernels spread over the shares, share 0 the heaviest."""
+    compiled = []
+    kernel_class = type(sampling._gumbel_argmax_kernel)
+    monkeypatch.setattr(kernel_class, "run", lambda self, *args, grid, warmup, **meta:
+                        compiled.append(_warmup._variant_key(self, args, meta)))
+    launch_args = (3001, (torch.float32, torch.bfloat16), 300, torch.device("cpu"), 4, torch.int32, ((8, 6, 3),), 4,
+                   (0, 20))
+    variants = _warmup._distinct_variants(launch_args)
+    assert not compiled and len(variants) == len({key for key, _ in variants}) > 20
+    names = [name for _, name in variants]
+    shares = _warmup._share_out(names, 6)
+    assert sorted(i for share in shares for i in share) == list(range(len(variants)))
+    load = [sum(_warmup._COMPILE_WEIGHT.get(names[i], 1) for i in share) for share in shares]
+    assert load[0] == max(load) and max(load) - min(load) <= max(_warmup._COMPILE_WEIGHT.values())
+    assert all(sum(names[i] == "_select_kernel" for i in share) <= 1 for share in shares)
+    for share in shares:
+        compiled.clear()
+        _warmup._compile_share(launch_args, set(share))
+        assert compiled == [variants[i][0] for i in share]
+    job = _warmup._encode(launch_args)
+    assert _warmup._decode(json.loads(json.dumps(job)))[1:3] == launch_args[1:3]
 
 
 def _all_kernels():

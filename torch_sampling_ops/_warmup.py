@@ -8,22 +8,21 @@ each pointer is 16-byte aligned. `warmup` runs each op's launcher on uninitialis
 given shapes under `_launch.compiling_only()`, so every launch compiles (or loads from Triton's
 cache) without running anything.
 
-With `parallel`, the compilations run in forked child processes: one Python process compiles one
-kernel at a time (Triton's front end and passes hold the interpreter lock). Triton's
-`AsyncCompileMode` hands each distinct compilation (by Triton's cache key) to an executor as a
-closure; `_ForkedCompiles` records them, forks children that inherit them (nothing is pickled or
-imported again), each running its share, weighed by kernel, into Triton's on-disk cache, and
-exits. This process then replays every launch, loading the variants from the cache (and compiling
-any a failed child left). A child runs Triton's compiler alone: MLIR passes and `ptxas`, no CUDA
-call, so the parent's CUDA context and threads are never used in it.
+With `parallel`, the distinct variants are shared out among worker processes (Python holds one
+lock a process, and Triton's front end and passes hold it while they work). Each worker replays
+the same launches, compiles only its share into Triton's on-disk cache, and exits; this process
+compiles a share of its own meanwhile, then replays every launch, now loading the variants from
+the cache. A worker that fails leaves its share to that last replay. The caller first compiles
+two variants as a probe: if the second comes from the cache, the workers are stopped.
 """
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 import time
-import warnings
 from collections.abc import Sequence
-from concurrent.futures import Executor, Future
 
 import torch
 import triton
@@ -106,77 +105,140 @@ def _launch_all(vocab_size, dtypes, max_num_tokens, device, num_slots, index_dty
 
 
 # Kernels that take several times as long as the others to compile (top_k_top_p's selection: its
-# sort and its threshold search), weighed so when the compilations are shared out.
+# sort and its threshold search), weighed so when the variants are shared out among processes.
 _COMPILE_WEIGHT = {"_select_kernel": 8}
+# Below this, a variant came from Triton's cache (a compile takes a good part of a second at least;
+# the first lookup of a process also pays Triton's set-up, so the probe times the second).
+_CACHE_HIT_SECONDS = 0.15
 
 
-def _share_out(weights: list[int], shares: int) -> list[list[int]]:
-    """Job indices split into `shares` lists of about equal total weight: the heaviest job first,
-    each to the lightest share so far."""
+def _variant_key(kernel, args, meta) -> str:
+    """A string naming what Triton compiles a launch as, the same in every process: the kernel, its
+    constants and options, and per argument the classes Triton specialises on (at least as fine
+    as its own, so distinct variants get distinct keys)."""
+    def arg_class(a):
+        if isinstance(a, torch.Tensor):
+            return f"{a.dtype}:{a.data_ptr() % 16 == 0}"
+        if isinstance(a, bool) or a is None:
+            return repr(a)
+        if isinstance(a, int):
+            return f"int:{a == 1}:{a % 16 == 0}:{-2**31 <= a < 2**31}:{a < 2**63}"
+        if isinstance(a, float):
+            return "float"
+        return type(a).__name__
+    fn = getattr(kernel, "fn", kernel)
+    return repr((fn.__module__, fn.__qualname__, sorted(meta.items()), [arg_class(a) for a in args]))
+
+
+def _distinct_variants(launch_args):
+    """[(key, kernel name)] of the distinct variants `_launch_all(*launch_args)` launches, in the
+    order of their first launch (nothing is compiled)."""
+    variants, seen = [], set()
+
+    def record(kernel, args, meta):
+        key = _variant_key(kernel, args, meta)
+        if key not in seen:
+            seen.add(key)
+            variants.append((key, getattr(kernel, "fn", kernel).__name__))
+        return False
+
+    with _launch.compiling_only(record):
+        _launch_all(*launch_args)
+    return variants
+
+
+def _share_out(names: list[str], shares: int) -> list[list[int]]:
+    """Variant indices split into `shares` lists of about equal compile time (weights
+    _COMPILE_WEIGHT, else 1): the heaviest first, each to the lightest share so far. Share 0 is
+    the heaviest, the one this process compiles while the workers start."""
     loads = [0] * shares
     out = [[] for _ in range(shares)]
-    for i in sorted(range(len(weights)), key=lambda i: -weights[i]):
+    for i in sorted(range(len(names)), key=lambda i: -_COMPILE_WEIGHT.get(names[i], 1)):
         j = loads.index(min(loads))
         out[j].append(i)
-        loads[j] += weights[i]
-    return [sorted(share) for share in out if share]
+        loads[j] += _COMPILE_WEIGHT.get(names[i], 1)
+    order = sorted(range(shares), key=lambda j: -loads[j])
+    return [sorted(out[j]) for j in order]
 
 
-class _CompiledElsewhere(Exception):
-    """The result of a recorded compilation: it ran in a child, and its kernel is in the disk cache."""
+def _compile_share(launch_args, share: set[int]) -> None:
+    """Compiles the variants whose first-launch index is in `share` (the order of _distinct_variants)."""
+    index = {}
 
+    def mine(kernel, args, meta):
+        key = _variant_key(kernel, args, meta)
+        if key in index:
+            return False
+        index[key] = len(index)
+        return index[key] in share
 
-class _ForkedCompiles(Executor):
-    """An executor for `triton.AsyncCompileMode` that records each compilation submitted (with the
-    weight of the kernel being launched, `kernel_name`), then `run` forks children that execute
-    them, a share each, and resolves every future to `_CompiledElsewhere` (the mode, opened with
-    `ignore_errors=True`, then keeps no kernel: this process loads them from the cache)."""
-
-    def __init__(self):
-        self.jobs: list[tuple] = []
-        self.kernel_name = ""
-
-    def submit(self, fn, /, *args, **kwargs):
-        future = Future()
-        self.jobs.append((fn, args, kwargs, future, _COMPILE_WEIGHT.get(self.kernel_name, 1)))
-        return future
-
-    def run(self, workers: int) -> int:
-        """Runs the recorded jobs in up to `workers` children; returns the number of children."""
-        shares = _share_out([job[4] for job in self.jobs], max(1, min(workers, len(self.jobs))))
-        children = []
-        for share in shares if len(self.jobs) > 0 else []:
-            with warnings.catch_warnings():  # "multi-threaded process": the child uses no thread of this one
-                warnings.simplefilter("ignore", DeprecationWarning)
-                pid = os.fork()
-            if pid == 0:
-                status = 0
-                try:
-                    for i in share:
-                        fn, args, kwargs = self.jobs[i][:3]
-                        fn(*args, **kwargs)
-                except BaseException:  # this process's replay compiles whatever is missing
-                    status = 1
-                os._exit(status)
-            children.append(pid)
-        for pid in children:
-            os.waitpid(pid, 0)
-        for job in self.jobs:
-            job[3].set_exception(_CompiledElsewhere())
-        return len(children)
-
-
-def _compile_in_children(launch_args, workers: int) -> int:
-    """Records every compilation the launches need, runs them in forked children; returns their number."""
-    jobs = _ForkedCompiles()
-
-    def name_kernel(kernel, args, meta):
-        jobs.kernel_name = getattr(kernel, "fn", kernel).__name__
-        return True
-
-    with _launch.compiling_only(name_kernel), triton.AsyncCompileMode(jobs, ignore_errors=True):
+    with _launch.compiling_only(mine):
         _launch_all(*launch_args)
-        return jobs.run(workers)
+
+
+def _encode(launch_args) -> dict:
+    (V, dtypes, max_num_tokens, device, num_slots, index_dtype, widths, max_spec_len, num_logprobs) = launch_args
+    return dict(V=V, dtypes=[str(d).removeprefix("torch.") for d in dtypes], max_num_tokens=max_num_tokens,
+                device=device.index, num_slots=num_slots, index_dtype=str(index_dtype).removeprefix("torch."),
+                widths=[list(w) for w in widths], max_spec_len=max_spec_len, num_logprobs=list(num_logprobs))
+
+
+def _decode(job: dict) -> tuple:
+    return (job["V"], tuple(getattr(torch, d) for d in job["dtypes"]), job["max_num_tokens"],
+            torch.device("cuda", job["device"]), job["num_slots"], getattr(torch, job["index_dtype"]),
+            tuple(tuple(w) for w in job["widths"]), job["max_spec_len"], tuple(job["num_logprobs"]))
+
+
+def _worker_main() -> None:
+    """A worker process: the job (JSON) on stdin; compiles its share into Triton's cache."""
+    job = json.loads(sys.stdin.read())
+    launch_args = _decode(job)
+    with torch.cuda.device(launch_args[3]):
+        _compile_share(launch_args, set(job["share"]))
+
+
+def _start_worker(launch_args, share: list[int]) -> subprocess.Popen:
+    env = dict(os.environ)
+    package_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
+    cache_dir = getattr(getattr(getattr(triton, "knobs", None), "cache", None), "dir", None)
+    if cache_dir:  # the cache this process reads, wherever it was configured
+        env["TRITON_CACHE_DIR"] = cache_dir
+    worker = subprocess.Popen([sys.executable, "-c", "from torch_sampling_ops._warmup import _worker_main; _worker_main()"],
+                              stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
+                              text=True)
+    worker.stdin.write(json.dumps(dict(_encode(launch_args), share=share)))
+    worker.stdin.close()
+    return worker
+
+
+def _compile_in_processes(launch_args, workers: int) -> int:
+    """Compiles every variant, shared out among `workers` processes (this one included), unless
+    Triton's cache already holds them; returns the number of processes used."""
+    variants = _distinct_variants(launch_args)
+    if len(variants) < 3 or workers < 2:
+        return 1
+    # Workers start at once (importing torch takes them seconds), with shares of the variants but
+    # the first two, which this process compiles first as a probe: the first pays Triton's one-time
+    # set-up; the second, found in the cache (an earlier warm-up of the same arguments filled it,
+    # with every variant), comes back in milliseconds: then the workers are stopped and this
+    # process loads the rest.
+    rest = _share_out([name for _, name in variants[2:]], min(workers, len(variants) - 2))
+    shares = [[i + 2 for i in share] for share in rest]
+    started = [_start_worker(launch_args, share) for share in shares[1:]]
+    try:
+        _compile_share(launch_args, {0})
+        start = time.perf_counter()
+        _compile_share(launch_args, {1})
+        if time.perf_counter() - start < _CACHE_HIT_SECONDS:
+            for worker in started:
+                worker.kill()
+            return 1
+        _compile_share(launch_args, set(shares[0]))
+    finally:
+        for worker in started:
+            worker.wait()
+    return len(shares)
 
 def warmup(
     vocab_size: int,
@@ -207,12 +269,15 @@ def warmup(
         num_logprobs: the num_logprobs values of the logprobs calls to prepare (its kernel is
             compiled per power of two >= num_logprobs, and once for 0).
         max_spec_len: the drafts a request proposes at most, for rejection_sample.
-        parallel: compile in forked child processes (POSIX only; else one after the other here).
-        workers: child processes at most (default: the CPU count, at most 32).
+        parallel: share the variants out among worker processes (each a Python interpreter with a
+            CUDA context and the launch shapes' tensors while it runs: a few hundred MB of GPU
+            memory each); else compile them one after the other in this thread.
+        workers: processes, this one included (default: half the CPU count, at most 8: more
+            start more slowly, as they import torch side by side).
 
-    Returns ``{"seconds": wall time, "calls": op calls made, "processes": child processes that
-    compiled (0 without `parallel`)}``. On the CPU, or under the Triton interpreter (which compiles
-    nothing), it returns at once with ``calls == 0``.
+    Returns ``{"seconds": wall time, "calls": op calls made, "processes": processes that compiled}``.
+    On the CPU, or under the Triton interpreter (which compiles nothing), it returns at once with
+    ``calls == 0``.
     """
     device = torch.device("cuda" if device is None else device)
     if device.type != "cuda" or os.environ.get("TRITON_INTERPRET") == "1":
@@ -223,11 +288,11 @@ def warmup(
     start = time.perf_counter()
     launch_args = (vocab_size, tuple(dtypes), max_num_tokens, device, num_slots, index_dtype,
                    tuple(tuple(w) for w in logit_bias_widths), max_spec_len, tuple(num_logprobs))
-    processes = 0
+    processes = 1
     with torch.cuda.device(device):
-        workers = min(32, os.cpu_count() or 1) if workers is None else workers
-        if parallel and workers > 1 and hasattr(os, "fork") and hasattr(triton, "AsyncCompileMode"):
-            processes = _compile_in_children(launch_args, workers)
-        with _launch.compiling_only():  # loads what the children compiled; compiles anything still missing
+        workers = min(8, (os.cpu_count() or 1) // 2) if workers is None else workers
+        if parallel and workers > 1:
+            processes = _compile_in_processes(launch_args, workers)
+        with _launch.compiling_only():  # loads what the workers compiled; compiles anything still missing
             calls = _launch_all(*launch_args)
     return {"seconds": time.perf_counter() - start, "calls": calls, "processes": processes}
