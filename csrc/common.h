@@ -14,8 +14,18 @@ namespace tso {
 // Index-like inputs may be int32 or int64; the CPU kernels read them as contiguous int64. An int64
 // contiguous input is returned as it is without a round trip through the dispatcher (`to` and
 // `contiguous` would return it too, at the cost of two operator calls).
+// A contiguous int32 input is widened by a plain loop into a fresh tensor (an operator call costs
+// more than the copy for the short index vectors the ops take).
 inline at::Tensor as_int64(const at::Tensor& t) {
   if (t.scalar_type() == at::kLong && t.is_contiguous()) return t;
+  if (t.scalar_type() == at::kInt && t.is_contiguous()) {
+    at::Tensor out = at::empty(t.sizes(), t.options().dtype(at::kLong));
+    const int32_t* src = t.data_ptr<int32_t>();
+    int64_t* dst = out.data_ptr<int64_t>();
+    const int64_t n = t.numel();
+    for (int64_t i = 0; i < n; ++i) dst[i] = src[i];
+    return out;
+  }
   return t.to(at::kLong).contiguous();
 }
 
