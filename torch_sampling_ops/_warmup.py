@@ -112,39 +112,44 @@ _COMPILE_WEIGHT = {"_select_kernel": 8}
 _CACHE_HIT_SECONDS = 0.15
 
 
-def _variant_key(kernel, args, meta) -> str:
-    """A string naming what Triton compiles a launch as, the same in every process: the kernel, its
-    constants and options, and per argument the classes Triton specialises on (at least as fine
-    as its own, so distinct variants get distinct keys)."""
-    def arg_class(a):
-        if isinstance(a, torch.Tensor):
-            return f"{a.dtype}:{a.data_ptr() % 16 == 0}"
-        if isinstance(a, bool) or a is None:
-            return repr(a)
-        if isinstance(a, int):
-            return f"int:{a == 1}:{a % 16 == 0}:{-2**31 <= a < 2**31}:{a < 2**63}"
-        if isinstance(a, float):
-            return "float"
-        return type(a).__name__
-    fn = getattr(kernel, "fn", kernel)
-    return repr((fn.__module__, fn.__qualname__, sorted(meta.items()), [arg_class(a) for a in args]))
+def _replay(launch_args, compile_new) -> None:
+    """Runs `_launch_all(*launch_args)` under `compiling_only`, numbering each distinct variant in
+    the order of its first launch (the same in every process); a first launch compiles if
+    `compile_new(index, kernel name)` says so, a repeated one never. A variant is the kernel, its
+    constants and options, and the launch cache's key of the arguments (`_launch._bind_args`:
+    what Triton specialises on). Without that key (no extension) every launch of a kernel and meta
+    counts as one variant: the final replay of `warmup` compiles what the shares miss."""
+    index: dict = {}
+
+    def first_launch(kernel, args, meta):
+        bound = _launch._bind_args(args)
+        fn = getattr(kernel, "fn", kernel)
+        key = (fn.__module__, fn.__qualname__, repr(tuple(meta.items())), bound[0] if bound is not None else None)
+        if key in index:
+            return False
+        index[key] = len(index)
+        return compile_new(index[key], fn.__name__)
+
+    with _launch.compiling_only(first_launch):
+        _launch_all(*launch_args)
 
 
-def _distinct_variants(launch_args):
-    """[(key, kernel name)] of the distinct variants `_launch_all(*launch_args)` launches, in the
-    order of their first launch (nothing is compiled)."""
-    variants, seen = [], set()
+def _distinct_variants(launch_args) -> list[str]:
+    """The kernel name of each distinct variant `_launch_all(*launch_args)` launches, in the order
+    of their first launch (nothing is compiled)."""
+    names: list[str] = []
 
-    def record(kernel, args, meta):
-        key = _variant_key(kernel, args, meta)
-        if key not in seen:
-            seen.add(key)
-            variants.append((key, getattr(kernel, "fn", kernel).__name__))
+    def record(index, name):
+        names.append(name)
         return False
 
-    with _launch.compiling_only(record):
-        _launch_all(*launch_args)
-    return variants
+    _replay(launch_args, record)
+    return names
+
+
+def _compile_share(launch_args, share: set[int]) -> None:
+    """Compiles the variants whose first-launch index is in `share`."""
+    _replay(launch_args, lambda i, name: i in share)
 
 
 def _share_out(names: list[str], shares: int) -> list[list[int]]:
@@ -159,21 +164,6 @@ def _share_out(names: list[str], shares: int) -> list[list[int]]:
         loads[j] += _COMPILE_WEIGHT.get(names[i], 1)
     order = sorted(range(shares), key=lambda j: -loads[j])
     return [sorted(out[j]) for j in order]
-
-
-def _compile_share(launch_args, share: set[int]) -> None:
-    """Compiles the variants whose first-launch index is in `share` (the order of _distinct_variants)."""
-    index = {}
-
-    def mine(kernel, args, meta):
-        key = _variant_key(kernel, args, meta)
-        if key in index:
-            return False
-        index[key] = len(index)
-        return index[key] in share
-
-    with _launch.compiling_only(mine):
-        _launch_all(*launch_args)
 
 
 def _encode(launch_args) -> dict:
@@ -223,7 +213,7 @@ def _compile_in_processes(launch_args, workers: int) -> int:
     # set-up; the second, found in the cache (an earlier warm-up of the same arguments filled it,
     # with every variant), comes back in milliseconds: then the workers are stopped and this
     # process loads the rest.
-    rest = _share_out([name for _, name in variants[2:]], min(workers, len(variants) - 2))
+    rest = _share_out(variants[2:], min(workers, len(variants) - 2))
     shares = [[i + 2 for i in share] for share in rest]
     started = [_start_worker(launch_args, share) for share in shares[1:]]
     try:
