@@ -7,9 +7,10 @@ race; log_softmax + topk for logprobs).
     BENCH_T=1,32,256 python benchmarks/bench_sample.py
 
 Inputs: fp32 logits randn * 3, V = 151936, one slot per row. Cases: greedy (temperature 0), a plain
-draw (temperature 1, no filter), k = 50 with p = 0.9, and logprobs with 20 top entries and the rank of
-a random token. The ops only read the logits, so the "r+w floor" column of the tables (a read and a
-write of the logits) is twice the read floor of these ops.
+draw (temperature 1, no filter), k = 50 with p = 0.9, p = 0.9 alone, min_p = 0.1 at temperature 0.7,
+and logprobs with 20 top entries and the rank of a random token. The ops only read the logits, so
+the "r+w floor" column of the tables (a read and a write of the logits) is twice the read floor of
+these ops.
 """
 from __future__ import annotations
 
@@ -42,6 +43,10 @@ CASES = [
     Case("sample (plain)", lambda T, V, dev, s: sample_inputs(T, V, dev, s), tso.sample, baselines.sample),
     Case("sample (k=50, p=0.9)", lambda T, V, dev, s: sample_inputs(T, V, dev, s, top_k=50, top_p=0.9), tso.sample,
          baselines.sample),
+    Case("sample (p=0.9)", lambda T, V, dev, s: sample_inputs(T, V, dev, s, top_p=0.9), tso.sample,
+         baselines.sample),
+    Case("sample (T=0.7, min_p=0.1)", lambda T, V, dev, s: sample_inputs(T, V, dev, s, temperature=0.7, min_p=0.1),
+         tso.sample, baselines.sample),
     Case("logprobs (k=20)", logprobs_inputs, tso.logprobs, baselines.logprobs),
 ]
 

@@ -4,7 +4,8 @@ import math
 import pytest
 import torch
 
-from torch_sampling_ops import _C, reference, sampling
+from torch_sampling_ops import _C, gumbel, reference, sampling
+from torch_sampling_ops.truncation import use_settings
 
 from conftest import BACKENDS, DTYPES, device_of, make_logits, run_op
 
@@ -30,7 +31,7 @@ def test_stream_is_bit_identical_in_triton_cpp_and_reference():
     seeds, positions, tokens = _stream_grid()
     expected = reference.stream_bits(reference.stream_key(seeds, positions), tokens)
     cpp_bits, cpp_noise = _C.random_stream(seeds, positions, tokens)
-    tri_bits, tri_noise = sampling.random_stream_triton(seeds, positions, tokens)
+    tri_bits, tri_noise = gumbel.random_stream_triton(seeds, positions, tokens)
     assert torch.equal(cpp_bits, expected)
     assert torch.equal(tri_bits, expected)
     assert bool(((expected >= 0) & (expected < 2**32)).all())
@@ -362,15 +363,15 @@ def test_approximate_gumbel_noise_is_within_its_tolerance(backend):
     the draw assumes."""
     step = 1 if backend == "cuda" else 4099  # the interpreter: a spread of 2047 values, both ends included
     m = torch.cat([torch.arange(0, 2**23, step), torch.tensor([2**23 - 1])])
-    exact, approx = sampling.gumbel_noise_triton((m << 9).to(device_of(backend)))
+    exact, approx = gumbel.gumbel_noise_triton((m << 9).to(device_of(backend)))
     err = (approx.double() - exact.double()).abs().cpu()
     bound = 2.0**-17 * (1 + approx.double().abs().cpu())
     assert bool((err <= bound).all()), f"largest error / bound: {(err / bound).max().item():.3g}"
-    assert 2.0**-17 * 35 <= sampling.GUMBEL_APPROX_TOL * 35  # the draw's err(s) covers the noise's
+    assert 2.0**-17 * 35 <= gumbel.GUMBEL_APPROX_TOL * 35  # the draw's err(s) covers the noise's
 
 
 def test_cpu_and_triton_draws_share_their_tolerance():
-    assert _C.GUMBEL_APPROX_TOL == sampling.GUMBEL_APPROX_TOL
+    assert _C.GUMBEL_APPROX_TOL == gumbel.GUMBEL_APPROX_TOL
 
 
 def exact_draw(backend, args, monkeypatch):
@@ -378,7 +379,7 @@ def exact_draw(backend, args, monkeypatch):
     exactly: GUMBEL_APPROX_TOL for the Triton draw, the C++ kernel's `tol` argument on the CPU."""
     if backend == "cpu":
         return _C.sample(*args, tol=1e30)
-    monkeypatch.setattr(sampling, "GUMBEL_APPROX_TOL", 1e30)
+    monkeypatch.setattr(gumbel, "GUMBEL_APPROX_TOL", 1e30)
     return run_op(backend, "sample", *args)
 
 
@@ -423,20 +424,44 @@ def test_sample_exact_rescoring_at_the_edges(backend, monkeypatch):
 
 
 @pytest.mark.parametrize("backend", ["interpret", pytest.param("cuda", marks=pytest.mark.cuda)])
-def test_sample_grouped_filter_programs_give_the_same_tokens(backend, monkeypatch):
-    """From filtering._GROUP_MIN_T rows the workspace copy and min_p take several blocks a program,
-    and the scan several segments: the same tokens."""
-    from torch_sampling_ops import filtering
-    from torch_sampling_ops.truncation import use_settings
+def test_sample_grouped_scan_programs_give_the_same_tokens(backend):
+    """From scan_group_min_t rows the filtered rows' scan takes several segments a program: the same
+    tokens."""
     gen = torch.Generator().manual_seed(23)
     args = sample_args(6, 3 * 4096 + 11, gen, device_of(backend), R=6)
     args[1] = torch.arange(6).to(args[1])
     alone = run_op(backend, "sample", *args)
-    monkeypatch.setattr(filtering, "_GROUP_MIN_T", 1)
-    monkeypatch.setattr(filtering, "_GROUP", 2)
     with use_settings(scan_group_min_t=1, scan_group=3):
         grouped = run_op(backend, "sample", *args)
     assert torch.equal(alone, grouped)
+
+
+# min_p alone, with top_p, with top_k; all three; top_p alone; a min_p threshold far below the list.
+FILTER_PATH_PARAMS = [dict(min_p=0.1), dict(min_p=0.1, top_p=0.8), dict(min_p=0.3, top_k=7),
+                      dict(top_k=7, top_p=0.6, min_p=0.05, temperature=0.6), dict(top_p=0.9, temperature=1.7),
+                      dict(min_p=1e-4, temperature=0.8)]
+
+
+@pytest.mark.parametrize("backend", ["interpret", pytest.param("cuda", marks=pytest.mark.cuda)])
+@pytest.mark.parametrize("params", FILTER_PATH_PARAMS, ids=str)
+def test_sample_filtered_rows_listed_and_general_paths(backend, params):
+    """A filtered row is drawn from its listed candidates or, when they may miss a kept token (here
+    every segment over a capacity of 2, or min_p's threshold below the list), by the general path on
+    a copy of the row: both draw the C++ kernel's tokens, and the logits stay as they were."""
+    gen = torch.Generator().manual_seed(31)
+    T, V = 6, 1100
+    temperature, top_k, top_p, min_p, seeds = _broadcast_params(1, **params)
+    args = [torch.randn(T, V, generator=gen) * 3, torch.zeros(T, dtype=torch.int32), temperature, top_k, top_p,
+            min_p, seeds, torch.arange(T) * 7]
+    expected = torch.ops.sampling.sample(*args)
+    args = [a.to(device_of(backend)) for a in args]
+    before = args[0].clone()
+    listed = run_op(backend, "sample", *args)
+    with use_settings(seg_cap=2):
+        general = run_op(backend, "sample", *args)
+    assert torch.equal(listed.cpu(), expected)
+    assert torch.equal(general.cpu(), expected)
+    assert torch.equal(args[0], before)
 
 
 @pytest.mark.interpret

@@ -28,18 +28,18 @@ import torch
 import triton
 
 from . import _launch, _registry, sampling
-from .filtering import _GROUP_MIN_T, blocks_per_program
+from .filtering import _GROUP_MIN_T
 from .truncation import plan as truncation_plan
 
 
 def _truncation_row_counts(vocab_size: int, max_num_tokens: int, pdl: bool) -> list[int]:
-    """One batch size per distinct launch plan of top_k_top_p (its own and `sample`'s) and blocks per
-    program of the filter passes, for T in [1, max_num_tokens]."""
+    """One batch size per distinct launch plan of top_k_top_p (its own and `sample`'s) and of
+    `sample`'s row split, for T in [1, max_num_tokens]."""
     seen, rows = set(), []
     for T in range(1, max_num_tokens + 1):
-        plan = tuple((kernel, tuple(sorted(meta.items()))) for group_scan in (False, True) for kernel, _, meta in
-                     truncation_plan._launch_plan(T, vocab_size, pdl, group_scan=group_scan))
-        plan += (blocks_per_program(T),)
+        plan = tuple((kernel, tuple(sorted(meta.items()))) for for_sample in (False, True) for kernel, _, meta in
+                     truncation_plan._launch_plan(T, vocab_size, pdl, group_scan=for_sample, draw=for_sample))
+        plan += (T >= sampling._SPLIT_MAX_T,)
         if plan not in seen:
             seen.add(plan)
             rows.append(T)
@@ -78,17 +78,11 @@ def _launch_all(vocab_size, dtypes, max_num_tokens, device, num_slots, index_dty
         for T in _truncation_row_counts(V, max_num_tokens, pdl):
             run("top_k_top_p")(empty(T, V, dtype=dtype), empty(T), empty(R, dtype=torch.int32),
                                empty(R, dtype=torch.float32))
-            # sample runs min_p and top_k_top_p on a float32 [T, V] workspace of its own
+            # sample's filtered rows take top_k_top_p's launches in their DRAW form
             f32 = [empty(R, dtype=torch.float32) for _ in range(3)]
             run("sample")(empty(T, V, dtype=dtype), empty(T), f32[0], empty(R, dtype=torch.int32), f32[1], f32[2],
                           empty(R, dtype=torch.int64), empty(T))
             calls += 2
-        if max_num_tokens >= sampling._SPLIT_MAX_T:  # sample's draw without the row split
-            T = sampling._SPLIT_MAX_T
-            f32 = [empty(R, dtype=torch.float32) for _ in range(3)]
-            run("sample")(empty(T, V, dtype=dtype), empty(T), f32[0], empty(R, dtype=torch.int32), f32[1], f32[2],
-                          empty(R, dtype=torch.int64), empty(T))
-            calls += 1
         mask, f32 = empty(R, words, dtype=torch.int32), empty(R, dtype=torch.float32)
         run("penalties")(one, empty(1), mask, mask, empty(R, V, dtype=torch.int32), f32, f32, f32)
         run("bad_words")(one, empty(1), empty(R, 8), empty(R, 9, dtype=torch.int32), empty(R),

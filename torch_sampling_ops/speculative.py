@@ -5,7 +5,7 @@ bonus position. The op walks each request's positions in order and stops at the 
 so it reads a target row only once the request reaches it, and a draft-probability row in full only
 at the rejected position (elsewhere the one probability `q(x)` of the draft token).
 
-Random numbers come from the stream of `sample` (sampling.py), keyed by the request's seed and the
+Random numbers come from the stream of `sample` (gumbel.py), keyed by the request's seed and the
 position `output_lens[i] + j`: the acceptance uniform of position j uses the reserved token index
 `ACCEPT_TOKEN = 2**31 - 1` (outside every vocabulary), the residual and bonus draws use the Gumbel
 noise of the token indices, as `sample` does, and like its draw score approximately, keep each
@@ -38,10 +38,10 @@ import torch
 import triton
 import triton.language as tl
 
-from . import _checks, sampling
+from . import _checks, gumbel
 from ._launch import cdiv, next_power_of_2
 from ._registry import define_op, launch
-from .sampling import (
+from .gumbel import (
     argmax_finish,
     argmax_init,
     argmax_tokens,
@@ -133,7 +133,7 @@ def _exact_residual_chunk(row_ptr, probs_row_ptr, draft, row_max, row_sum, key, 
 @triton.jit
 def _residual_chunk(row_ptr, probs_row_ptr, draft, row_max, row_sum, key, start, limit, vocab_size, tol,
                     HAS_PROBS: tl.constexpr, BLOCK_V: tl.constexpr, STAGES: tl.constexpr):
-    """_exact_residual_chunk's result, bit for bit, as sampling.gumbel_argmax gets it: approximate
+    """_exact_residual_chunk's result, bit for bit, as gumbel.gumbel_argmax gets it: approximate
     scores (log(r) and the noise from the hardware log2, each within the tolerance), per-lane top-2,
     the certified winners rescored exactly, a second exact pass when either is not certified."""
     first_r, second_r, first_rj = top2_init(BLOCK_V)
@@ -398,7 +398,7 @@ def _rejection_sample_triton(target_logits, draft_token_ids, draft_probs, cu_num
     part_i = target_logits.new_empty((B, levels, 2, chunks), dtype=torch.int32)
     status = target_logits.new_empty((B, levels, 3), dtype=torch.int32)
     args = (target_logits, target_logits.stride()[0], drafts, probs, probs_stride, cu_num_draft, temperature, seeds,
-            output_lens, part_f, part_i, status, out, num, N, max_spec_len, V, chunks, sampling.GUMBEL_APPROX_TOL)
+            output_lens, part_f, part_i, status, out, num, N, max_spec_len, V, chunks, gumbel.GUMBEL_APPROX_TOL)
     meta = dict(HAS_PROBS=has_probs, CHUNK=_CHUNK, BLOCK_V=_BLOCK_V, CHUNKS_P2=next_power_of_2(chunks),
                 BLOCK_OUT=next_power_of_2(max_spec_len + 1), STAGES=_STAGES, num_warps=_NUM_WARPS)
     for level in range(levels):

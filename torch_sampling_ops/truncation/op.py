@@ -29,25 +29,43 @@ def _check_top_k_top_p_values(logits, idx_mapping, top_k, top_p) -> None:
 
 
 @functools.lru_cache(maxsize=4096)
-def _launch_setup(T: int, V: int, pdl: bool, settings: TruncationSettings, group_scan: bool) -> tuple:
+def _launch_setup(T: int, V: int, pdl: bool, settings: TruncationSettings, group_scan: bool, draw: bool) -> tuple:
     """(segments, workspace words per row, launch plan) of a [T, V] batch, computed once per shape
     and settings: building the plan costs more host time than a launch."""
     num_segments = cdiv(V, settings.segment)
-    return num_segments, _workspace_words(num_segments, settings), _launch_plan(T, V, pdl, settings, group_scan)
+    words = _workspace_words(num_segments, settings, V if draw else 0)
+    return num_segments, words, _launch_plan(T, V, pdl, settings, group_scan, draw)
 
 
-def _top_k_top_p_triton(logits, idx_mapping, top_k, top_p, group_scan: bool = False) -> None:
-    """The op's CUDA/Triton body; `group_scan` as `_launch_plan` takes it (`sample` sets it)."""
+def _launch_truncation(logits, idx_mapping, top_k, top_p, group_scan: bool, draw_args: tuple | None = None) -> None:
+    """The launches of the op, or with draw_args (temperature, min_p, seeds, output_lens, out) those
+    of `sample`'s filtered rows (DRAW)."""
     T, V = logits.shape
     if T == 0:
         return
     settings = current_settings()
+    draw = draw_args is not None
     setup = _launch_setup if type(T) is int and type(V) is int else _launch_setup.__wrapped__  # SymInts: no cache
-    num_segments, ws_stride, plan = setup(T, V, _uses_pdl(logits.device, settings), settings, group_scan)
+    num_segments, ws_stride, plan = setup(T, V, _uses_pdl(logits.device, settings), settings, group_scan, draw)
     ws = logits.new_empty((T, ws_stride), dtype=torch.float32)
-    args = (logits, logits.stride()[0], idx_mapping, top_k, top_p, ws, ws_stride, top_k.shape[0], V, num_segments)
+    extra = draw_args if draw else (top_p, top_p, top_k, top_k, top_k)  # read only with DRAW
+    args = (logits, logits.stride()[0], idx_mapping, top_k, top_p, ws, ws_stride, top_k.shape[0], V, num_segments,
+            *extra)
     for kernel, grid, meta in plan:
         launch(kernel, grid, *args, **meta)
+
+
+def _top_k_top_p_triton(logits, idx_mapping, top_k, top_p, group_scan: bool = False) -> None:
+    """The op's CUDA/Triton body; `group_scan` as `_launch_plan` takes it."""
+    _launch_truncation(logits, idx_mapping, top_k, top_p, group_scan)
+
+
+def draw_filtered_rows(logits, idx_mapping, temperature, top_k, top_p, min_p, seeds, output_lens, out) -> None:
+    """`sample` on the rows with temperature != 0 and a filter on (min_p, top_k or top_p): out[t] =
+    the token drawn from the tokens the filters keep of logits[t] / temperature, -1 without one;
+    other rows' out is not written, the logits never are. Scans grouped (most rows usually have their
+    filters off)."""
+    _launch_truncation(logits, idx_mapping, top_k, top_p, True, (temperature, min_p, seeds, output_lens, out))
 
 
 @define_op(

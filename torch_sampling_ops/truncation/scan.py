@@ -36,12 +36,14 @@ _LOG2E = tl.constexpr(1.4426950408889634)
 @triton.jit
 def _sample_bound_kernel(
     logits_ptr, logits_stride, idx_mapping_ptr, top_k_ptr, top_p_ptr, ws_ptr, ws_stride, num_slots, vocab_size,
-    num_segments, SAMPLE: tl.constexpr, SEG_CAP: tl.constexpr, PDL: tl.constexpr,
+    num_segments, temperature_ptr, min_p_ptr, seeds_ptr, output_lens_ptr, out_ptr,
+    SAMPLE: tl.constexpr, SEG_CAP: tl.constexpr, PDL: tl.constexpr, DRAW: tl.constexpr,
 ):
     """A row's lower bound `lo` from a sample of its tokens, its exp reference, and for top-p alone a
     second bound above `lo`."""
     t = tl.program_id(0)
-    k, p, k_on, p_on, active = _row_settings(idx_mapping_ptr, top_k_ptr, top_p_ptr, t, num_slots, vocab_size, PDL)
+    k, p, k_on, p_on, active, temp, min_p = _row_settings(idx_mapping_ptr, top_k_ptr, top_p_ptr, temperature_ptr,
+                                                              min_p_ptr, t, num_slots, vocab_size, PDL, DRAW)
     if active:
         i = tl.arange(0, SAMPLE)
         run = SAMPLE // 32
@@ -156,16 +158,17 @@ def _store_candidates(pairs_ptr, slot, x, offs, candidate, SEG_CAP: tl.constexpr
 
 
 @triton.jit
-def _scan_pair_with_mass(xa, xb, offs, lo, high_bound, ref2, lane_max, total, mass, mass_high, count, count_high,
-                         pairs_ptr, SEG_CAP: tl.constexpr):
+def _scan_pair_with_mass(xa, xb, offs, lo, high_bound, log2_scale, ref2, lane_max, total, mass, mass_high, count,
+                         count_high, pairs_ptr, SEG_CAP: tl.constexpr):
     """_scan_step's top-p-alone counterpart over two tiles [32, 4] at once, xa at offs and xb 128
     tokens on, with one warp scan for both and the sums per lane [32] (fewer instructions for the
     two tiles than for each tile on its own). Also the mass and count of the tokens
-    >= high_bound; those are stored from the front of the region, the other candidates from the back."""
+    >= high_bound; those are stored from the front of the region, the other candidates from the back.
+    Masses are exp2(x * log2_scale - ref2): log2(e), or log2(e) / temperature for `sample`."""
     lane_max = tl.maximum(lane_max, tl.max(tl.maximum(xa, xb), axis=1))  # max.f32 passes over NaN
     # Clamping the exponent sends NaN and -inf to 2^-200, which is 0 in float32.
-    ea = tl.math.exp2(tl.maximum(xa * _LOG2E - ref2, -200.0))
-    eb = tl.math.exp2(tl.maximum(xb * _LOG2E - ref2, -200.0))
+    ea = tl.math.exp2(tl.maximum(xa * log2_scale - ref2, -200.0))
+    eb = tl.math.exp2(tl.maximum(xb * log2_scale - ref2, -200.0))
     candidate_a = xa >= lo  # never NaN, never past the row (loaded as -inf; lo > -inf)
     candidate_b = xb >= lo
     high_a = xa >= high_bound  # high_bound >= lo: candidates
@@ -231,7 +234,7 @@ def _scan_segment(row_ptr, offs, vocab_size, lo, pairs_ptr, SEGMENT: tl.constexp
 
 
 @triton.jit
-def _scan_segment_with_mass(row_ptr, offs, vocab_size, lo, high_bound, ref2, pairs_ptr, FULL: tl.constexpr,
+def _scan_segment_with_mass(row_ptr, offs, vocab_size, lo, high_bound, log2_scale, ref2, pairs_ptr, FULL: tl.constexpr,
                             SEGMENT: tl.constexpr, SEG_CAP: tl.constexpr, STAGES: tl.constexpr):
     """_scan_pair_with_mass over the segment's tiles from offs [32, 4], two tiles a step: the
     segment's max, normaliser, masses and counts. Triton's pipeliner keeps STAGES - 1 steps' loads
@@ -247,8 +250,8 @@ def _scan_segment_with_mass(row_ptr, offs, vocab_size, lo, high_bound, ref2, pai
         x0 = _segment_tile(row_ptr, offs + v0, v0, vocab_size, FULL, SEGMENT)
         x1 = _segment_tile(row_ptr, offs + v0 + STEP, v0 + STEP, vocab_size, FULL, SEGMENT)
         lane_max, total, mass, mass_high, count, count_high = _scan_pair_with_mass(
-            x0, x1, offs + v0, lo, high_bound, ref2, lane_max, total, mass, mass_high, count, count_high, pairs_ptr,
-            SEG_CAP)
+            x0, x1, offs + v0, lo, high_bound, log2_scale, ref2, lane_max, total, mass, mass_high, count, count_high,
+            pairs_ptr, SEG_CAP)
     return (tl.max(lane_max, axis=0), tl.sum(total, axis=0), tl.sum(mass, axis=0), tl.sum(mass_high, axis=0),
             count, count_high)
 
@@ -256,8 +259,9 @@ def _scan_segment_with_mass(row_ptr, offs, vocab_size, lo, high_bound, ref2, pai
 @triton.jit
 def _scan_segments_kernel(
     logits_ptr, logits_stride, idx_mapping_ptr, top_k_ptr, top_p_ptr, ws_ptr, ws_stride, num_slots, vocab_size,
-    num_segments, SEGMENT: tl.constexpr, SEG_CAP: tl.constexpr, STAGES: tl.constexpr, GROUP: tl.constexpr,
-    PDL: tl.constexpr,
+    num_segments, temperature_ptr, min_p_ptr, seeds_ptr, output_lens_ptr, out_ptr,
+    SEGMENT: tl.constexpr, SEG_CAP: tl.constexpr, STAGES: tl.constexpr, GROUP: tl.constexpr,
+    PDL: tl.constexpr, DRAW: tl.constexpr,
 ):
     """Statistics and candidates of GROUP consecutive segments in turn, in one warp: each one's max,
     normaliser and candidate mass (only for top-p alone: with top-k on, the selection weighs its own
@@ -265,11 +269,16 @@ def _scan_segments_kernel(
     warp a program, a tile's prefix sums never wait on a block-wide barrier (with several warps,
     Triton 3.6 spread a tile's lanes over warps)."""
     t = tl.program_id(0)
-    k, p, k_on, p_on, active = _row_settings(idx_mapping_ptr, top_k_ptr, top_p_ptr, t, num_slots, vocab_size, PDL)
+    k, p, k_on, p_on, active, temp, min_p = _row_settings(idx_mapping_ptr, top_k_ptr, top_p_ptr, temperature_ptr,
+                                                              min_p_ptr, t, num_slots, vocab_size, PDL, DRAW)
     if active:
         ws_row = ws_ptr + t.to(tl.int64) * ws_stride
         lo = tl.load(ws_row + _LO)
-        ref2 = tl.load(ws_row + _REF) * _LOG2E
+        if DRAW:  # the logits as read, x: the masses of y = x / temperature
+            log2_scale = tl.math.div_rn(_LOG2E, temp)
+        else:
+            log2_scale = _LOG2E
+        ref2 = tl.load(ws_row + _REF) * log2_scale
         high_bound = tl.load(ws_row + _SECOND_BOUND)
         row_ptr = logits_ptr + t.to(tl.int64) * logits_stride
         max_ptr = _segment_max_ptr(ws_row)
@@ -288,10 +297,12 @@ def _scan_segments_kernel(
             else:
                 if full:
                     seg_max, total, mass, mass_high, count, count_high = _scan_segment_with_mass(
-                        row_ptr, offs, vocab_size, lo, high_bound, ref2, pairs_ptr, True, SEGMENT, SEG_CAP, STAGES)
+                        row_ptr, offs, vocab_size, lo, high_bound, log2_scale, ref2, pairs_ptr, True, SEGMENT, SEG_CAP,
+                        STAGES)
                 else:
                     seg_max, total, mass, mass_high, count, count_high = _scan_segment_with_mass(
-                        row_ptr, offs, vocab_size, lo, high_bound, ref2, pairs_ptr, False, SEGMENT, SEG_CAP, STAGES)
+                        row_ptr, offs, vocab_size, lo, high_bound, log2_scale, ref2, pairs_ptr, False, SEGMENT, SEG_CAP,
+                        STAGES)
                 tl.store(sum_ptr + segment, total)
                 tl.store(mass_ptr + segment, mass)
                 tl.store(mass_high_ptr + segment, mass_high)
@@ -301,13 +312,26 @@ def _scan_segments_kernel(
 
 
 @triton.jit
-def _settle_row(ws_row, num_segments, k, p, k_on, SEG_CAP: tl.constexpr, SEGMENTS_P2: tl.constexpr):
+def _largest_below(floor, temp):
+    """The largest x / temp (IEEE division) of a token x < floor, for floor > -inf: what a token the
+    scan did not list (x < lo) can reach once divided."""
+    return tl.math.div_rn(_key_value(_float_key(floor) - 1), temp)
+
+
+@triton.jit
+def _settle_row(ws_row, num_segments, k, p, k_on, temp, min_p, SEG_CAP: tl.constexpr, SEGMENTS_P2: tl.constexpr,
+                DRAW: tl.constexpr):
     """Combines the segment statistics in segment order: whether the candidates settle the row (flag
     1: no segment overflowed, and they hold the k tokens or the top_p mass; 2: top-p alone, and the
     candidates >= the second bound hold the mass, so only they are listed), each segment's listed
     candidates, the row max and the normaliser (top-p alone). A row whose max is more than 60 above
     the scan's reference is not settled (a segment's float32 sums could have overflowed), nor one
-    holding +inf: the general path alone deals with those."""
+    holding +inf: the general path alone deals with those.
+    With DRAW the scan read x and the row is y = x / temp: the row max is y's, the masses are
+    rescaled to it, and min_p (keep y >= row max + log(min_p)) is applied before top-k and top-p: with
+    top-k on the selection raises top-k's threshold to min_p's; otherwise the candidates settle the row
+    when min_p's threshold lies above every unlisted token (top-p, if on, is then renormalised over
+    the candidates it keeps)."""
     max_ptr = _segment_max_ptr(ws_row)
     sum_ptr = _segment_total_ptr(ws_row, num_segments)
     mass_ptr = _segment_mass_ptr(ws_row, num_segments)
@@ -319,15 +343,25 @@ def _settle_row(ws_row, num_segments, k, p, k_on, SEG_CAP: tl.constexpr, SEGMENT
     with_mass = g < tl.where(k_on, 0, num_segments)  # top-p alone
     row_max = tl.max(tl.load(max_ptr + g, mask=in_row, other=float("-inf")))
     ref = tl.load(ws_row + _REF)
-    scale = tl.where(row_max <= ref + 60.0, tl.exp(ref - row_max), float("nan"))
+    if DRAW:
+        gap = tl.math.div_rn(row_max - ref, temp)
+        scale = tl.where(gap <= 60.0, tl.exp(-gap), float("nan"))
+        row_max = tl.math.div_rn(row_max, temp)
+    else:
+        scale = tl.where(row_max <= ref + 60.0, tl.exp(ref - row_max), float("nan"))
     total = tl.sum(tl.load(sum_ptr + g, mask=with_mass, other=0.0)) * scale
     mass = tl.sum(tl.load(mass_ptr + g, mask=with_mass, other=0.0)) * scale
     mass_high = tl.sum(tl.load(mass_high_ptr + g, mask=with_mass, other=0.0)) * scale
     counts = tl.load(count_ptr + g, mask=in_row, other=0)
     counts_high = tl.load(count_high_ptr + g, mask=with_mass, other=0)
     enough = tl.where(k_on, tl.sum(counts) >= k, mass >= p * total)  # NaN: not settled
-    settled = _is_finite(row_max) & (tl.max(counts) <= SEG_CAP) & enough
     narrow = (k_on == 0) & (mass_high >= p * total)
+    if DRAW:
+        minp_on = min_p != 0.0
+        held = row_max + tl.log(tl.where(minp_on, min_p, 1.0)) > _largest_below(tl.load(ws_row + _LO), temp)
+        enough = tl.where(k_on | (minp_on == 0), enough, held)
+        narrow = narrow & (minp_on == 0)
+    settled = _is_finite(row_max) & (tl.max(counts) <= SEG_CAP) & enough
     flag = tl.where(settled, tl.where(narrow, 2, 1), 0)
     listed = tl.where(narrow, counts_high, counts)
     return flag, listed, row_max, total
@@ -345,15 +379,18 @@ def _store_settlement(ws_row, flag, row_max, total, listed):
 @triton.jit
 def _settle_kernel(
     logits_ptr, logits_stride, idx_mapping_ptr, top_k_ptr, top_p_ptr, ws_ptr, ws_stride, num_slots, vocab_size,
-    num_segments, SEG_CAP: tl.constexpr, SEGMENTS_P2: tl.constexpr, PDL: tl.constexpr,
+    num_segments, temperature_ptr, min_p_ptr, seeds_ptr, output_lens_ptr, out_ptr,
+    SEG_CAP: tl.constexpr, SEGMENTS_P2: tl.constexpr, PDL: tl.constexpr, DRAW: tl.constexpr,
 ):
     """A large batch's rows settled once each, one warp a row (see settle_launch_min_t): the header
     and each segment's offset in the row's list."""
     t = tl.program_id(0)
-    k, p, k_on, p_on, active = _row_settings(idx_mapping_ptr, top_k_ptr, top_p_ptr, t, num_slots, vocab_size, PDL)
+    k, p, k_on, p_on, active, temp, min_p = _row_settings(idx_mapping_ptr, top_k_ptr, top_p_ptr, temperature_ptr,
+                                                              min_p_ptr, t, num_slots, vocab_size, PDL, DRAW)
     if active:
         ws_row = ws_ptr + t.to(tl.int64) * ws_stride
-        flag, listed, row_max, total = _settle_row(ws_row, num_segments, k, p, k_on, SEG_CAP, SEGMENTS_P2)
+        flag, listed, row_max, total = _settle_row(ws_row, num_segments, k, p, k_on, temp, min_p, SEG_CAP,
+                                                        SEGMENTS_P2, DRAW)
         _store_settlement(ws_row, flag, row_max, total, listed)
         g = tl.arange(0, SEGMENTS_P2)
         first_ptr = _segment_first_ptr(ws_row, num_segments)
@@ -383,24 +420,28 @@ def _listed_candidates(ws_row, num_segments, mine, flag, k_on, SEG_CAP: tl.const
 @triton.jit
 def _gather_chunks_kernel(
     logits_ptr, logits_stride, idx_mapping_ptr, top_k_ptr, top_p_ptr, ws_ptr, ws_stride, num_slots, vocab_size,
-    num_segments, CHUNK: tl.constexpr, SEGMENTS: tl.constexpr, SEG_CAP: tl.constexpr, SEGMENTS_P2: tl.constexpr,
-    SETTLED: tl.constexpr, PDL: tl.constexpr,
+    num_segments, temperature_ptr, min_p_ptr, seeds_ptr, output_lens_ptr, out_ptr,
+    CHUNK: tl.constexpr, SEGMENTS: tl.constexpr, SEG_CAP: tl.constexpr, SEGMENTS_P2: tl.constexpr,
+    SETTLED: tl.constexpr, PDL: tl.constexpr, DRAW: tl.constexpr,
 ):
     """A row's chunk of SEGMENTS segments. Unless the settle launch ran (SETTLED), each program
     settles the row from the segment statistics (all of a row's programs reach the same bits; the
     first writes the header). In a settled row: the segments' listed candidate values gathered into
     the row's candidate list, at their offsets in segment order; with top-k on, also their positions
-    (into the selection's buffer), and -inf over the chunk."""
+    (into the selection's buffer), and -inf over the chunk. With DRAW (`sample`) the values divided
+    by the temperature and the positions of every row, and the logits are not written."""
     t = tl.program_id(0)
     c = tl.program_id(1)
-    k, p, k_on, p_on, active = _row_settings(idx_mapping_ptr, top_k_ptr, top_p_ptr, t, num_slots, vocab_size, PDL)
+    k, p, k_on, p_on, active, temp, min_p = _row_settings(idx_mapping_ptr, top_k_ptr, top_p_ptr, temperature_ptr,
+                                                              min_p_ptr, t, num_slots, vocab_size, PDL, DRAW)
     if active:
         ws_row = ws_ptr + t.to(tl.int64) * ws_stride
         mine = c * SEGMENTS + tl.arange(0, SEGMENTS)
         if SETTLED:
             flag = tl.load(_header_int(ws_row, _FLAG))
         else:
-            flag, listed, row_max, total = _settle_row(ws_row, num_segments, k, p, k_on, SEG_CAP, SEGMENTS_P2)
+            flag, listed, row_max, total = _settle_row(ws_row, num_segments, k, p, k_on, temp, min_p, SEG_CAP,
+                                                       SEGMENTS_P2, DRAW)
             if c == 0:
                 _store_settlement(ws_row, flag, row_max, total, listed)
         if flag != 0:
@@ -413,29 +454,36 @@ def _gather_chunks_kernel(
             values_ptr = _values_ptr(ws_row, num_segments, SEG_CAP)
             buffer_ptr = _buffer_ptr(ws_row, num_segments, SEG_CAP)
             dest = first[:, None] + tl.arange(0, SEG_CAP)[None, :]
-            tl.store(values_ptr + dest, values, mask=present)
-            # With top-k on the selection writes the few kept candidates back from their positions.
-            # Top-p alone keeps thousands: the fill restores them chunk by chunk instead (package docstring).
-            if k_on:
+            if DRAW:  # the values of y = x / temperature, and every row's positions: the selection draws
+                tl.store(values_ptr + dest, tl.math.div_rn(values, temp), mask=present)
                 tl.store(buffer_ptr.to(tl.pointer_type(tl.int32)) + dest, positions, mask=present)
-                offs = c * CHUNK + tl.arange(0, CHUNK)
-                row_ptr = logits_ptr + t.to(tl.int64) * logits_stride
-                tl.store(row_ptr + offs, tl.full([CHUNK], float("-inf"), row_ptr.dtype.element_ty),
-                         mask=offs < vocab_size)
+            else:
+                tl.store(values_ptr + dest, values, mask=present)
+                # With top-k on the selection writes the few kept candidates back from their positions.
+                # Top-p alone keeps thousands: the fill restores them chunk by chunk instead (package
+                # docstring).
+                if k_on:
+                    tl.store(buffer_ptr.to(tl.pointer_type(tl.int32)) + dest, positions, mask=present)
+                    offs = c * CHUNK + tl.arange(0, CHUNK)
+                    row_ptr = logits_ptr + t.to(tl.int64) * logits_stride
+                    tl.store(row_ptr + offs, tl.full([CHUNK], float("-inf"), row_ptr.dtype.element_ty),
+                             mask=offs < vocab_size)
 
 
 @triton.jit
 def _fill_chunks_kernel(
     logits_ptr, logits_stride, idx_mapping_ptr, top_k_ptr, top_p_ptr, ws_ptr, ws_stride, num_slots, vocab_size,
-    num_segments, CHUNK: tl.constexpr, SEGMENTS: tl.constexpr, SEG_CAP: tl.constexpr, GROUP: tl.constexpr,
-    PDL: tl.constexpr,
+    num_segments, temperature_ptr, min_p_ptr, seeds_ptr, output_lens_ptr, out_ptr,
+    CHUNK: tl.constexpr, SEGMENTS: tl.constexpr, SEG_CAP: tl.constexpr, GROUP: tl.constexpr,
+    PDL: tl.constexpr, DRAW: tl.constexpr,
 ):
     """For top-p alone, once the selection found a settled row's threshold, GROUP chunks of SEGMENTS
     segments each: -inf over a chunk, then, after a block barrier, its segments' listed candidates
     >= the threshold restored (their positions lie in the chunk: the barrier orders every -inf
     store of the chunk before any restore)."""
     t = tl.program_id(0)
-    k, p, k_on, p_on, active = _row_settings(idx_mapping_ptr, top_k_ptr, top_p_ptr, t, num_slots, vocab_size, PDL)
+    k, p, k_on, p_on, active, temp, min_p = _row_settings(idx_mapping_ptr, top_k_ptr, top_p_ptr, temperature_ptr,
+                                                              min_p_ptr, t, num_slots, vocab_size, PDL, DRAW)
     if active:
         ws_row = ws_ptr + t.to(tl.int64) * ws_stride
         flag = tl.load(_header_int(ws_row, _FLAG))

@@ -4,6 +4,8 @@ gathered candidates when they settle it (_select_row), else by the general path 
 import triton
 import triton.language as tl
 
+from .._triton_helpers import load_slot
+from ..gumbel import argmax_finish, exact_gumbel_argmax, stream_bits, stream_gumbel, stream_key
 from .general import _general_row
 from .keys import (
     _compact_tile,
@@ -16,7 +18,7 @@ from .keys import (
     _part_count,
     _part_starts,
 )
-from .scan import _fill_chunk, _listed_candidates
+from .scan import _fill_chunk, _largest_below, _listed_candidates
 from .settings import _SWEEP_GROUP
 from .workspace import (
     _FLAG,
@@ -27,6 +29,7 @@ from .workspace import (
     _buffer_ptr,
     _header_int,
     _pairs_ptr,
+    _row_copy_ptr,
     _row_settings,
     _scratch_ptr,
     _search_floor,
@@ -166,6 +169,43 @@ def _candidate_mass(values_ptr, count, row_max, floor, TILE: tl.constexpr):
 
 
 @triton.jit
+def _settled_threshold(ws_row, flag, values_ptr, buffer_ptr, scratch_ptr, list_size, k, p, k_on, p_on, temp, min_p,
+                       TILE: tl.constexpr, SMALL: tl.constexpr, DRAW: tl.constexpr):
+    """(threshold, list length) of a settled row, from its candidate list: top-k's, then top-p's
+    (renormalised over the tokens top-k keeps). With DRAW the values are y = x / temp, and min_p's
+    threshold (row max + log(min_p)) comes before top-k's and top-p's: it raises top-k's, and top-p
+    is renormalised over what both keep (see _settle_row)."""
+    floor = _search_floor(ws_row, flag)
+    if DRAW:
+        floor = tl.math.div_rn(floor, temp)
+    row_max = tl.load(ws_row + _ROW_MAX)
+    total = tl.load(ws_row + _TOTAL)
+    count = tl.load(_header_int(ws_row, _LISTED))
+    low = _float_key(floor)
+    high = _float_key(row_max)
+    threshold = floor
+    if k_on:
+        threshold = _select_threshold(values_ptr, buffer_ptr, list_size, scratch_ptr, count, floor, low, high,
+                                      tl.full([], 0, tl.int32), count, row_max, k, False, TILE, SMALL)
+    renormalise = k_on
+    if DRAW:
+        if min_p != 0.0:
+            threshold = tl.maximum(threshold, row_max + tl.log(min_p))
+            renormalise = True
+    if p_on:
+        if renormalise:  # over the kept set
+            kept_mass, in_set = _candidate_mass(values_ptr, count, row_max, threshold, TILE)
+            target = tl.maximum(p * kept_mass, 1e-30)  # top_p <= 0 keeps the most probable token(s)
+            low = _float_key(threshold)
+        else:
+            target = tl.maximum(p * total, 1e-30)
+            in_set = count
+        threshold = _select_threshold(values_ptr, buffer_ptr, list_size, scratch_ptr, count, floor, low, high,
+                                      tl.full([], 0.0, tl.float32), in_set, row_max, target, True, TILE, SMALL)
+    return threshold, count
+
+
+@triton.jit
 def _select_row(row_ptr, ws_row, flag, pairs_ptr, values_ptr, buffer_ptr, scratch_ptr, num_segments, vocab_size, k,
                 p, k_on, p_on, SEG_CAP: tl.constexpr, TILE: tl.constexpr, SMALL: tl.constexpr, FILL: tl.constexpr,
                 CHUNK: tl.constexpr, SEGMENTS: tl.constexpr):
@@ -178,26 +218,8 @@ def _select_row(row_ptr, ws_row, flag, pairs_ptr, values_ptr, buffer_ptr, scratc
     positions_ptr = buffer_ptr.to(tl.pointer_type(tl.int32))
     if k_on:
         buffer_ptr = pairs_ptr.to(tl.pointer_type(tl.float32))
-    lo = _search_floor(ws_row, flag)
-    row_max = tl.load(ws_row + _ROW_MAX)
-    total = tl.load(ws_row + _TOTAL)
-    count = tl.load(_header_int(ws_row, _LISTED))
-    low = _float_key(lo)
-    high = _float_key(row_max)
-    threshold = lo
-    if k_on:
-        threshold = _select_threshold(values_ptr, buffer_ptr, list_size, scratch_ptr, count, lo, low, high,
-                                      tl.full([], 0, tl.int32), count, row_max, k, False, TILE, SMALL)
-    if p_on:
-        if k_on:  # renormalised over the top-k set
-            kept_mass, in_set = _candidate_mass(values_ptr, count, row_max, threshold, TILE)
-            target = tl.maximum(p * kept_mass, 1e-30)  # top_p <= 0 keeps the most probable token(s)
-            low = _float_key(threshold)
-        else:
-            target = tl.maximum(p * total, 1e-30)
-            in_set = count
-        threshold = _select_threshold(values_ptr, buffer_ptr, list_size, scratch_ptr, count, lo, low, high,
-                                      tl.full([], 0.0, tl.float32), in_set, row_max, target, True, TILE, SMALL)
+    threshold, count = _settled_threshold(ws_row, flag, values_ptr, buffer_ptr, scratch_ptr, list_size, k, p, k_on,
+                                          p_on, 1.0, 0.0, TILE, SMALL, False)
     if k_on:  # the next tile loads while one is written back
         values, present = _candidate_values(values_ptr, count, 0, TILE)
         positions = tl.load(positions_ptr + tl.arange(0, TILE), mask=present)
@@ -220,17 +242,58 @@ def _select_row(row_ptr, ws_row, flag, pairs_ptr, values_ptr, buffer_ptr, scratc
 
 
 @triton.jit
+def _draw_candidates(values_ptr, positions_ptr, count, threshold, key, TILE: tl.constexpr):
+    """The token of argmax over the listed candidates >= threshold of value + stream_gumbel(key,
+    position), the lower position among ties (the list is not in row order); -1 without one."""
+    best = tl.full([TILE], float("-inf"), tl.float32)
+    best_j = tl.full([TILE], -1, tl.int32)
+    for start in range(0, count, TILE):
+        values, present = _candidate_values(values_ptr, count, start, TILE)
+        positions = tl.load(positions_ptr + start + tl.arange(0, TILE), mask=present, other=0)
+        score = values + stream_gumbel(stream_bits(key, positions))
+        take = present & (values >= threshold) & (
+            (best_j < 0) | (score > best) | ((score == best) & (positions < best_j)))
+        best = tl.where(take, score, best)
+        best_j = tl.where(take, positions, best_j)
+    _, token = argmax_finish(best, best_j, 2147483647)
+    return token
+
+
+@triton.jit(noinline=True)
+def _draw_general_row(logits_row, copy_ptr, scratch_ptr, vocab_size, k, p, k_on, p_on, temp, min_p, row_max, key,
+                      P: tl.constexpr, CAP: tl.constexpr, BLOCK: tl.constexpr, MASK_BLOCK: tl.constexpr):
+    """`sample`'s general path: the row the candidates did not settle as the filters see it, y = x /
+    temp with min_p applied (as the min_p op: y < row max + log(min_p) becomes -inf), copied into the
+    workspace; _general_row masks the copy, and the draw reads it with exact scores."""
+    minp_threshold = tl.where(min_p != 0.0, row_max + tl.log(tl.where(min_p != 0.0, min_p, 1.0)), float("-inf"))
+    for v0 in range(0, vocab_size, MASK_BLOCK):
+        offs = v0 + tl.arange(0, MASK_BLOCK)
+        in_row = offs < vocab_size
+        y = tl.math.div_rn(tl.load(logits_row + offs, mask=in_row).to(tl.float32), temp)
+        tl.store(copy_ptr + offs, tl.where(y < minp_threshold, float("-inf"), y), mask=in_row)
+    tl.debug_barrier()  # the copy, written by all of the program's threads, is read by all of them
+    _general_row(copy_ptr, scratch_ptr, vocab_size, k, p, k_on, p_on, P, CAP, BLOCK, MASK_BLOCK)
+    tl.debug_barrier()
+    _, token = exact_gumbel_argmax(copy_ptr, 0, vocab_size, key, temp, False, BLOCK)
+    return token
+
+
+@triton.jit
 def _select_kernel(
     logits_ptr, logits_stride, idx_mapping_ptr, top_k_ptr, top_p_ptr, ws_ptr, ws_stride, num_slots, vocab_size,
-    num_segments, SEG_CAP: tl.constexpr, TILE: tl.constexpr, SMALL: tl.constexpr, P: tl.constexpr,
+    num_segments, temperature_ptr, min_p_ptr, seeds_ptr, output_lens_ptr, out_ptr,
+    SEG_CAP: tl.constexpr, TILE: tl.constexpr, SMALL: tl.constexpr, P: tl.constexpr,
     CAP: tl.constexpr, BLOCK: tl.constexpr, MASK_BLOCK: tl.constexpr, FILL: tl.constexpr,
-    CHUNK: tl.constexpr, SEGMENTS: tl.constexpr, PDL: tl.constexpr,
+    CHUNK: tl.constexpr, SEGMENTS: tl.constexpr, PDL: tl.constexpr, DRAW: tl.constexpr,
 ):
     """A row's threshold: from its candidates when they settle it (applied here with top-k on, and
     for top-p alone here with FILL, else by the fill launch), else by the general path, which also
-    masks the row."""
+    masks the row. With DRAW (`sample`): out[t], the token drawn from the kept candidates (every
+    token the filters keep is listed: the threshold lies above what an unlisted token can reach),
+    else from the general path's copy of the row; the logits are not written."""
     t = tl.program_id(0)
-    k, p, k_on, p_on, active = _row_settings(idx_mapping_ptr, top_k_ptr, top_p_ptr, t, num_slots, vocab_size, PDL)
+    k, p, k_on, p_on, active, temp, min_p = _row_settings(idx_mapping_ptr, top_k_ptr, top_p_ptr, temperature_ptr,
+                                                          min_p_ptr, t, num_slots, vocab_size, PDL, DRAW)
     if active:
         ws_row = ws_ptr + t.to(tl.int64) * ws_stride
         row_ptr = logits_ptr + t.to(tl.int64) * logits_stride
@@ -239,7 +302,27 @@ def _select_kernel(
         buffer_ptr = _buffer_ptr(ws_row, num_segments, SEG_CAP)
         scratch_ptr = _scratch_ptr(ws_row, num_segments, SEG_CAP)
         flag = tl.load(_header_int(ws_row, _FLAG))
-        if flag != 0:
+        if DRAW:
+            slot = load_slot(idx_mapping_ptr, t, num_slots)
+            key = stream_key(tl.load(seeds_ptr + slot).to(tl.int64), tl.load(output_lens_ptr + t).to(tl.int64))
+            token = tl.full([], -1, tl.int32)
+            drawn = tl.full([], False, tl.int1)
+            if flag != 0:
+                # The buffer holds the positions: the pair regions take the compactions.
+                threshold, count = _settled_threshold(ws_row, flag, values_ptr, pairs_ptr.to(tl.pointer_type(tl.float32)),
+                                                      scratch_ptr, num_segments * SEG_CAP, k, p, k_on, p_on, temp,
+                                                      min_p, TILE, SMALL, True)
+                if threshold > _largest_below(_search_floor(ws_row, flag), temp):
+                    token = _draw_candidates(values_ptr, buffer_ptr.to(tl.pointer_type(tl.int32)), count, threshold,
+                                             key, TILE)
+                    drawn = True
+            if not drawn:
+                SCRATCH: tl.constexpr = TILE if TILE > CAP else CAP
+                token = _draw_general_row(row_ptr, _row_copy_ptr(ws_row, num_segments, SEG_CAP, SCRATCH),
+                                          scratch_ptr, vocab_size, k, p, k_on, p_on, temp, min_p,
+                                          tl.load(ws_row + _ROW_MAX), key, P, CAP, BLOCK, MASK_BLOCK)
+            tl.store(out_ptr + t, token.to(tl.int64))
+        elif flag != 0:
             _select_row(row_ptr, ws_row, flag, pairs_ptr, values_ptr, buffer_ptr, scratch_ptr, num_segments, vocab_size,
                         k, p, k_on, p_on, SEG_CAP, TILE, SMALL, FILL, CHUNK, SEGMENTS)
         else:

@@ -14,6 +14,8 @@ The row workspace, in 4-byte words, S = number of segments, C = SEG_CAP:
 - the row's candidate list, once gathered: values [S * C]; the selection's buffer [S * C] (with
   top-k on, the candidates' positions, and the pair regions, no longer read, take the compactions)
 - scratch [max(TILE, CAP)]
+- for `sample` (DRAW) only, a copy of the row [V] (float32): the general path's row, divided by the
+  temperature and with min_p applied, which it masks and draws from (the logits are read-only there)
 
 _workspace_words gives the size, the region functions below the pointers: keep them together.
 """
@@ -37,10 +39,11 @@ _LISTED = tl.constexpr(6)
 _SECOND_BOUND = tl.constexpr(7)
 
 
-def _workspace_words(num_segments: int, settings) -> int:
-    """Words per workspace row (a multiple of 16, so every row starts 64-byte aligned)."""
+def _workspace_words(num_segments: int, settings, row_copy: int = 0) -> int:
+    """Words per workspace row (a multiple of 16, so every row starts 64-byte aligned); `row_copy`:
+    the words of the row copy (V for `sample`, 0 for the op)."""
     return cdiv(_HEADER + 8 * num_segments + 4 * num_segments * settings.seg_cap
-                + max(settings.tile, settings.cap), 16) * 16
+                + max(settings.tile, settings.cap) + row_copy, 16) * 16
 
 
 @triton.jit
@@ -110,6 +113,13 @@ def _scratch_ptr(ws_row, num_segments, SEG_CAP: tl.constexpr):
 
 
 @triton.jit
+def _row_copy_ptr(ws_row, num_segments, SEG_CAP: tl.constexpr, SCRATCH: tl.constexpr):
+    """The general path's copy of the row [V] (float32, `sample` only), past the scratch of
+    SCRATCH = max(TILE, CAP) words."""
+    return _scratch_ptr(ws_row, num_segments, SEG_CAP) + SCRATCH
+
+
+@triton.jit
 def _header_int(ws_row, word):
     return (ws_row + word).to(tl.pointer_type(tl.int32))
 
@@ -122,8 +132,12 @@ def _search_floor(ws_row, flag):
 
 
 @triton.jit
-def _row_settings(idx_mapping_ptr, top_k_ptr, top_p_ptr, t, num_slots, vocab_size, PDL: tl.constexpr):
-    """(k, p, k_on, p_on, active) of row t; an inactive row (slot out of range, both filters off) is left alone.
+def _row_settings(idx_mapping_ptr, top_k_ptr, top_p_ptr, temperature_ptr, min_p_ptr, t, num_slots, vocab_size,
+                  PDL: tl.constexpr, DRAW: tl.constexpr):
+    """(k, p, k_on, p_on, active, temp, min_p) of row t; an inactive row (slot out of range, both
+    filters off) is left alone. With DRAW (`sample`) the row is also read through its temperature
+    (temp) and min_p; a greedy row (temp == 0) is inactive (its argmax is drawn elsewhere) and one
+    with min_p alone on is active. Otherwise temp is 1 and min_p 0 (off).
     Every launch starts with it. With programmatic dependent launch (PDL), the next launch may place
     its programs as soon as all of this one's have started, and a launch reads its row settings (the
     op's inputs, which no launch writes) while the previous one drains, then waits for it to finish:
@@ -134,8 +148,18 @@ def _row_settings(idx_mapping_ptr, top_k_ptr, top_p_ptr, t, num_slots, vocab_siz
     safe = tl.maximum(slot, 0)
     k = tl.load(top_k_ptr + safe)
     p = tl.load(top_p_ptr + safe)
+    if DRAW:
+        temp = tl.load(temperature_ptr + safe)
+        min_p = tl.load(min_p_ptr + safe)
+    else:
+        temp = 1.0
+        min_p = 0.0
     if PDL:
         gdc_wait()
     k_on = (k > 0) & (k < vocab_size)
     p_on = p < 1.0
-    return k, p, k_on, p_on, (slot >= 0) & (k_on | p_on)
+    if DRAW:
+        active = (slot >= 0) & (temp != 0.0) & (k_on | p_on | (min_p != 0.0))
+    else:
+        active = (slot >= 0) & (k_on | p_on)
+    return k, p, k_on, p_on, active, temp, min_p
