@@ -409,7 +409,7 @@ def _sample_triton(logits, idx_mapping, temperature, top_k, top_p, min_p, seeds,
                V, tol, SEGMENT=_SEGMENT, SPLIT=True, BLOCK_V=min(_DRAW_BLOCK_V, _SEGMENT), num_warps=_DRAW_WARPS)
         launch(_reduce_segments_kernel, (T,), *params[:5], part_score, part_token, out, R, V, segments,
                SEGMENTS_P2=next_power_of_2(segments), num_warps=1)
-    draw_filtered_rows(logits, idx_mapping, temperature, top_k, top_p, min_p, seeds, output_lens, out)
+    draw_filtered_rows(logits, idx_mapping, temperature, top_k, top_p, min_p, seeds, output_lens, out, tol)
     return out
 
 

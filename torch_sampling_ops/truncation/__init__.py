@@ -48,6 +48,13 @@ not depend on the batch it is in. A row with both filters off is not read. Masse
 sums, so a token's membership may differ from the exact answer only where the exact mass above it
 is within float32 rounding of top_p.
 
+`sample` draws its filtered rows with the same launches in their DRAW form (`draw_filtered_rows`):
+the bound, the scan, then one program a row that settles the row, gathers its list and finds the
+thresholds as above on y = logits / temperature (the scan reads the logits as they are: a bound on
+them is one on y), with min_p's threshold folded in, and draws the token from the kept candidates;
+nothing is written to the logits, and a row the list may not cover takes the general path on a
+copy of the row in its workspace.
+
 The modules, one concern each: `settings` (the tunable sizes and batch-size thresholds, one
 `TruncationSettings` object; `use_settings` overrides them), `keys` (float keys, interval rounds
 and compaction), `workspace` (a row's settings and the layout of its workspace), `scan` (launches

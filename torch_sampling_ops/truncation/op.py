@@ -38,8 +38,8 @@ def _launch_setup(T: int, V: int, pdl: bool, settings: TruncationSettings, group
 
 
 def _launch_truncation(logits, idx_mapping, top_k, top_p, group_scan: bool, draw_args: tuple | None = None) -> None:
-    """The launches of the op, or with draw_args (temperature, min_p, seeds, output_lens, out) those
-    of `sample`'s filtered rows (DRAW)."""
+    """The launches of the op, or with draw_args (temperature, min_p, seeds, output_lens, out, the
+    draw's tolerance) those of `sample`'s filtered rows (DRAW)."""
     T, V = logits.shape
     if T == 0:
         return
@@ -48,7 +48,7 @@ def _launch_truncation(logits, idx_mapping, top_k, top_p, group_scan: bool, draw
     setup = _launch_setup if type(T) is int and type(V) is int else _launch_setup.__wrapped__  # SymInts: no cache
     num_segments, ws_stride, plan = setup(T, V, _uses_pdl(logits.device, settings), settings, group_scan, draw)
     ws = logits.new_empty((T, ws_stride), dtype=torch.float32)
-    extra = draw_args if draw else (top_p, top_p, top_k, top_k, top_k)  # read only with DRAW
+    extra = draw_args if draw else (top_p, top_p, top_k, top_k, top_k, 0.0)  # read only with DRAW
     args = (logits, logits.stride()[0], idx_mapping, top_k, top_p, ws, ws_stride, top_k.shape[0], V, num_segments,
             *extra)
     for kernel, grid, meta in plan:
@@ -60,12 +60,13 @@ def _top_k_top_p_triton(logits, idx_mapping, top_k, top_p, group_scan: bool = Fa
     _launch_truncation(logits, idx_mapping, top_k, top_p, group_scan)
 
 
-def draw_filtered_rows(logits, idx_mapping, temperature, top_k, top_p, min_p, seeds, output_lens, out) -> None:
+def draw_filtered_rows(logits, idx_mapping, temperature, top_k, top_p, min_p, seeds, output_lens, out,
+                       tol: float) -> None:
     """`sample` on the rows with temperature != 0 and a filter on (min_p, top_k or top_p): out[t] =
     the token drawn from the tokens the filters keep of logits[t] / temperature, -1 without one;
     other rows' out is not written, the logits never are. Scans grouped (most rows usually have their
-    filters off)."""
-    _launch_truncation(logits, idx_mapping, top_k, top_p, True, (temperature, min_p, seeds, output_lens, out))
+    filters off). tol: the approximate Gumbel scores' tolerance (gumbel.GUMBEL_APPROX_TOL)."""
+    _launch_truncation(logits, idx_mapping, top_k, top_p, True, (temperature, min_p, seeds, output_lens, out, tol))
 
 
 @define_op(

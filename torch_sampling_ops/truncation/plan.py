@@ -26,13 +26,14 @@ def _launch_plan(T: int, V: int, pdl: bool, settings: TruncationSettings | None 
     with pdl, every launch after the first is a programmatic dependent launch (see _row_settings).
     `settings`: the current ones (current_settings) by default. group_scan: the scan walks
     `scan_group` segments a program from `scan_group_min_t` rows (for callers whose rows mostly have
-    both filters off, as `sample`'s: the op itself does not). draw: `sample`'s launches (DRAW: the
-    selection draws each filtered row's token, nothing is filled)."""
+    both filters off, as `sample`'s: the op itself does not). draw: `sample`'s launches (DRAW): the
+    bound, the scan, and the selection, which settles and gathers its row, then draws its token;
+    nothing is filled."""
     s = settings or current_settings()
     num_segments = cdiv(V, s.segment)
     segments_p2 = next_power_of_2(num_segments)
     settle_launch = T >= s.settle_launch_min_t
-    follow = dict(PDL=pdl, DRAW=draw, launch_pdl=pdl)
+    follow = dict(PDL=pdl, launch_pdl=pdl)
     chunks = (T, cdiv(V, s.chunk))
     fill_group = s.fill_group if settle_launch else 1
     scan_group = s.scan_group if group_scan and T >= s.scan_group_min_t else 1
@@ -41,22 +42,24 @@ def _launch_plan(T: int, V: int, pdl: bool, settings: TruncationSettings | None 
              dict(CHUNK=s.chunk, SEGMENTS=s.chunk // s.segment, SEG_CAP=s.seg_cap, GROUP=fill_group,
                   num_warps=s.chunk_warps, **follow))]
     settle = [(_settle_kernel, (T,), dict(SEG_CAP=s.seg_cap, SEGMENTS_P2=segments_p2, num_warps=1, **follow))]
+    # 128 registers: two programs an SM
+    select = (_select_kernel, (T,),
+              dict(SEG_CAP=s.seg_cap, TILE=s.tile, SMALL=s.small, P=s.pivots, CAP=s.cap, BLOCK=s.block,
+                   MASK_BLOCK=s.mask_block, FILL=fill_in_select, CHUNK=s.chunk, SEGMENTS=s.chunk // s.segment,
+                   SEGMENTS_P2=segments_p2, DRAW=draw, num_warps=s.select_warps, maxnreg=128, **follow))
     return [
         (_sample_bound_kernel, (T,), dict(SAMPLE=s.sample, SEG_CAP=s.seg_cap, PDL=pdl, DRAW=draw,
                                           num_warps=4 if T >= s.few_sample_warps_min_t else s.sample_warps)),
         # 64 registers: 32 one-warp programs an SM
         (_scan_segments_kernel, (T, cdiv(num_segments, scan_group)),
-         dict(SEGMENT=s.segment, SEG_CAP=s.seg_cap, STAGES=s.scan_stages, GROUP=scan_group, num_warps=1, maxnreg=64,
-              **follow)),
-        *(settle if settle_launch else []),
-        (_gather_chunks_kernel, chunks,
-         dict(CHUNK=s.chunk, SEGMENTS=s.chunk // s.segment, SEG_CAP=s.seg_cap, SEGMENTS_P2=segments_p2,
-              SETTLED=settle_launch, num_warps=s.chunk_warps, **follow)),
-        # 128 registers: two programs an SM
-        (_select_kernel, (T,),
-         dict(SEG_CAP=s.seg_cap, TILE=s.tile, SMALL=s.small, P=s.pivots, CAP=s.cap, BLOCK=s.block,
-              MASK_BLOCK=s.mask_block, FILL=fill_in_select, CHUNK=s.chunk, SEGMENTS=s.chunk // s.segment,
-              num_warps=s.select_warps, maxnreg=128, **follow)),
+         dict(SEGMENT=s.segment, SEG_CAP=s.seg_cap, STAGES=s.scan_stages, GROUP=scan_group, DRAW=draw, num_warps=1,
+              maxnreg=64, **follow)),
+        # With draw, the selection settles and gathers its row itself.
+        *(settle if settle_launch and not draw else []),
+        *([] if draw else [(_gather_chunks_kernel, chunks,
+                            dict(CHUNK=s.chunk, SEGMENTS=s.chunk // s.segment, SEG_CAP=s.seg_cap,
+                                 SEGMENTS_P2=segments_p2, SETTLED=settle_launch, num_warps=s.chunk_warps, **follow))]),
+        select,
         *([] if fill_in_select or draw else fill),
     ]
 

@@ -27,6 +27,7 @@ from .workspace import (
     _segment_max_ptr,
     _segment_total_ptr,
     _values_ptr,
+    _weighs_row,
 )
 
 _FLT_MAX = tl.constexpr(3.4028234663852886e38)  # the sample stores lo >= -_FLT_MAX: -inf is never a candidate
@@ -36,11 +37,13 @@ _LOG2E = tl.constexpr(1.4426950408889634)
 @triton.jit
 def _sample_bound_kernel(
     logits_ptr, logits_stride, idx_mapping_ptr, top_k_ptr, top_p_ptr, ws_ptr, ws_stride, num_slots, vocab_size,
-    num_segments, temperature_ptr, min_p_ptr, seeds_ptr, output_lens_ptr, out_ptr,
+    num_segments, temperature_ptr, min_p_ptr, seeds_ptr, output_lens_ptr, out_ptr, tol,
     SAMPLE: tl.constexpr, SEG_CAP: tl.constexpr, PDL: tl.constexpr, DRAW: tl.constexpr,
 ):
     """A row's lower bound `lo` from a sample of its tokens, its exp reference, and for top-p alone a
-    second bound above `lo`."""
+    second bound above `lo`. With min_p on and top-k off (`sample` only), `lo` lies just below what
+    min_p keeps of the sample (its max divided by temp, plus log(min_p)): the row's max is at least
+    the sample's, so every token min_p keeps is listed."""
     t = tl.program_id(0)
     k, p, k_on, p_on, active, temp, min_p = _row_settings(idx_mapping_ptr, top_k_ptr, top_p_ptr, temperature_ptr,
                                                               min_p_ptr, t, num_slots, vocab_size, PDL, DRAW)
@@ -70,10 +73,14 @@ def _sample_bound_kernel(
         # Top-p alone: also a second bound, where a quarter of the capacity is expected above it. The
         # scan counts the mass above it too; when that holds top_p, only the candidates above it are kept.
         high_low = low
-        if (k_on == 0) | (rank > 32) | (vocab_size <= SAMPLE):
+        minp_bound = (k_on == 0) & (min_p != 0.0)
+        if ((k_on == 0) | (rank > 32) | (vocab_size <= SAMPLE)) & (minp_bound == 0):
             low, high_low = _rank_bounds(x, offs < vocab_size, low, rank, tl.where(k_on, rank, (rank + 1) // 2))
         ws_row = ws_ptr + t.to(tl.int64) * ws_stride
         lo = tl.maximum(_key_value(low), -_FLT_MAX)  # -inf is never a candidate
+        if minp_bound:  # a margin far above the roundings of the quotient; the settle step checks it
+            kept_floor = tl.math.div_rn(tl.max(x), temp) + tl.log(tl.where(minp_bound, min_p, 1.0))
+            lo = tl.maximum((kept_floor - 2.0**-12 * (1.0 + tl.abs(kept_floor))) * temp, -_FLT_MAX)
         tl.store(ws_row + _LO, lo)
         high_bound = tl.where(k_on, float("inf"), tl.maximum(_key_value(high_low), lo))
         tl.store(ws_row + _SECOND_BOUND, high_bound)
@@ -259,13 +266,13 @@ def _scan_segment_with_mass(row_ptr, offs, vocab_size, lo, high_bound, log2_scal
 @triton.jit
 def _scan_segments_kernel(
     logits_ptr, logits_stride, idx_mapping_ptr, top_k_ptr, top_p_ptr, ws_ptr, ws_stride, num_slots, vocab_size,
-    num_segments, temperature_ptr, min_p_ptr, seeds_ptr, output_lens_ptr, out_ptr,
+    num_segments, temperature_ptr, min_p_ptr, seeds_ptr, output_lens_ptr, out_ptr, tol,
     SEGMENT: tl.constexpr, SEG_CAP: tl.constexpr, STAGES: tl.constexpr, GROUP: tl.constexpr,
     PDL: tl.constexpr, DRAW: tl.constexpr,
 ):
     """Statistics and candidates of GROUP consecutive segments in turn, in one warp: each one's max,
-    normaliser and candidate mass (only for top-p alone: with top-k on, the selection weighs its own
-    candidates), and its candidates (_scan_segment). A tile is 4 consecutive tokens a lane; with one
+    normaliser and candidate mass (only for a row it weighs, `_weighs_row`: otherwise the selection
+    weighs its own candidates), and its candidates (_scan_segment). A tile is 4 consecutive tokens a lane; with one
     warp a program, a tile's prefix sums never wait on a block-wide barrier (with several warps,
     Triton 3.6 spread a tile's lanes over warps)."""
     t = tl.program_id(0)
@@ -292,7 +299,7 @@ def _scan_segments_kernel(
             pairs_ptr = _pairs_ptr(ws_row, num_segments) + segment * SEG_CAP
             offs = segment * SEGMENT + tl.arange(0, 32)[:, None] * 4 + tl.arange(0, 4)[None, :]
             full = (segment + 1) * SEGMENT <= vocab_size  # the segment lies in the row: unmasked top-p loads
-            if k_on:
+            if _weighs_row(k_on, p_on, min_p) == 0:
                 seg_max, count = _scan_segment(row_ptr, offs, vocab_size, lo, pairs_ptr, SEGMENT, SEG_CAP)
             else:
                 if full:
@@ -319,8 +326,8 @@ def _largest_below(floor, temp):
 
 
 @triton.jit
-def _settle_row(ws_row, num_segments, k, p, k_on, temp, min_p, SEG_CAP: tl.constexpr, SEGMENTS_P2: tl.constexpr,
-                DRAW: tl.constexpr):
+def _settle_row(ws_row, num_segments, k, p, k_on, p_on, temp, min_p, SEG_CAP: tl.constexpr,
+                SEGMENTS_P2: tl.constexpr, DRAW: tl.constexpr):
     """Combines the segment statistics in segment order: whether the candidates settle the row (flag
     1: no segment overflowed, and they hold the k tokens or the top_p mass; 2: top-p alone, and the
     candidates >= the second bound hold the mass, so only they are listed), each segment's listed
@@ -340,7 +347,8 @@ def _settle_row(ws_row, num_segments, k, p, k_on, temp, min_p, SEG_CAP: tl.const
     count_high_ptr = _segment_count_high_ptr(ws_row, num_segments)
     g = tl.arange(0, SEGMENTS_P2)
     in_row = g < num_segments
-    with_mass = g < tl.where(k_on, 0, num_segments)  # top-p alone
+    weighs = _weighs_row(k_on, p_on, min_p)
+    with_mass = g < tl.where(weighs, num_segments, 0)
     row_max = tl.max(tl.load(max_ptr + g, mask=in_row, other=float("-inf")))
     ref = tl.load(ws_row + _REF)
     if DRAW:
@@ -355,12 +363,10 @@ def _settle_row(ws_row, num_segments, k, p, k_on, temp, min_p, SEG_CAP: tl.const
     counts = tl.load(count_ptr + g, mask=in_row, other=0)
     counts_high = tl.load(count_high_ptr + g, mask=with_mass, other=0)
     enough = tl.where(k_on, tl.sum(counts) >= k, mass >= p * total)  # NaN: not settled
-    narrow = (k_on == 0) & (mass_high >= p * total)
-    if DRAW:
-        minp_on = min_p != 0.0
-        held = row_max + tl.log(tl.where(minp_on, min_p, 1.0)) > _largest_below(tl.load(ws_row + _LO), temp)
-        enough = tl.where(k_on | (minp_on == 0), enough, held)
-        narrow = narrow & (minp_on == 0)
+    narrow = weighs & (mass_high >= p * total)
+    if DRAW:  # min_p without top-k: the candidates hold every token min_p keeps
+        held = row_max + tl.log(tl.where(min_p != 0.0, min_p, 1.0)) > _largest_below(tl.load(ws_row + _LO), temp)
+        enough = tl.where(k_on | weighs, enough, held)
     settled = _is_finite(row_max) & (tl.max(counts) <= SEG_CAP) & enough
     flag = tl.where(settled, tl.where(narrow, 2, 1), 0)
     listed = tl.where(narrow, counts_high, counts)
@@ -379,18 +385,18 @@ def _store_settlement(ws_row, flag, row_max, total, listed):
 @triton.jit
 def _settle_kernel(
     logits_ptr, logits_stride, idx_mapping_ptr, top_k_ptr, top_p_ptr, ws_ptr, ws_stride, num_slots, vocab_size,
-    num_segments, temperature_ptr, min_p_ptr, seeds_ptr, output_lens_ptr, out_ptr,
-    SEG_CAP: tl.constexpr, SEGMENTS_P2: tl.constexpr, PDL: tl.constexpr, DRAW: tl.constexpr,
+    num_segments, temperature_ptr, min_p_ptr, seeds_ptr, output_lens_ptr, out_ptr, tol,
+    SEG_CAP: tl.constexpr, SEGMENTS_P2: tl.constexpr, PDL: tl.constexpr,
 ):
     """A large batch's rows settled once each, one warp a row (see settle_launch_min_t): the header
     and each segment's offset in the row's list."""
     t = tl.program_id(0)
     k, p, k_on, p_on, active, temp, min_p = _row_settings(idx_mapping_ptr, top_k_ptr, top_p_ptr, temperature_ptr,
-                                                              min_p_ptr, t, num_slots, vocab_size, PDL, DRAW)
+                                                              min_p_ptr, t, num_slots, vocab_size, PDL, False)
     if active:
         ws_row = ws_ptr + t.to(tl.int64) * ws_stride
-        flag, listed, row_max, total = _settle_row(ws_row, num_segments, k, p, k_on, temp, min_p, SEG_CAP,
-                                                        SEGMENTS_P2, DRAW)
+        flag, listed, row_max, total = _settle_row(ws_row, num_segments, k, p, k_on, p_on, temp, min_p, SEG_CAP,
+                                                        SEGMENTS_P2, False)
         _store_settlement(ws_row, flag, row_max, total, listed)
         g = tl.arange(0, SEGMENTS_P2)
         first_ptr = _segment_first_ptr(ws_row, num_segments)
@@ -398,18 +404,18 @@ def _settle_kernel(
 
 
 @triton.jit
-def _listed_candidates(ws_row, num_segments, mine, flag, k_on, SEG_CAP: tl.constexpr):
+def _listed_candidates(ws_row, num_segments, mine, flag, weighs, SEG_CAP: tl.constexpr):
     """The listed candidates of segments `mine` [SEGMENTS], as [SEGMENTS, SEG_CAP]: values,
     positions, which are present, and how many each segment lists."""
     count_ptr = _segment_count_ptr(ws_row, num_segments)
     count_high_ptr = _segment_count_high_ptr(ws_row, num_segments)
     pairs_ptr = _pairs_ptr(ws_row, num_segments)
     counts = tl.load(count_ptr + mine, mask=mine < num_segments, other=0)
-    # The scan writes counts_high for top-p alone only. (A select, not `& ~k_on`: the interpreter
+    # The scan writes counts_high for the rows it weighs only. (A select, not `& weighs`: the interpreter
     # turns a scalar & a tensor into an int32 mask, which tl.load refuses.)
-    counts_high = tl.load(count_high_ptr + mine, mask=tl.where(k_on, False, mine < num_segments), other=0)
+    counts_high = tl.load(count_high_ptr + mine, mask=tl.where(weighs, mine < num_segments, False), other=0)
     n = tl.where(flag == 2, counts_high, counts)  # as _settle_row lists them
-    n_front = tl.where(k_on, counts, counts_high)  # see _scan_step and _scan_pair_with_mass
+    n_front = tl.where(weighs, counts_high, counts)  # see _scan_step and _scan_pair_with_mass
     i = tl.arange(0, SEG_CAP)[None, :]
     present = i < n[:, None]
     source = tl.where(i < n_front[:, None], i, SEG_CAP - 1 - (i - n_front[:, None]))
@@ -418,34 +424,68 @@ def _listed_candidates(ws_row, num_segments, mine, flag, k_on, SEG_CAP: tl.const
 
 
 @triton.jit
+def _gather_list(ws_row, num_segments, listed, weighs, temp, values_ptr, positions_ptr, SEG_CAP: tl.constexpr,
+                 SEGMENTS_P2: tl.constexpr):
+    """`sample`'s settled row, in the program that draws it: the `listed` [SEGMENTS_P2] candidates of
+    every segment gathered in segment order into the row's list, values divided by temp (IEEE), and
+    their positions; 32 slots of every segment a step (most segments list a few candidates), the next
+    step's loads in flight while one is stored."""
+    g = tl.arange(0, SEGMENTS_P2)
+    in_row = g < num_segments
+    counts = tl.load(_segment_count_ptr(ws_row, num_segments) + g, mask=in_row, other=0)
+    counts_high = tl.load(_segment_count_high_ptr(ws_row, num_segments) + g, mask=tl.where(weighs, in_row, False),
+                          other=0)
+    n_front = tl.where(weighs, counts_high, counts)  # see _listed_candidates
+    first = tl.cumsum(listed, axis=0) - listed
+    pairs_ptr = _pairs_ptr(ws_row, num_segments)
+    pair, present, dest = _listed_step(pairs_ptr, g, listed, n_front, first, 0, SEG_CAP)
+    for i0 in range(32, tl.max(listed) + 32, 32):
+        next_pair, next_present, next_dest = _listed_step(pairs_ptr, g, listed, n_front, first, i0, SEG_CAP)
+        value = (pair >> 32).to(tl.int32).to(tl.float32, bitcast=True)
+        tl.store(values_ptr + dest, tl.math.div_rn(value, temp), mask=present)
+        tl.store(positions_ptr + dest, pair.to(tl.int32), mask=present)
+        pair, present, dest = next_pair, next_present, next_dest
+
+
+@triton.jit
+def _listed_step(pairs_ptr, g, listed, n_front, first, i0, SEG_CAP: tl.constexpr):
+    """_gather_list's step: slots i0 .. i0 + 31 of every segment's list (pairs, present, their places)."""
+    i = i0 + tl.arange(0, 32)[None, :]
+    present = i < listed[:, None]
+    source = tl.where(i < n_front[:, None], i, SEG_CAP - 1 - (i - n_front[:, None]))
+    pair = tl.load(pairs_ptr + g[:, None] * SEG_CAP + source, mask=present, other=0)
+    return pair, present, first[:, None] + i
+
+
+@triton.jit
 def _gather_chunks_kernel(
     logits_ptr, logits_stride, idx_mapping_ptr, top_k_ptr, top_p_ptr, ws_ptr, ws_stride, num_slots, vocab_size,
-    num_segments, temperature_ptr, min_p_ptr, seeds_ptr, output_lens_ptr, out_ptr,
+    num_segments, temperature_ptr, min_p_ptr, seeds_ptr, output_lens_ptr, out_ptr, tol,
     CHUNK: tl.constexpr, SEGMENTS: tl.constexpr, SEG_CAP: tl.constexpr, SEGMENTS_P2: tl.constexpr,
-    SETTLED: tl.constexpr, PDL: tl.constexpr, DRAW: tl.constexpr,
+    SETTLED: tl.constexpr, PDL: tl.constexpr,
 ):
     """A row's chunk of SEGMENTS segments. Unless the settle launch ran (SETTLED), each program
     settles the row from the segment statistics (all of a row's programs reach the same bits; the
     first writes the header). In a settled row: the segments' listed candidate values gathered into
     the row's candidate list, at their offsets in segment order; with top-k on, also their positions
-    (into the selection's buffer), and -inf over the chunk. With DRAW (`sample`) the values divided
-    by the temperature and the positions of every row, and the logits are not written."""
+    (into the selection's buffer), and -inf over the chunk."""
     t = tl.program_id(0)
     c = tl.program_id(1)
     k, p, k_on, p_on, active, temp, min_p = _row_settings(idx_mapping_ptr, top_k_ptr, top_p_ptr, temperature_ptr,
-                                                              min_p_ptr, t, num_slots, vocab_size, PDL, DRAW)
+                                                              min_p_ptr, t, num_slots, vocab_size, PDL, False)
     if active:
         ws_row = ws_ptr + t.to(tl.int64) * ws_stride
         mine = c * SEGMENTS + tl.arange(0, SEGMENTS)
         if SETTLED:
             flag = tl.load(_header_int(ws_row, _FLAG))
         else:
-            flag, listed, row_max, total = _settle_row(ws_row, num_segments, k, p, k_on, temp, min_p, SEG_CAP,
-                                                       SEGMENTS_P2, DRAW)
+            flag, listed, row_max, total = _settle_row(ws_row, num_segments, k, p, k_on, p_on, temp, min_p, SEG_CAP,
+                                                       SEGMENTS_P2, False)
             if c == 0:
                 _store_settlement(ws_row, flag, row_max, total, listed)
         if flag != 0:
-            values, positions, present, n = _listed_candidates(ws_row, num_segments, mine, flag, k_on, SEG_CAP)
+            values, positions, present, n = _listed_candidates(ws_row, num_segments, mine, flag,
+                                                               _weighs_row(k_on, p_on, min_p), SEG_CAP)
             if SETTLED:
                 first_ptr = _segment_first_ptr(ws_row, num_segments)
                 first = tl.load(first_ptr + mine, mask=mine < num_segments, other=0)
@@ -454,28 +494,23 @@ def _gather_chunks_kernel(
             values_ptr = _values_ptr(ws_row, num_segments, SEG_CAP)
             buffer_ptr = _buffer_ptr(ws_row, num_segments, SEG_CAP)
             dest = first[:, None] + tl.arange(0, SEG_CAP)[None, :]
-            if DRAW:  # the values of y = x / temperature, and every row's positions: the selection draws
-                tl.store(values_ptr + dest, tl.math.div_rn(values, temp), mask=present)
+            tl.store(values_ptr + dest, values, mask=present)
+            # With top-k on the selection writes the few kept candidates back from their positions.
+            # Top-p alone keeps thousands: the fill restores them chunk by chunk instead (package docstring).
+            if k_on:
                 tl.store(buffer_ptr.to(tl.pointer_type(tl.int32)) + dest, positions, mask=present)
-            else:
-                tl.store(values_ptr + dest, values, mask=present)
-                # With top-k on the selection writes the few kept candidates back from their positions.
-                # Top-p alone keeps thousands: the fill restores them chunk by chunk instead (package
-                # docstring).
-                if k_on:
-                    tl.store(buffer_ptr.to(tl.pointer_type(tl.int32)) + dest, positions, mask=present)
-                    offs = c * CHUNK + tl.arange(0, CHUNK)
-                    row_ptr = logits_ptr + t.to(tl.int64) * logits_stride
-                    tl.store(row_ptr + offs, tl.full([CHUNK], float("-inf"), row_ptr.dtype.element_ty),
-                             mask=offs < vocab_size)
+                offs = c * CHUNK + tl.arange(0, CHUNK)
+                row_ptr = logits_ptr + t.to(tl.int64) * logits_stride
+                tl.store(row_ptr + offs, tl.full([CHUNK], float("-inf"), row_ptr.dtype.element_ty),
+                         mask=offs < vocab_size)
 
 
 @triton.jit
 def _fill_chunks_kernel(
     logits_ptr, logits_stride, idx_mapping_ptr, top_k_ptr, top_p_ptr, ws_ptr, ws_stride, num_slots, vocab_size,
-    num_segments, temperature_ptr, min_p_ptr, seeds_ptr, output_lens_ptr, out_ptr,
+    num_segments, temperature_ptr, min_p_ptr, seeds_ptr, output_lens_ptr, out_ptr, tol,
     CHUNK: tl.constexpr, SEGMENTS: tl.constexpr, SEG_CAP: tl.constexpr, GROUP: tl.constexpr,
-    PDL: tl.constexpr, DRAW: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """For top-p alone, once the selection found a settled row's threshold, GROUP chunks of SEGMENTS
     segments each: -inf over a chunk, then, after a block barrier, its segments' listed candidates
@@ -483,7 +518,7 @@ def _fill_chunks_kernel(
     store of the chunk before any restore)."""
     t = tl.program_id(0)
     k, p, k_on, p_on, active, temp, min_p = _row_settings(idx_mapping_ptr, top_k_ptr, top_p_ptr, temperature_ptr,
-                                                              min_p_ptr, t, num_slots, vocab_size, PDL, DRAW)
+                                                              min_p_ptr, t, num_slots, vocab_size, PDL, False)
     if active:
         ws_row = ws_ptr + t.to(tl.int64) * ws_stride
         flag = tl.load(_header_int(ws_row, _FLAG))
@@ -493,7 +528,7 @@ def _fill_chunks_kernel(
             first, end = program_range(tl.cdiv(vocab_size, CHUNK), GROUP)
             for c in range(first, end):
                 mine = c * SEGMENTS + tl.arange(0, SEGMENTS)
-                values, positions, present, _ = _listed_candidates(ws_row, num_segments, mine, flag, k_on, SEG_CAP)
+                values, positions, present, _ = _listed_candidates(ws_row, num_segments, mine, flag, True, SEG_CAP)
                 _fill_chunk(row_ptr, c, vocab_size, threshold, values, positions, present, CHUNK)
 
 

@@ -5,7 +5,17 @@ import triton
 import triton.language as tl
 
 from .._triton_helpers import load_slot
-from ..gumbel import argmax_finish, exact_gumbel_argmax, stream_bits, stream_gumbel, stream_key
+from ..gumbel import (
+    argmax_finish,
+    exact_gumbel_argmax,
+    stream_bits,
+    stream_gumbel,
+    stream_gumbel_approx,
+    stream_key,
+    top2_certified,
+    top2_init,
+    top2_update,
+)
 from .general import _general_row
 from .keys import (
     _compact_tile,
@@ -18,7 +28,7 @@ from .keys import (
     _part_count,
     _part_starts,
 )
-from .scan import _fill_chunk, _largest_below, _listed_candidates
+from .scan import _fill_chunk, _gather_list, _largest_below, _listed_candidates, _settle_row
 from .settings import _SWEEP_GROUP
 from .workspace import (
     _FLAG,
@@ -34,6 +44,7 @@ from .workspace import (
     _scratch_ptr,
     _search_floor,
     _values_ptr,
+    _weighs_row,
 )
 
 
@@ -169,18 +180,15 @@ def _candidate_mass(values_ptr, count, row_max, floor, TILE: tl.constexpr):
 
 
 @triton.jit
-def _settled_threshold(ws_row, flag, values_ptr, buffer_ptr, scratch_ptr, list_size, k, p, k_on, p_on, temp, min_p,
-                       TILE: tl.constexpr, SMALL: tl.constexpr, DRAW: tl.constexpr):
-    """(threshold, list length) of a settled row, from its candidate list: top-k's, then top-p's
-    (renormalised over the tokens top-k keeps). With DRAW the values are y = x / temp, and min_p's
+def _settled_threshold(ws_row, flag, values_ptr, buffer_ptr, scratch_ptr, list_size, count, row_max, total, k, p,
+                       k_on, p_on, temp, min_p, TILE: tl.constexpr, SMALL: tl.constexpr, DRAW: tl.constexpr):
+    """The threshold of a settled row from its candidate list of `count`, given the row max and
+    normaliser: top-k's, then top-p's (renormalised over the tokens top-k keeps). With DRAW the values are y = x / temp, and min_p's
     threshold (row max + log(min_p)) comes before top-k's and top-p's: it raises top-k's, and top-p
     is renormalised over what both keep (see _settle_row)."""
     floor = _search_floor(ws_row, flag)
     if DRAW:
         floor = tl.math.div_rn(floor, temp)
-    row_max = tl.load(ws_row + _ROW_MAX)
-    total = tl.load(ws_row + _TOTAL)
-    count = tl.load(_header_int(ws_row, _LISTED))
     low = _float_key(floor)
     high = _float_key(row_max)
     threshold = floor
@@ -202,7 +210,7 @@ def _settled_threshold(ws_row, flag, values_ptr, buffer_ptr, scratch_ptr, list_s
             in_set = count
         threshold = _select_threshold(values_ptr, buffer_ptr, list_size, scratch_ptr, count, floor, low, high,
                                       tl.full([], 0.0, tl.float32), in_set, row_max, target, True, TILE, SMALL)
-    return threshold, count
+    return threshold
 
 
 @triton.jit
@@ -218,8 +226,10 @@ def _select_row(row_ptr, ws_row, flag, pairs_ptr, values_ptr, buffer_ptr, scratc
     positions_ptr = buffer_ptr.to(tl.pointer_type(tl.int32))
     if k_on:
         buffer_ptr = pairs_ptr.to(tl.pointer_type(tl.float32))
-    threshold, count = _settled_threshold(ws_row, flag, values_ptr, buffer_ptr, scratch_ptr, list_size, k, p, k_on,
-                                          p_on, 1.0, 0.0, TILE, SMALL, False)
+    count = tl.load(_header_int(ws_row, _LISTED))
+    threshold = _settled_threshold(ws_row, flag, values_ptr, buffer_ptr, scratch_ptr, list_size, count,
+                                   tl.load(ws_row + _ROW_MAX), tl.load(ws_row + _TOTAL), k, p, k_on, p_on, 1.0, 0.0,
+                                   TILE, SMALL, False)
     if k_on:  # the next tile loads while one is written back
         values, present = _candidate_values(values_ptr, count, 0, TILE)
         positions = tl.load(positions_ptr + tl.arange(0, TILE), mask=present)
@@ -230,10 +240,10 @@ def _select_row(row_ptr, ws_row, flag, pairs_ptr, values_ptr, buffer_ptr, scratc
             values, present, positions = next_values, next_present, next_positions
     elif FILL:
         mine = tl.arange(0, SEGMENTS)
-        listed, listed_at, is_listed, _ = _listed_candidates(ws_row, num_segments, mine, flag, k_on, SEG_CAP)
+        listed, listed_at, is_listed, _ = _listed_candidates(ws_row, num_segments, mine, flag, True, SEG_CAP)
         for c in range(0, tl.cdiv(vocab_size, CHUNK)):
             mine += SEGMENTS  # past the last segment: nothing listed, nothing loaded
-            next_listed, next_at, next_is_listed, _ = _listed_candidates(ws_row, num_segments, mine, flag, k_on,
+            next_listed, next_at, next_is_listed, _ = _listed_candidates(ws_row, num_segments, mine, flag, True,
                                                                          SEG_CAP)
             _fill_chunk(row_ptr, c, vocab_size, threshold, listed, listed_at, is_listed, CHUNK)
             listed, listed_at, is_listed = next_listed, next_at, next_is_listed
@@ -242,9 +252,32 @@ def _select_row(row_ptr, ws_row, flag, pairs_ptr, values_ptr, buffer_ptr, scratc
 
 
 @triton.jit
-def _draw_candidates(values_ptr, positions_ptr, count, threshold, key, TILE: tl.constexpr):
+def _draw_candidates(values_ptr, positions_ptr, count, threshold, key, tol, TILE: tl.constexpr):
     """The token of argmax over the listed candidates >= threshold of value + stream_gumbel(key,
-    position), the lower position among ties (the list is not in row order); -1 without one."""
+    position), the lower position among ties; -1 without one. As gumbel_argmax: each candidate
+    scored approximately (per-lane top two), and when the tolerance separates the winner, it is the
+    exact scores' winner; otherwise every candidate is scored exactly. The next tile loads while one
+    is scored."""
+    first, second, first_j = top2_init(TILE)
+    values, present = _candidate_values(values_ptr, count, 0, TILE)
+    positions = tl.load(positions_ptr + tl.arange(0, TILE), mask=present, other=0)
+    for start in range(TILE, count + TILE, TILE):
+        next_values, next_present = _candidate_values(values_ptr, count, start, TILE)
+        next_positions = tl.load(positions_ptr + start + tl.arange(0, TILE), mask=next_present, other=0)
+        approx = tl.where(present & (values >= threshold),
+                          values + stream_gumbel_approx(stream_bits(key, positions)), float("-inf"))
+        first, second, first_j = top2_update(first, second, first_j, approx, positions)
+        values, present, positions = next_values, next_present, next_positions
+    token, certified = top2_certified(first, second, first_j, tol, TILE)
+    if not certified:
+        token = _draw_candidates_exactly(values_ptr, positions_ptr, count, threshold, key, TILE)
+    return token
+
+
+@triton.jit
+def _draw_candidates_exactly(values_ptr, positions_ptr, count, threshold, key, TILE: tl.constexpr):
+    """_draw_candidates' result from the exact scores of all candidates (the list is not in row
+    order: ties go to the lower position explicitly)."""
     best = tl.full([TILE], float("-inf"), tl.float32)
     best_j = tl.full([TILE], -1, tl.int32)
     for start in range(0, count, TILE):
@@ -279,51 +312,71 @@ def _draw_general_row(logits_row, copy_ptr, scratch_ptr, vocab_size, k, p, k_on,
 
 
 @triton.jit
+def _draw_row(logits_row, ws_row, num_segments, vocab_size, k, p, k_on, p_on, temp, min_p, key, tol,
+              SEG_CAP: tl.constexpr,
+              SEGMENTS_P2: tl.constexpr, TILE: tl.constexpr, SMALL: tl.constexpr, P: tl.constexpr,
+              CAP: tl.constexpr, BLOCK: tl.constexpr, MASK_BLOCK: tl.constexpr):
+    """`sample`'s filtered row after the scan, in one program: settled from the segment statistics,
+    its listed candidates gathered (values divided by temp), the thresholds found among them and the
+    token drawn from the kept ones, exactly scored; or, when the list may miss a kept token (not
+    settled, or the threshold not above what an unlisted token can reach), the general path on a
+    copy of the row."""
+    values_ptr = _values_ptr(ws_row, num_segments, SEG_CAP)
+    positions_ptr = _buffer_ptr(ws_row, num_segments, SEG_CAP).to(tl.pointer_type(tl.int32))
+    scratch_ptr = _scratch_ptr(ws_row, num_segments, SEG_CAP)
+    flag, listed, row_max, total = _settle_row(ws_row, num_segments, k, p, k_on, p_on, temp, min_p, SEG_CAP,
+                                               SEGMENTS_P2, True)
+    token = tl.full([], -1, tl.int32)
+    drawn = tl.full([], False, tl.int1)
+    if flag != 0:
+        _gather_list(ws_row, num_segments, listed, _weighs_row(k_on, p_on, min_p), temp, values_ptr, positions_ptr,
+                     SEG_CAP, SEGMENTS_P2)
+        tl.debug_barrier()  # the list, written by all of the program's threads, is read by all of them
+        # The buffer holds the positions: the pair regions, read by now, take the compactions.
+        threshold = _settled_threshold(ws_row, flag, values_ptr, _pairs_ptr(ws_row, num_segments).to(tl.pointer_type(
+            tl.float32)), scratch_ptr, num_segments * SEG_CAP, tl.sum(listed), row_max, total, k, p, k_on, p_on, temp,
+            min_p, TILE, SMALL, True)
+        if threshold > _largest_below(_search_floor(ws_row, flag), temp):
+            token = _draw_candidates(values_ptr, positions_ptr, tl.sum(listed), threshold, key, tol, TILE)
+            drawn = True
+    if not drawn:
+        SCRATCH: tl.constexpr = TILE if TILE > CAP else CAP
+        token = _draw_general_row(logits_row, _row_copy_ptr(ws_row, num_segments, SEG_CAP, SCRATCH), scratch_ptr,
+                                  vocab_size, k, p, k_on, p_on, temp, min_p, row_max, key, P, CAP, BLOCK, MASK_BLOCK)
+    return token
+
+
+@triton.jit
 def _select_kernel(
     logits_ptr, logits_stride, idx_mapping_ptr, top_k_ptr, top_p_ptr, ws_ptr, ws_stride, num_slots, vocab_size,
-    num_segments, temperature_ptr, min_p_ptr, seeds_ptr, output_lens_ptr, out_ptr,
+    num_segments, temperature_ptr, min_p_ptr, seeds_ptr, output_lens_ptr, out_ptr, tol,
     SEG_CAP: tl.constexpr, TILE: tl.constexpr, SMALL: tl.constexpr, P: tl.constexpr,
     CAP: tl.constexpr, BLOCK: tl.constexpr, MASK_BLOCK: tl.constexpr, FILL: tl.constexpr,
-    CHUNK: tl.constexpr, SEGMENTS: tl.constexpr, PDL: tl.constexpr, DRAW: tl.constexpr,
+    CHUNK: tl.constexpr, SEGMENTS: tl.constexpr, SEGMENTS_P2: tl.constexpr, PDL: tl.constexpr, DRAW: tl.constexpr,
 ):
     """A row's threshold: from its candidates when they settle it (applied here with top-k on, and
     for top-p alone here with FILL, else by the fill launch), else by the general path, which also
-    masks the row. With DRAW (`sample`): out[t], the token drawn from the kept candidates (every
-    token the filters keep is listed: the threshold lies above what an unlisted token can reach),
-    else from the general path's copy of the row; the logits are not written."""
+    masks the row. With DRAW (`sample`, right after the scan): out[t], the token _draw_row draws; the
+    logits are not written."""
     t = tl.program_id(0)
     k, p, k_on, p_on, active, temp, min_p = _row_settings(idx_mapping_ptr, top_k_ptr, top_p_ptr, temperature_ptr,
                                                           min_p_ptr, t, num_slots, vocab_size, PDL, DRAW)
     if active:
         ws_row = ws_ptr + t.to(tl.int64) * ws_stride
         row_ptr = logits_ptr + t.to(tl.int64) * logits_stride
-        pairs_ptr = _pairs_ptr(ws_row, num_segments)
-        values_ptr = _values_ptr(ws_row, num_segments, SEG_CAP)
-        buffer_ptr = _buffer_ptr(ws_row, num_segments, SEG_CAP)
-        scratch_ptr = _scratch_ptr(ws_row, num_segments, SEG_CAP)
-        flag = tl.load(_header_int(ws_row, _FLAG))
         if DRAW:
             slot = load_slot(idx_mapping_ptr, t, num_slots)
             key = stream_key(tl.load(seeds_ptr + slot).to(tl.int64), tl.load(output_lens_ptr + t).to(tl.int64))
-            token = tl.full([], -1, tl.int32)
-            drawn = tl.full([], False, tl.int1)
-            if flag != 0:
-                # The buffer holds the positions: the pair regions take the compactions.
-                threshold, count = _settled_threshold(ws_row, flag, values_ptr, pairs_ptr.to(tl.pointer_type(tl.float32)),
-                                                      scratch_ptr, num_segments * SEG_CAP, k, p, k_on, p_on, temp,
-                                                      min_p, TILE, SMALL, True)
-                if threshold > _largest_below(_search_floor(ws_row, flag), temp):
-                    token = _draw_candidates(values_ptr, buffer_ptr.to(tl.pointer_type(tl.int32)), count, threshold,
-                                             key, TILE)
-                    drawn = True
-            if not drawn:
-                SCRATCH: tl.constexpr = TILE if TILE > CAP else CAP
-                token = _draw_general_row(row_ptr, _row_copy_ptr(ws_row, num_segments, SEG_CAP, SCRATCH),
-                                          scratch_ptr, vocab_size, k, p, k_on, p_on, temp, min_p,
-                                          tl.load(ws_row + _ROW_MAX), key, P, CAP, BLOCK, MASK_BLOCK)
+            token = _draw_row(row_ptr, ws_row, num_segments, vocab_size, k, p, k_on, p_on, temp, min_p, key, tol,
+                              SEG_CAP, SEGMENTS_P2, TILE, SMALL, P, CAP, BLOCK, MASK_BLOCK)
             tl.store(out_ptr + t, token.to(tl.int64))
-        elif flag != 0:
-            _select_row(row_ptr, ws_row, flag, pairs_ptr, values_ptr, buffer_ptr, scratch_ptr, num_segments, vocab_size,
-                        k, p, k_on, p_on, SEG_CAP, TILE, SMALL, FILL, CHUNK, SEGMENTS)
         else:
-            _general_row(row_ptr, scratch_ptr, vocab_size, k, p, k_on, p_on, P, CAP, BLOCK, MASK_BLOCK)
+            flag = tl.load(_header_int(ws_row, _FLAG))
+            scratch_ptr = _scratch_ptr(ws_row, num_segments, SEG_CAP)
+            if flag != 0:
+                _select_row(row_ptr, ws_row, flag, _pairs_ptr(ws_row, num_segments),
+                            _values_ptr(ws_row, num_segments, SEG_CAP), _buffer_ptr(ws_row, num_segments, SEG_CAP),
+                            scratch_ptr, num_segments, vocab_size, k, p, k_on, p_on, SEG_CAP, TILE, SMALL, FILL, CHUNK,
+                            SEGMENTS)
+            else:
+                _general_row(row_ptr, scratch_ptr, vocab_size, k, p, k_on, p_on, P, CAP, BLOCK, MASK_BLOCK)

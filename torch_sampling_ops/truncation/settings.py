@@ -55,10 +55,11 @@ class TruncationSettings:
     settle_launch_min_t: int = 32
     """From this batch size a launch of its own settles each row once; below it each gather program
     settles its row (all reach the same bits), which saves a launch while the rows are few."""
-    scan_group: int = 4
-    """For callers whose rows mostly have both filters off (`sample`), from `scan_group_min_t` rows:
-    segments a scan program walks in turn, so such a row costs a quarter of the scan's programs
-    (each still a launch slot). Rows with a filter on scan slower so (top_k_top_p itself does not)."""
+    scan_group: int = 2
+    """For `sample`, whose rows may mostly have their filters off, from `scan_group_min_t` rows:
+    segments a scan program walks in turn, so such a row costs a fraction of the scan's programs
+    (each still a launch slot). Rows with a filter on scan slower so (top_k_top_p itself does not);
+    2 balances the two (docs/notes/sampling-tuning.md)."""
     scan_group_min_t: int = 64
     """From this batch size such callers' scans group their segments; below it one program a
     segment keeps the few rows spread over the GPU."""

@@ -132,6 +132,15 @@ def _search_floor(ws_row, flag):
 
 
 @triton.jit
+def _weighs_row(k_on, p_on, min_p):
+    """Whether the scan weighs the row: top-p alone (for `sample`, without min_p). Such a row's scan
+    sums masses, counts the candidates >= the second bound and stores those from the front of its
+    regions, the others from the back; any other row's candidates are all stored from the front, and
+    top-p, if on, is renormalised over the candidates the other filters keep."""
+    return p_on & (k_on == 0) & (min_p == 0.0)
+
+
+@triton.jit
 def _row_settings(idx_mapping_ptr, top_k_ptr, top_p_ptr, temperature_ptr, min_p_ptr, t, num_slots, vocab_size,
                   PDL: tl.constexpr, DRAW: tl.constexpr):
     """(k, p, k_on, p_on, active, temp, min_p) of row t; an inactive row (slot out of range, both
