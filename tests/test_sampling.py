@@ -444,10 +444,13 @@ FILTER_PATH_PARAMS = [dict(min_p=0.1), dict(min_p=0.1, top_p=0.8), dict(min_p=0.
 
 @pytest.mark.parametrize("backend", ["interpret", pytest.param("cuda", marks=pytest.mark.cuda)])
 @pytest.mark.parametrize("params", FILTER_PATH_PARAMS, ids=str)
-def test_sample_filtered_rows_listed_and_general_paths(backend, params):
-    """A filtered row is drawn from its listed candidates or, when they may miss a kept token (here
-    every segment over a capacity of 2, or min_p's threshold below the list), by the general path on
-    a copy of the row: both draw the C++ kernel's tokens, and the logits stay as they were."""
+@pytest.mark.parametrize("gather_in_draw_min_t", [1, 1 << 30], ids=["gathered-by-the-drawing-program",
+                                                                   "gather-launch"])
+def test_sample_filtered_rows_listed_and_general_paths(backend, params, gather_in_draw_min_t):
+    """A filtered row is drawn from its listed candidates (gathered by a launch of their own, or by
+    the program that draws the row) or, when they may miss a kept token (here every segment over a
+    capacity of 2, or min_p's threshold below the list), by the general path on a copy of the row:
+    each draws the C++ kernel's tokens, and the logits stay as they were."""
     gen = torch.Generator().manual_seed(31)
     T, V = 6, 1100
     temperature, top_k, top_p, min_p, seeds = _broadcast_params(1, **params)
@@ -456,9 +459,10 @@ def test_sample_filtered_rows_listed_and_general_paths(backend, params):
     expected = torch.ops.sampling.sample(*args)
     args = [a.to(device_of(backend)) for a in args]
     before = args[0].clone()
-    listed = run_op(backend, "sample", *args)
-    with use_settings(seg_cap=2):
-        general = run_op(backend, "sample", *args)
+    with use_settings(gather_in_draw_min_t=gather_in_draw_min_t):
+        listed = run_op(backend, "sample", *args)
+        with use_settings(seg_cap=2):
+            general = run_op(backend, "sample", *args)
     assert torch.equal(listed.cpu(), expected)
     assert torch.equal(general.cpu(), expected)
     assert torch.equal(args[0], before)

@@ -86,7 +86,8 @@ def test_worker_shares_compile_every_variant_once(monkeypatch):
     assert sorted(i for share in shares for i in share) == list(range(len(names)))
     load = [sum(_warmup._COMPILE_WEIGHT.get(names[i], 1) for i in share) for share in shares]
     assert load[0] == max(load) and max(load) - min(load) <= max(_warmup._COMPILE_WEIGHT.values())
-    assert all(sum(names[i] == "_select_kernel" for i in share) <= 1 for share in shares)
+    selections = [sum(names[i] == "_select_kernel" for i in share) for share in shares]
+    assert max(selections) - min(selections) <= 1
     every = []
     for share in shares:
         compiled.clear()

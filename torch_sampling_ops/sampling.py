@@ -6,7 +6,8 @@ reducing the segments in order): the argmax of logits / temperature + Gumbel noi
 above -inf, ties to the lower index (`gumbel.gumbel_argmax`), or for a greedy row the plain argmax
 (the filters always keep it). The rows with min_p, top_k or top_p on take `top_k_top_p`'s launches
 in their DRAW form (`truncation.draw_filtered_rows`): the scan lists each row's candidates from
-the logits as they are, the selection finds the filters' threshold on y = logits / temperature
+the logits as they are, the list is gathered (by a launch of its own below 128 rows, else by the
+selection's program), the selection finds the filters' threshold on y = logits / temperature
 (IEEE division, as the `temperature` op) among them and draws the token from the kept
 candidates alone, scoring each exactly; nothing is written back and no [T, V] copy is made.
 

@@ -49,8 +49,9 @@ sums, so a token's membership may differ from the exact answer only where the ex
 is within float32 rounding of top_p.
 
 `sample` draws its filtered rows with the same launches in their DRAW form (`draw_filtered_rows`):
-the bound, the scan, then one program a row that settles the row, gathers its list and finds the
-thresholds as above on y = logits / temperature (the scan reads the logits as they are: a bound on
+the bound, the scan, then (below `gather_in_draw_min_t` rows after the settle and gather launches)
+one program a row that settles the row, gathers its list and finds the thresholds as above on
+y = logits / temperature (the scan reads the logits as they are: a bound on
 them is one on y), with min_p's threshold folded in, and draws the token from the kept candidates;
 nothing is written to the logits, and a row the list may not cover takes the general path on a
 copy of the row in its workspace.

@@ -27,7 +27,8 @@ def _launch_plan(T: int, V: int, pdl: bool, settings: TruncationSettings | None 
     `settings`: the current ones (current_settings) by default. group_scan: the scan walks
     `scan_group` segments a program from `scan_group_min_t` rows (for callers whose rows mostly have
     both filters off, as `sample`'s: the op itself does not). draw: `sample`'s launches (DRAW): the
-    bound, the scan, and the selection, which settles and gathers its row, then draws its token;
+    bound, the scan, below `gather_in_draw_min_t` rows the settle and gather launches, and the
+    selection (from that batch size settling and gathering its row itself), which draws the token;
     nothing is filled."""
     s = settings or current_settings()
     num_segments = cdiv(V, s.segment)
@@ -38,15 +39,21 @@ def _launch_plan(T: int, V: int, pdl: bool, settings: TruncationSettings | None 
     fill_group = s.fill_group if settle_launch else 1
     scan_group = s.scan_group if group_scan and T >= s.scan_group_min_t else 1
     fill_in_select = T >= s.fill_in_select_min_t and not draw
+    gathered = not draw or T < s.gather_in_draw_min_t  # a gather launch before the selection (its grid tells it)
     fill = [(_fill_chunks_kernel, (T, cdiv(chunks[1], fill_group)),
              dict(CHUNK=s.chunk, SEGMENTS=s.chunk // s.segment, SEG_CAP=s.seg_cap, GROUP=fill_group,
                   num_warps=s.chunk_warps, **follow))]
-    settle = [(_settle_kernel, (T,), dict(SEG_CAP=s.seg_cap, SEGMENTS_P2=segments_p2, num_warps=1, **follow))]
+    settle = [(_settle_kernel, (T,), dict(SEG_CAP=s.seg_cap, SEGMENTS_P2=segments_p2, DRAW=draw, num_warps=1,
+                                          **follow))]
+    gather = [(_gather_chunks_kernel, chunks,
+               dict(CHUNK=s.chunk, SEGMENTS=s.chunk // s.segment, SEG_CAP=s.seg_cap, SEGMENTS_P2=segments_p2,
+                    SETTLED=settle_launch, DRAW=draw, num_warps=s.chunk_warps, **follow))]
     # 128 registers: two programs an SM
     select = (_select_kernel, (T,),
               dict(SEG_CAP=s.seg_cap, TILE=s.tile, SMALL=s.small, P=s.pivots, CAP=s.cap, BLOCK=s.block,
                    MASK_BLOCK=s.mask_block, FILL=fill_in_select, CHUNK=s.chunk, SEGMENTS=s.chunk // s.segment,
-                   SEGMENTS_P2=segments_p2, DRAW=draw, num_warps=s.select_warps, maxnreg=128, **follow))
+                   SEGMENTS_P2=segments_p2, GATHER_IN_DRAW_MIN_T=s.gather_in_draw_min_t, DRAW=draw,
+                   num_warps=s.select_warps, maxnreg=128, **follow))
     return [
         (_sample_bound_kernel, (T,), dict(SAMPLE=s.sample, SEG_CAP=s.seg_cap, PDL=pdl, DRAW=draw,
                                           num_warps=4 if T >= s.few_sample_warps_min_t else s.sample_warps)),
@@ -54,11 +61,9 @@ def _launch_plan(T: int, V: int, pdl: bool, settings: TruncationSettings | None 
         (_scan_segments_kernel, (T, cdiv(num_segments, scan_group)),
          dict(SEGMENT=s.segment, SEG_CAP=s.seg_cap, STAGES=s.scan_stages, GROUP=scan_group, DRAW=draw, num_warps=1,
               maxnreg=64, **follow)),
-        # With draw, the selection settles and gathers its row itself.
-        *(settle if settle_launch and not draw else []),
-        *([] if draw else [(_gather_chunks_kernel, chunks,
-                            dict(CHUNK=s.chunk, SEGMENTS=s.chunk // s.segment, SEG_CAP=s.seg_cap,
-                                 SEGMENTS_P2=segments_p2, SETTLED=settle_launch, num_warps=s.chunk_warps, **follow))]),
+        # Otherwise the selection settles and gathers its row itself.
+        *(settle if settle_launch and gathered else []),
+        *(gather if gathered else []),
         select,
         *([] if fill_in_select or draw else fill),
     ]

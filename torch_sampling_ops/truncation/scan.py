@@ -386,17 +386,17 @@ def _store_settlement(ws_row, flag, row_max, total, listed):
 def _settle_kernel(
     logits_ptr, logits_stride, idx_mapping_ptr, top_k_ptr, top_p_ptr, ws_ptr, ws_stride, num_slots, vocab_size,
     num_segments, temperature_ptr, min_p_ptr, seeds_ptr, output_lens_ptr, out_ptr, tol,
-    SEG_CAP: tl.constexpr, SEGMENTS_P2: tl.constexpr, PDL: tl.constexpr,
+    SEG_CAP: tl.constexpr, SEGMENTS_P2: tl.constexpr, PDL: tl.constexpr, DRAW: tl.constexpr,
 ):
     """A large batch's rows settled once each, one warp a row (see settle_launch_min_t): the header
     and each segment's offset in the row's list."""
     t = tl.program_id(0)
     k, p, k_on, p_on, active, temp, min_p = _row_settings(idx_mapping_ptr, top_k_ptr, top_p_ptr, temperature_ptr,
-                                                              min_p_ptr, t, num_slots, vocab_size, PDL, False)
+                                                              min_p_ptr, t, num_slots, vocab_size, PDL, DRAW)
     if active:
         ws_row = ws_ptr + t.to(tl.int64) * ws_stride
         flag, listed, row_max, total = _settle_row(ws_row, num_segments, k, p, k_on, p_on, temp, min_p, SEG_CAP,
-                                                        SEGMENTS_P2, False)
+                                                        SEGMENTS_P2, DRAW)
         _store_settlement(ws_row, flag, row_max, total, listed)
         g = tl.arange(0, SEGMENTS_P2)
         first_ptr = _segment_first_ptr(ws_row, num_segments)
@@ -462,17 +462,18 @@ def _gather_chunks_kernel(
     logits_ptr, logits_stride, idx_mapping_ptr, top_k_ptr, top_p_ptr, ws_ptr, ws_stride, num_slots, vocab_size,
     num_segments, temperature_ptr, min_p_ptr, seeds_ptr, output_lens_ptr, out_ptr, tol,
     CHUNK: tl.constexpr, SEGMENTS: tl.constexpr, SEG_CAP: tl.constexpr, SEGMENTS_P2: tl.constexpr,
-    SETTLED: tl.constexpr, PDL: tl.constexpr,
+    SETTLED: tl.constexpr, PDL: tl.constexpr, DRAW: tl.constexpr,
 ):
     """A row's chunk of SEGMENTS segments. Unless the settle launch ran (SETTLED), each program
     settles the row from the segment statistics (all of a row's programs reach the same bits; the
     first writes the header). In a settled row: the segments' listed candidate values gathered into
     the row's candidate list, at their offsets in segment order; with top-k on, also their positions
-    (into the selection's buffer), and -inf over the chunk."""
+    (into the selection's buffer), and -inf over the chunk. With DRAW (`sample`, small batches) the
+    values divided by the temperature, the positions of every row, and the logits not written."""
     t = tl.program_id(0)
     c = tl.program_id(1)
     k, p, k_on, p_on, active, temp, min_p = _row_settings(idx_mapping_ptr, top_k_ptr, top_p_ptr, temperature_ptr,
-                                                              min_p_ptr, t, num_slots, vocab_size, PDL, False)
+                                                              min_p_ptr, t, num_slots, vocab_size, PDL, DRAW)
     if active:
         ws_row = ws_ptr + t.to(tl.int64) * ws_stride
         mine = c * SEGMENTS + tl.arange(0, SEGMENTS)
@@ -480,7 +481,7 @@ def _gather_chunks_kernel(
             flag = tl.load(_header_int(ws_row, _FLAG))
         else:
             flag, listed, row_max, total = _settle_row(ws_row, num_segments, k, p, k_on, p_on, temp, min_p, SEG_CAP,
-                                                       SEGMENTS_P2, False)
+                                                       SEGMENTS_P2, DRAW)
             if c == 0:
                 _store_settlement(ws_row, flag, row_max, total, listed)
         if flag != 0:
@@ -494,15 +495,20 @@ def _gather_chunks_kernel(
             values_ptr = _values_ptr(ws_row, num_segments, SEG_CAP)
             buffer_ptr = _buffer_ptr(ws_row, num_segments, SEG_CAP)
             dest = first[:, None] + tl.arange(0, SEG_CAP)[None, :]
-            tl.store(values_ptr + dest, values, mask=present)
-            # With top-k on the selection writes the few kept candidates back from their positions.
-            # Top-p alone keeps thousands: the fill restores them chunk by chunk instead (package docstring).
-            if k_on:
+            if DRAW:  # the selection draws from the list: every row's positions, nothing filled
+                tl.store(values_ptr + dest, tl.math.div_rn(values, temp), mask=present)
                 tl.store(buffer_ptr.to(tl.pointer_type(tl.int32)) + dest, positions, mask=present)
-                offs = c * CHUNK + tl.arange(0, CHUNK)
-                row_ptr = logits_ptr + t.to(tl.int64) * logits_stride
-                tl.store(row_ptr + offs, tl.full([CHUNK], float("-inf"), row_ptr.dtype.element_ty),
-                         mask=offs < vocab_size)
+            else:
+                tl.store(values_ptr + dest, values, mask=present)
+                # With top-k on the selection writes the few kept candidates back from their positions.
+                # Top-p alone keeps thousands: the fill restores them chunk by chunk instead (package
+                # docstring).
+                if k_on:
+                    tl.store(buffer_ptr.to(tl.pointer_type(tl.int32)) + dest, positions, mask=present)
+                    offs = c * CHUNK + tl.arange(0, CHUNK)
+                    row_ptr = logits_ptr + t.to(tl.int64) * logits_stride
+                    tl.store(row_ptr + offs, tl.full([CHUNK], float("-inf"), row_ptr.dtype.element_ty),
+                             mask=offs < vocab_size)
 
 
 @triton.jit

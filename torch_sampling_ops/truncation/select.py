@@ -7,7 +7,7 @@ import triton.language as tl
 from .._triton_helpers import load_slot
 from ..gumbel import (
     argmax_finish,
-    exact_gumbel_argmax,
+    gumbel_argmax,
     stream_bits,
     stream_gumbel,
     stream_gumbel_approx,
@@ -294,10 +294,11 @@ def _draw_candidates_exactly(values_ptr, positions_ptr, count, threshold, key, T
 
 @triton.jit(noinline=True)
 def _draw_general_row(logits_row, copy_ptr, scratch_ptr, vocab_size, k, p, k_on, p_on, temp, min_p, row_max, key,
-                      P: tl.constexpr, CAP: tl.constexpr, BLOCK: tl.constexpr, MASK_BLOCK: tl.constexpr):
+                      tol, P: tl.constexpr, CAP: tl.constexpr, BLOCK: tl.constexpr, MASK_BLOCK: tl.constexpr):
     """`sample`'s general path: the row the candidates did not settle as the filters see it, y = x /
     temp with min_p applied (as the min_p op: y < row max + log(min_p) becomes -inf), copied into the
-    workspace; _general_row masks the copy, and the draw reads it with exact scores."""
+    workspace; _general_row masks the copy, and gumbel_argmax draws from it (the exact scores'
+    token)."""
     minp_threshold = tl.where(min_p != 0.0, row_max + tl.log(tl.where(min_p != 0.0, min_p, 1.0)), float("-inf"))
     for v0 in range(0, vocab_size, MASK_BLOCK):
         offs = v0 + tl.arange(0, MASK_BLOCK)
@@ -307,42 +308,50 @@ def _draw_general_row(logits_row, copy_ptr, scratch_ptr, vocab_size, k, p, k_on,
     tl.debug_barrier()  # the copy, written by all of the program's threads, is read by all of them
     _general_row(copy_ptr, scratch_ptr, vocab_size, k, p, k_on, p_on, P, CAP, BLOCK, MASK_BLOCK)
     tl.debug_barrier()
-    _, token = exact_gumbel_argmax(copy_ptr, 0, vocab_size, key, temp, False, BLOCK)
+    _, token = gumbel_argmax(copy_ptr, 0, vocab_size, key, temp, tol, False, BLOCK)
     return token
 
 
 @triton.jit
-def _draw_row(logits_row, ws_row, num_segments, vocab_size, k, p, k_on, p_on, temp, min_p, key, tol,
-              SEG_CAP: tl.constexpr,
-              SEGMENTS_P2: tl.constexpr, TILE: tl.constexpr, SMALL: tl.constexpr, P: tl.constexpr,
-              CAP: tl.constexpr, BLOCK: tl.constexpr, MASK_BLOCK: tl.constexpr):
-    """`sample`'s filtered row after the scan, in one program: settled from the segment statistics,
-    its listed candidates gathered (values divided by temp), the thresholds found among them and the
-    token drawn from the kept ones, exactly scored; or, when the list may miss a kept token (not
-    settled, or the threshold not above what an unlisted token can reach), the general path on a
-    copy of the row."""
+def _draw_row(logits_row, ws_row, num_segments, vocab_size, k, p, k_on, p_on, temp, min_p, key, tol, gathered,
+              SEG_CAP: tl.constexpr, SEGMENTS_P2: tl.constexpr, TILE: tl.constexpr, SMALL: tl.constexpr,
+              P: tl.constexpr, CAP: tl.constexpr, BLOCK: tl.constexpr, MASK_BLOCK: tl.constexpr):
+    """`sample`'s filtered row after the scan (and if `gathered`, the gather launch's list and header;
+    otherwise settled and gathered here), in one program: the thresholds found among its
+    listed candidates and the token drawn from the kept ones; or, when the list may miss a kept
+    token (not settled, or the threshold not above what an unlisted token can reach), the general
+    path on a copy of the row."""
     values_ptr = _values_ptr(ws_row, num_segments, SEG_CAP)
     positions_ptr = _buffer_ptr(ws_row, num_segments, SEG_CAP).to(tl.pointer_type(tl.int32))
     scratch_ptr = _scratch_ptr(ws_row, num_segments, SEG_CAP)
-    flag, listed, row_max, total = _settle_row(ws_row, num_segments, k, p, k_on, p_on, temp, min_p, SEG_CAP,
-                                               SEGMENTS_P2, True)
+    if gathered:
+        flag = tl.load(_header_int(ws_row, _FLAG))
+        count = tl.load(_header_int(ws_row, _LISTED))
+        row_max = tl.load(ws_row + _ROW_MAX)
+        total = tl.load(ws_row + _TOTAL)
+    else:
+        flag, listed, row_max, total = _settle_row(ws_row, num_segments, k, p, k_on, p_on, temp, min_p, SEG_CAP,
+                                                   SEGMENTS_P2, True)
+        count = tl.sum(listed)
+        if flag != 0:
+            _gather_list(ws_row, num_segments, listed, _weighs_row(k_on, p_on, min_p), temp, values_ptr,
+                         positions_ptr, SEG_CAP, SEGMENTS_P2)
+            tl.debug_barrier()  # the list, written by all of the program's threads, is read by all of them
     token = tl.full([], -1, tl.int32)
     drawn = tl.full([], False, tl.int1)
     if flag != 0:
-        _gather_list(ws_row, num_segments, listed, _weighs_row(k_on, p_on, min_p), temp, values_ptr, positions_ptr,
-                     SEG_CAP, SEGMENTS_P2)
-        tl.debug_barrier()  # the list, written by all of the program's threads, is read by all of them
         # The buffer holds the positions: the pair regions, read by now, take the compactions.
         threshold = _settled_threshold(ws_row, flag, values_ptr, _pairs_ptr(ws_row, num_segments).to(tl.pointer_type(
-            tl.float32)), scratch_ptr, num_segments * SEG_CAP, tl.sum(listed), row_max, total, k, p, k_on, p_on, temp,
-            min_p, TILE, SMALL, True)
+            tl.float32)), scratch_ptr, num_segments * SEG_CAP, count, row_max, total, k, p, k_on, p_on, temp, min_p,
+            TILE, SMALL, True)
         if threshold > _largest_below(_search_floor(ws_row, flag), temp):
-            token = _draw_candidates(values_ptr, positions_ptr, tl.sum(listed), threshold, key, tol, TILE)
+            token = _draw_candidates(values_ptr, positions_ptr, count, threshold, key, tol, TILE)
             drawn = True
     if not drawn:
         SCRATCH: tl.constexpr = TILE if TILE > CAP else CAP
         token = _draw_general_row(logits_row, _row_copy_ptr(ws_row, num_segments, SEG_CAP, SCRATCH), scratch_ptr,
-                                  vocab_size, k, p, k_on, p_on, temp, min_p, row_max, key, P, CAP, BLOCK, MASK_BLOCK)
+                                  vocab_size, k, p, k_on, p_on, temp, min_p, row_max, key, tol, P, CAP, BLOCK,
+                                  MASK_BLOCK)
     return token
 
 
@@ -352,12 +361,14 @@ def _select_kernel(
     num_segments, temperature_ptr, min_p_ptr, seeds_ptr, output_lens_ptr, out_ptr, tol,
     SEG_CAP: tl.constexpr, TILE: tl.constexpr, SMALL: tl.constexpr, P: tl.constexpr,
     CAP: tl.constexpr, BLOCK: tl.constexpr, MASK_BLOCK: tl.constexpr, FILL: tl.constexpr,
-    CHUNK: tl.constexpr, SEGMENTS: tl.constexpr, SEGMENTS_P2: tl.constexpr, PDL: tl.constexpr, DRAW: tl.constexpr,
+    CHUNK: tl.constexpr, SEGMENTS: tl.constexpr, SEGMENTS_P2: tl.constexpr, GATHER_IN_DRAW_MIN_T: tl.constexpr,
+    PDL: tl.constexpr, DRAW: tl.constexpr,
 ):
     """A row's threshold: from its candidates when they settle it (applied here with top-k on, and
     for top-p alone here with FILL, else by the fill launch), else by the general path, which also
-    masks the row. With DRAW (`sample`, right after the scan): out[t], the token _draw_row draws; the
-    logits are not written."""
+    masks the row. With DRAW (`sample`): out[t], the token _draw_row draws (below GATHER_IN_DRAW_MIN_T
+    rows after the gather launch, otherwise right after the scan: one compiled variant for both);
+    the logits are not written."""
     t = tl.program_id(0)
     k, p, k_on, p_on, active, temp, min_p = _row_settings(idx_mapping_ptr, top_k_ptr, top_p_ptr, temperature_ptr,
                                                           min_p_ptr, t, num_slots, vocab_size, PDL, DRAW)
@@ -367,8 +378,9 @@ def _select_kernel(
         if DRAW:
             slot = load_slot(idx_mapping_ptr, t, num_slots)
             key = stream_key(tl.load(seeds_ptr + slot).to(tl.int64), tl.load(output_lens_ptr + t).to(tl.int64))
+            gathered = tl.num_programs(0) < GATHER_IN_DRAW_MIN_T  # as the launch plan decides
             token = _draw_row(row_ptr, ws_row, num_segments, vocab_size, k, p, k_on, p_on, temp, min_p, key, tol,
-                              SEG_CAP, SEGMENTS_P2, TILE, SMALL, P, CAP, BLOCK, MASK_BLOCK)
+                              gathered, SEG_CAP, SEGMENTS_P2, TILE, SMALL, P, CAP, BLOCK, MASK_BLOCK)
             tl.store(out_ptr + t, token.to(tl.int64))
         else:
             flag = tl.load(_header_int(ws_row, _FLAG))

@@ -63,6 +63,10 @@ class TruncationSettings:
     scan_group_min_t: int = 64
     """From this batch size such callers' scans group their segments; below it one program a
     segment keeps the few rows spread over the GPU."""
+    gather_in_draw_min_t: int = 128
+    """For `sample`, from this batch size the program that draws a row settles and gathers it itself
+    (two launches fewer); below it the settle and gather launches do, a row's chunks spread over
+    programs (top-p alone lists thousands of candidates, too many for one program at small T)."""
     fill_group: int = 4
     """From `settle_launch_min_t` rows, chunks a fill program takes: in a batch of top-k rows, which
     the fill leaves alone, each program still costs a launch slot and the loads of its row settings."""
