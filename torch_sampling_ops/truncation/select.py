@@ -183,9 +183,9 @@ def _candidate_mass(values_ptr, count, row_max, floor, TILE: tl.constexpr):
 def _settled_threshold(ws_row, flag, values_ptr, buffer_ptr, scratch_ptr, list_size, count, row_max, total, k, p,
                        k_on, p_on, temp, min_p, TILE: tl.constexpr, SMALL: tl.constexpr, DRAW: tl.constexpr):
     """The threshold of a settled row from its candidate list of `count`, given the row max and
-    normaliser: top-k's, then top-p's (renormalised over the tokens top-k keeps). With DRAW the values are y = x / temp, and min_p's
-    threshold (row max + log(min_p)) comes before top-k's and top-p's: it raises top-k's, and top-p
-    is renormalised over what both keep (see _settle_row)."""
+    normaliser: top-k's, then top-p's (renormalised over the tokens top-k keeps). With DRAW the
+    values are y = x / temp, and min_p's threshold (row max + log(min_p)) comes before top-k's and
+    top-p's: it raises top-k's, and top-p is renormalised over what both keep (see _settle_row)."""
     floor = _search_floor(ws_row, flag)
     if DRAW:
         floor = tl.math.div_rn(floor, temp)
