@@ -121,6 +121,15 @@ def argmax_finish(best, best_j, bound):
 
 
 @triton.jit
+def approx_gumbel_score(x, x_scaled, key, tokens):
+    """The approximate score x_scaled + stream_gumbel_approx of `tokens` (within the tolerance that
+    top2_certified takes), -inf where x is -inf or NaN alone (never first, never second); a token
+    whose score overflows to -inf counts at -FLT_MAX (its exact score is lower)."""
+    score = tl.maximum(x_scaled + stream_gumbel_approx(stream_bits(key, tokens)), -3.4028234663852886e38)
+    return tl.where(x > float("-inf"), score, float("-inf"))
+
+
+@triton.jit
 def top2_init(BLOCK_V: tl.constexpr):
     """Per-lane top-2 state: (largest -inf, second -inf, token of the largest -1)."""
     return (tl.full((BLOCK_V,), float("-inf"), dtype=tl.float32), tl.full((BLOCK_V,), float("-inf"), dtype=tl.float32),
@@ -152,7 +161,7 @@ def top2_certified(first, second, first_j, tol, BLOCK_V: tl.constexpr):
 
 
 @triton.jit
-def exact_gumbel_argmax(row_ptr, begin, end, key, temp, SCALE: tl.constexpr, BLOCK_V: tl.constexpr):
+def _exact_gumbel_argmax(row_ptr, begin, end, key, temp, SCALE: tl.constexpr, BLOCK_V: tl.constexpr):
     """(score, token) of argmax_j of x_j (/ temp with SCALE) + stream_gumbel(key, j) over the tokens
     of [begin, end) above -inf, the lower index among ties; (-inf, -1) without one."""
     best, best_j = argmax_init(BLOCK_V)
@@ -188,12 +197,7 @@ def gumbel_argmax(row_ptr, begin, end, key, temp, tol, SCALE: tl.constexpr, BLOC
             x_scaled = x * inv_temp
         else:
             x_scaled = x
-        # -inf for -inf and NaN logits (x_scaled is NaN for NaN) alone: never first, never second; a
-        # token whose scaled logit overflows to -inf counts at -FLT_MAX (its exact score is lower).
-        approx = tl.where(x > float("-inf"),
-                          tl.maximum(x_scaled + stream_gumbel_approx(stream_bits(key, offs)), -3.4028234663852886e38),
-                          float("-inf"))
-        first, second, first_j = top2_update(first, second, first_j, approx, offs)
+        first, second, first_j = top2_update(first, second, first_j, approx_gumbel_score(x, x_scaled, key, offs), offs)
     token, certified = top2_certified(first, second, first_j, tol, BLOCK_V)
     if certified:
         if token >= 0:
@@ -204,7 +208,7 @@ def gumbel_argmax(row_ptr, begin, end, key, temp, tol, SCALE: tl.constexpr, BLOC
         else:
             score = float("-inf")
     else:
-        score, token = exact_gumbel_argmax(row_ptr, begin, end, key, temp, SCALE, BLOCK_V)
+        score, token = _exact_gumbel_argmax(row_ptr, begin, end, key, temp, SCALE, BLOCK_V)
     return score, token
 
 

@@ -9,7 +9,8 @@ in their DRAW form (`truncation.draw_filtered_rows`): the scan lists each row's 
 the logits as they are, the list is gathered (by a launch of its own below 128 rows, else by the
 selection's program), the selection finds the filters' threshold on y = logits / temperature
 (IEEE division, as the `temperature` op) among them and draws the token from the kept
-candidates alone, scoring each exactly; nothing is written back and no [T, V] copy is made.
+candidates alone (scored approximately, the winner exact); nothing is written back and no [T, V]
+copy is made.
 
 `logprobs` on CUDA: two launches. The first splits each row into fixed segments (their length a
 module constant, so a row's result never depends on the batch), one program each, which reads its
@@ -36,13 +37,13 @@ from ._registry import define_op, launch
 from ._triton_helpers import load_slot
 from .gumbel import argmax_tokens, gumbel_argmax, stream_key
 from .truncation.op import draw_filtered_rows
+from .truncation.workspace import drawn_by_truncation
 
-_BLOCK_V = 4096
 # The draw splits each row into segments of this many tokens, one program each, below
 # _SPLIT_MAX_T rows (a row alone would otherwise be streamed by one SM); a second launch reduces the
 # segments' (score, index) pairs in order. The argmax is exact whatever the split, so a row's token
 # does not depend on it.
-_SEGMENT = 2 * _BLOCK_V if os.environ.get("TRITON_INTERPRET") != "1" else 1024
+_SEGMENT = 8192 if os.environ.get("TRITON_INTERPRET") != "1" else 1024
 _SPLIT_MAX_T = 128
 # The draw's programs walk their tokens in tiles of _DRAW_BLOCK_V over _DRAW_WARPS warps.
 _DRAW_BLOCK_V = 4096
@@ -298,14 +299,6 @@ def logprobs(logits: torch.Tensor, token_ids: torch.Tensor,
 
 
 @triton.jit
-def _row_is_filtered(slot, min_p_ptr, top_k_ptr, top_p_ptr, vocab_size):
-    """Whether any of the row's filters is on (as the filter ops read their parameters); with a
-    temperature != 0 such a row is drawn by draw_filtered_rows."""
-    k = tl.load(top_k_ptr + slot)
-    return (tl.load(min_p_ptr + slot) != 0.0) | ((k > 0) & (k < vocab_size)) | (tl.load(top_p_ptr + slot) < 1.0)
-
-
-@triton.jit
 def _gumbel_argmax_kernel(logits_ptr, logits_stride, idx_mapping_ptr, temperature_ptr, min_p_ptr, top_k_ptr,
                           top_p_ptr, seeds_ptr, output_lens_ptr, out_ptr, part_score_ptr, part_token_ptr, num_slots,
                           vocab_size, tol, SEGMENT: tl.constexpr, SPLIT: tl.constexpr, BLOCK_V: tl.constexpr):
@@ -320,10 +313,10 @@ def _gumbel_argmax_kernel(logits_ptr, logits_stride, idx_mapping_ptr, temperatur
         if not SPLIT:
             tl.store(out_ptr + t, -1)
         return
+    if drawn_by_truncation(idx_mapping_ptr, top_k_ptr, top_p_ptr, temperature_ptr, min_p_ptr, t, num_slots,
+                           vocab_size):
+        return
     temp = tl.load(temperature_ptr + slot)
-    if temp != 0.0:
-        if _row_is_filtered(slot, min_p_ptr, top_k_ptr, top_p_ptr, vocab_size):
-            return
     if SPLIT:
         begin = tl.program_id(1) * SEGMENT
         end = tl.minimum(begin + SEGMENT, vocab_size)
@@ -354,9 +347,9 @@ def _reduce_segments_kernel(idx_mapping_ptr, temperature_ptr, min_p_ptr, top_k_p
     if slot < 0:
         tl.store(out_ptr + t, -1)
         return
-    if tl.load(temperature_ptr + slot) != 0.0:
-        if _row_is_filtered(slot, min_p_ptr, top_k_ptr, top_p_ptr, vocab_size):
-            return
+    if drawn_by_truncation(idx_mapping_ptr, top_k_ptr, top_p_ptr, temperature_ptr, min_p_ptr, t, num_slots,
+                           vocab_size):
+        return
     s = tl.arange(0, SEGMENTS_P2)
     part = t.to(tl.int64) * num_segments + s
     score = tl.load(part_score_ptr + part, mask=s < num_segments, other=float("-inf"))

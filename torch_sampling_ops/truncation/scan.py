@@ -534,7 +534,8 @@ def _fill_chunks_kernel(
             first, end = program_range(tl.cdiv(vocab_size, CHUNK), GROUP)
             for c in range(first, end):
                 mine = c * SEGMENTS + tl.arange(0, SEGMENTS)
-                values, positions, present, _ = _listed_candidates(ws_row, num_segments, mine, flag, True, SEG_CAP)
+                values, positions, present, _ = _listed_candidates(ws_row, num_segments, mine, flag,
+                                                                   _weighs_row(k_on, p_on, min_p), SEG_CAP)
                 _fill_chunk(row_ptr, c, vocab_size, threshold, values, positions, present, CHUNK)
 
 

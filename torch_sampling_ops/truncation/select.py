@@ -6,11 +6,11 @@ import triton.language as tl
 
 from .._triton_helpers import load_slot
 from ..gumbel import (
+    approx_gumbel_score,
     argmax_finish,
     gumbel_argmax,
     stream_bits,
     stream_gumbel,
-    stream_gumbel_approx,
     stream_key,
     top2_certified,
     top2_init,
@@ -240,10 +240,11 @@ def _select_row(row_ptr, ws_row, flag, pairs_ptr, values_ptr, buffer_ptr, scratc
             values, present, positions = next_values, next_present, next_positions
     elif FILL:
         mine = tl.arange(0, SEGMENTS)
-        listed, listed_at, is_listed, _ = _listed_candidates(ws_row, num_segments, mine, flag, True, SEG_CAP)
+        weighs = _weighs_row(k_on, p_on, 0.0)  # top-p alone, in this branch
+        listed, listed_at, is_listed, _ = _listed_candidates(ws_row, num_segments, mine, flag, weighs, SEG_CAP)
         for c in range(0, tl.cdiv(vocab_size, CHUNK)):
             mine += SEGMENTS  # past the last segment: nothing listed, nothing loaded
-            next_listed, next_at, next_is_listed, _ = _listed_candidates(ws_row, num_segments, mine, flag, True,
+            next_listed, next_at, next_is_listed, _ = _listed_candidates(ws_row, num_segments, mine, flag, weighs,
                                                                          SEG_CAP)
             _fill_chunk(row_ptr, c, vocab_size, threshold, listed, listed_at, is_listed, CHUNK)
             listed, listed_at, is_listed = next_listed, next_at, next_is_listed
@@ -264,9 +265,9 @@ def _draw_candidates(values_ptr, positions_ptr, count, threshold, key, tol, TILE
     for start in range(TILE, count + TILE, TILE):
         next_values, next_present = _candidate_values(values_ptr, count, start, TILE)
         next_positions = tl.load(positions_ptr + start + tl.arange(0, TILE), mask=next_present, other=0)
-        approx = tl.where(present & (values >= threshold),
-                          values + stream_gumbel_approx(stream_bits(key, positions)), float("-inf"))
-        first, second, first_j = top2_update(first, second, first_j, approx, positions)
+        kept = tl.where(present & (values >= threshold), values, float("-inf"))
+        first, second, first_j = top2_update(first, second, first_j, approx_gumbel_score(kept, values, key, positions),
+                                             positions)
         values, present, positions = next_values, next_present, next_positions
     token, certified = top2_certified(first, second, first_j, tol, TILE)
     if not certified:

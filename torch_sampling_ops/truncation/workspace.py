@@ -132,6 +132,16 @@ def _search_floor(ws_row, flag):
 
 
 @triton.jit
+def drawn_by_truncation(idx_mapping_ptr, top_k_ptr, top_p_ptr, temperature_ptr, min_p_ptr, t, num_slots,
+                        vocab_size):
+    """Whether `sample`'s row t is one its truncation launches draw (DRAW: a slot in range, a
+    temperature != 0, a filter on); the full-row draw leaves exactly these rows to them."""
+    _, _, _, _, active, _, _ = _row_settings(idx_mapping_ptr, top_k_ptr, top_p_ptr, temperature_ptr, min_p_ptr, t,
+                                             num_slots, vocab_size, False, True)
+    return active
+
+
+@triton.jit
 def _weighs_row(k_on, p_on, min_p):
     """Whether the scan weighs the row: top-p alone (for `sample`, without min_p). Such a row's scan
     sums masses, counts the candidates >= the second bound and stores those from the front of its
