@@ -5,9 +5,8 @@ each row once (below 128 rows, one program a row and 8192-token segment, with a 
 reducing the segments in order): the argmax of logits / temperature + Gumbel noise over the tokens
 above -inf, ties to the lower index (`gumbel.gumbel_argmax`), or for a greedy row the plain argmax
 (the filters always keep it). The rows with min_p, top_k or top_p on take `top_k_top_p`'s launches
-in their DRAW form (`truncation.draw_filtered_rows`), dependent launches behind the full-row draw
-whose programs for the rows it draws return at once, overlapping it (the segments' reduction comes
-after both): the scan lists each row's candidates from
+in their DRAW form (`truncation.draw_filtered_rows`), dependent launches that overlap the full-row
+draw (the two share nothing; the segments' reduction comes after both): the scan lists each row's candidates from
 the logits as they are, the list is gathered (by a launch of its own below 128 rows, else by the
 selection's program), the selection finds the filters' threshold on y = logits / temperature
 (IEEE division, as the `temperature` op) among them and draws the token from the kept
@@ -312,8 +311,7 @@ def _gumbel_argmax_kernel(logits_ptr, logits_stride, idx_mapping_ptr, temperatur
     rows (the filters always keep it); -1 without such a token or slot. Rows with a filter on and a
     temperature != 0 are left to draw_filtered_rows. With SPLIT, program (t, s) takes segment s and
     stores its (score, token) pair for _reduce_segments_kernel. With PDL, draw_filtered_rows's first
-    launch (a dependent launch) places its programs at once: those of the rows drawn here return
-    while this launch runs, the others wait for it (`truncation.workspace._row_settings`)."""
+    launch (a dependent launch) may start at once: it touches nothing this launch reads or writes."""
     if PDL:
         gdc_launch_dependents()
     t = tl.program_id(0)

@@ -55,7 +55,7 @@ def _launch_plan(T: int, V: int, pdl: bool, settings: TruncationSettings | None 
                    SEGMENTS_P2=segments_p2, GATHER_IN_DRAW_MIN_T=s.gather_in_draw_min_t, DRAW=draw,
                    num_warps=s.select_warps, maxnreg=128, **follow))
     return [
-        # With draw, a dependent launch of sample's full-row draw: its inactive rows' programs overlap it.
+        # With draw, a dependent launch of sample's full-row draw (it shares nothing with that launch).
         (_sample_bound_kernel, (T,), dict(SAMPLE=s.sample, SEG_CAP=s.seg_cap, PDL=pdl, DRAW=draw,
                                           num_warps=4 if T >= s.few_sample_warps_min_t else s.sample_warps,
                                           **(dict(launch_pdl=pdl) if draw else {}))),
