@@ -5,8 +5,7 @@ each row once (below 128 rows, one program a row and 8192-token segment, with a 
 reducing the segments in order): the argmax of logits / temperature + Gumbel noise over the tokens
 above -inf, ties to the lower index (`gumbel.gumbel_argmax`), or for a greedy row the plain argmax
 (the filters always keep it). The rows with min_p, top_k or top_p on take `top_k_top_p`'s launches
-in their DRAW form (`truncation.draw_filtered_rows`), dependent launches that overlap the full-row
-draw (the two share nothing; the segments' reduction comes after both): the scan lists each row's candidates from
+in their DRAW form (`truncation.draw_filtered_rows`): the scan lists each row's candidates from
 the logits as they are, the list is gathered (by a launch of its own below 128 rows, else by the
 selection's program), the selection finds the filters' threshold on y = logits / temperature
 (IEEE division, as the `temperature` op) among them and draws the token from the kept
@@ -31,7 +30,6 @@ import os
 import torch
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_launch_dependents
 
 from . import _checks, gumbel
 from ._launch import cdiv, next_power_of_2
@@ -39,7 +37,6 @@ from ._registry import define_op, launch
 from ._triton_helpers import load_slot
 from .gumbel import argmax_tokens, gumbel_argmax, stream_key
 from .truncation.op import draw_filtered_rows
-from .truncation.plan import _uses_pdl
 from .truncation.workspace import drawn_by_truncation
 
 # The draw splits each row into segments of this many tokens, one program each, below
@@ -304,16 +301,12 @@ def logprobs(logits: torch.Tensor, token_ids: torch.Tensor,
 @triton.jit
 def _gumbel_argmax_kernel(logits_ptr, logits_stride, idx_mapping_ptr, temperature_ptr, min_p_ptr, top_k_ptr,
                           top_p_ptr, seeds_ptr, output_lens_ptr, out_ptr, part_score_ptr, part_token_ptr, num_slots,
-                          vocab_size, tol, SEGMENT: tl.constexpr, SPLIT: tl.constexpr, BLOCK_V: tl.constexpr,
-                          PDL: tl.constexpr):
+                          vocab_size, tol, SEGMENT: tl.constexpr, SPLIT: tl.constexpr, BLOCK_V: tl.constexpr):
     """The rows without a filter, and greedy rows: out[t] = argmax_j of logits[t, j] / temperature +
     gumbel(seed, position, j) over the tokens above -inf, the plain argmax of the logits for greedy
     rows (the filters always keep it); -1 without such a token or slot. Rows with a filter on and a
     temperature != 0 are left to draw_filtered_rows. With SPLIT, program (t, s) takes segment s and
-    stores its (score, token) pair for _reduce_segments_kernel. With PDL, draw_filtered_rows's first
-    launch (a dependent launch) may start at once: it touches nothing this launch reads or writes."""
-    if PDL:
-        gdc_launch_dependents()
+    stores its (score, token) pair for _reduce_segments_kernel."""
     t = tl.program_id(0)
     slot = load_slot(idx_mapping_ptr, t, num_slots)
     if slot < 0:
@@ -399,23 +392,18 @@ def _sample_triton(logits, idx_mapping, temperature, top_k, top_p, min_p, seeds,
     R = temperature.shape[0]
     params = (idx_mapping, temperature, min_p, top_k, top_p, seeds, output_lens, out)
     tol = gumbel.GUMBEL_APPROX_TOL
-    pdl = _uses_pdl(logits.device)
-    # The full-row draw first, the filtered rows' launches overlapping it (they share nothing); the
-    # segments' reduction, below _SPLIT_MAX_T rows, after both (an ordinary launch: it waits for the draw).
     segments = cdiv(V, _SEGMENT) if T < _SPLIT_MAX_T else 1
     if segments == 1:
         launch(_gumbel_argmax_kernel, (T, 1), logits, logits.stride()[0], *params, out, out, R, V, tol,
-               SEGMENT=_SEGMENT, SPLIT=False, BLOCK_V=_DRAW_BLOCK_V, PDL=pdl, num_warps=_DRAW_WARPS)
-        draw_filtered_rows(logits, idx_mapping, temperature, top_k, top_p, min_p, seeds, output_lens, out, tol)
+               SEGMENT=_SEGMENT, SPLIT=False, BLOCK_V=_DRAW_BLOCK_V, num_warps=_DRAW_WARPS)
     else:
         part_score = logits.new_empty((T, segments), dtype=torch.float32)
         part_token = logits.new_empty((T, segments), dtype=torch.int32)
         launch(_gumbel_argmax_kernel, (T, segments), logits, logits.stride()[0], *params, part_score, part_token, R,
-               V, tol, SEGMENT=_SEGMENT, SPLIT=True, BLOCK_V=min(_DRAW_BLOCK_V, _SEGMENT), PDL=pdl,
-               num_warps=_DRAW_WARPS)
-        draw_filtered_rows(logits, idx_mapping, temperature, top_k, top_p, min_p, seeds, output_lens, out, tol)
+               V, tol, SEGMENT=_SEGMENT, SPLIT=True, BLOCK_V=min(_DRAW_BLOCK_V, _SEGMENT), num_warps=_DRAW_WARPS)
         launch(_reduce_segments_kernel, (T,), *params[:5], part_score, part_token, out, R, V, segments,
                SEGMENTS_P2=next_power_of_2(segments), num_warps=1)
+    draw_filtered_rows(logits, idx_mapping, temperature, top_k, top_p, min_p, seeds, output_lens, out, tol)
     return out
 
 

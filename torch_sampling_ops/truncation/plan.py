@@ -27,9 +27,9 @@ def _launch_plan(T: int, V: int, pdl: bool, settings: TruncationSettings | None 
     `settings`: the current ones (current_settings) by default. group_scan: the scan walks
     `scan_group` segments a program from `scan_group_min_t` rows (for callers whose rows mostly have
     both filters off, as `sample`'s: the op itself does not). draw: `sample`'s launches (DRAW): the
-    bound (a dependent launch of `sample`'s full-row draw, which precedes it), the scan, below
-    `gather_in_draw_min_t` rows the settle and gather launches, and the selection (from that batch
-    size settling and gathering its row itself), which draws the token; nothing is filled."""
+    bound, the scan, below `gather_in_draw_min_t` rows the settle and gather launches, and the
+    selection (from that batch size settling and gathering its row itself), which draws the token;
+    nothing is filled."""
     s = settings or current_settings()
     num_segments = cdiv(V, s.segment)
     segments_p2 = next_power_of_2(num_segments)
@@ -55,10 +55,8 @@ def _launch_plan(T: int, V: int, pdl: bool, settings: TruncationSettings | None 
                    SEGMENTS_P2=segments_p2, GATHER_IN_DRAW_MIN_T=s.gather_in_draw_min_t, DRAW=draw,
                    num_warps=s.select_warps, maxnreg=128, **follow))
     return [
-        # With draw, a dependent launch of sample's full-row draw (it shares nothing with that launch).
         (_sample_bound_kernel, (T,), dict(SAMPLE=s.sample, SEG_CAP=s.seg_cap, PDL=pdl, DRAW=draw,
-                                          num_warps=4 if T >= s.few_sample_warps_min_t else s.sample_warps,
-                                          **(dict(launch_pdl=pdl) if draw else {}))),
+                                          num_warps=4 if T >= s.few_sample_warps_min_t else s.sample_warps)),
         # 64 registers: 32 one-warp programs an SM
         (_scan_segments_kernel, (T, cdiv(num_segments, scan_group)),
          dict(SEGMENT=s.segment, SEG_CAP=s.seg_cap, STAGES=s.scan_stages, GROUP=scan_group, DRAW=draw, num_warps=1,

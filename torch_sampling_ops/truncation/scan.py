@@ -46,7 +46,7 @@ def _sample_bound_kernel(
     the sample's, so every token min_p keeps is listed."""
     t = tl.program_id(0)
     k, p, k_on, p_on, active, temp, min_p = _row_settings(idx_mapping_ptr, top_k_ptr, top_p_ptr, temperature_ptr,
-                                                              min_p_ptr, t, num_slots, vocab_size, PDL, DRAW, False)
+                                                              min_p_ptr, t, num_slots, vocab_size, PDL, DRAW)
     if active:
         i = tl.arange(0, SAMPLE)
         run = SAMPLE // 32
@@ -277,7 +277,7 @@ def _scan_segments_kernel(
     Triton 3.6 spread a tile's lanes over warps)."""
     t = tl.program_id(0)
     k, p, k_on, p_on, active, temp, min_p = _row_settings(idx_mapping_ptr, top_k_ptr, top_p_ptr, temperature_ptr,
-                                                              min_p_ptr, t, num_slots, vocab_size, PDL, DRAW, PDL)
+                                                              min_p_ptr, t, num_slots, vocab_size, PDL, DRAW)
     if active:
         ws_row = ws_ptr + t.to(tl.int64) * ws_stride
         lo = tl.load(ws_row + _LO)
@@ -392,7 +392,7 @@ def _settle_kernel(
     and each segment's offset in the row's list."""
     t = tl.program_id(0)
     k, p, k_on, p_on, active, temp, min_p = _row_settings(idx_mapping_ptr, top_k_ptr, top_p_ptr, temperature_ptr,
-                                                              min_p_ptr, t, num_slots, vocab_size, PDL, DRAW, PDL)
+                                                              min_p_ptr, t, num_slots, vocab_size, PDL, DRAW)
     if active:
         ws_row = ws_ptr + t.to(tl.int64) * ws_stride
         flag, listed, row_max, total = _settle_row(ws_row, num_segments, k, p, k_on, p_on, temp, min_p, SEG_CAP,
@@ -473,7 +473,7 @@ def _gather_chunks_kernel(
     t = tl.program_id(0)
     c = tl.program_id(1)
     k, p, k_on, p_on, active, temp, min_p = _row_settings(idx_mapping_ptr, top_k_ptr, top_p_ptr, temperature_ptr,
-                                                              min_p_ptr, t, num_slots, vocab_size, PDL, DRAW, PDL)
+                                                              min_p_ptr, t, num_slots, vocab_size, PDL, DRAW)
     if active:
         ws_row = ws_ptr + t.to(tl.int64) * ws_stride
         mine = c * SEGMENTS + tl.arange(0, SEGMENTS)
@@ -524,7 +524,7 @@ def _fill_chunks_kernel(
     store of the chunk before any restore)."""
     t = tl.program_id(0)
     k, p, k_on, p_on, active, temp, min_p = _row_settings(idx_mapping_ptr, top_k_ptr, top_p_ptr, temperature_ptr,
-                                                              min_p_ptr, t, num_slots, vocab_size, PDL, False, PDL)
+                                                              min_p_ptr, t, num_slots, vocab_size, PDL, False)
     if active:
         ws_row = ws_ptr + t.to(tl.int64) * ws_stride
         flag = tl.load(_header_int(ws_row, _FLAG))

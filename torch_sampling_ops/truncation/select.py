@@ -372,7 +372,7 @@ def _select_kernel(
     the logits are not written."""
     t = tl.program_id(0)
     k, p, k_on, p_on, active, temp, min_p = _row_settings(idx_mapping_ptr, top_k_ptr, top_p_ptr, temperature_ptr,
-                                                          min_p_ptr, t, num_slots, vocab_size, PDL, DRAW, PDL)
+                                                          min_p_ptr, t, num_slots, vocab_size, PDL, DRAW)
     if active:
         ws_row = ws_ptr + t.to(tl.int64) * ws_stride
         row_ptr = logits_ptr + t.to(tl.int64) * logits_stride

@@ -137,7 +137,7 @@ def drawn_by_truncation(idx_mapping_ptr, top_k_ptr, top_p_ptr, temperature_ptr, 
     """Whether `sample`'s row t is one its truncation launches draw (DRAW: a slot in range, a
     temperature != 0, a filter on); the full-row draw leaves exactly these rows to them."""
     _, _, _, _, active, _, _ = _row_settings(idx_mapping_ptr, top_k_ptr, top_p_ptr, temperature_ptr, min_p_ptr, t,
-                                             num_slots, vocab_size, False, True, False)
+                                             num_slots, vocab_size, False, True)
     return active
 
 
@@ -152,18 +152,15 @@ def _weighs_row(k_on, p_on, min_p):
 
 @triton.jit
 def _row_settings(idx_mapping_ptr, top_k_ptr, top_p_ptr, temperature_ptr, min_p_ptr, t, num_slots, vocab_size,
-                  PDL: tl.constexpr, DRAW: tl.constexpr, WAIT: tl.constexpr):
+                  PDL: tl.constexpr, DRAW: tl.constexpr):
     """(k, p, k_on, p_on, active, temp, min_p) of row t; an inactive row (slot out of range, both
     filters off) is left alone. With DRAW (`sample`) the row is also read through its temperature
     (temp) and min_p; a greedy row (temp == 0) is inactive (its argmax is drawn elsewhere) and one
     with min_p alone on is active. Otherwise temp is 1 and min_p 0 (off).
     Every launch starts with it. With programmatic dependent launch (PDL), the next launch may place
-    its programs as soon as all of this one's have started. With WAIT, an active row's program then
-    waits for the previous launch to finish: all that comes after may read or write what the previous
-    launches touched. An inactive row's program returns at once: no launch touches its row, and
-    every launch takes the same rows as active, so a launch's completion still implies that of all
-    before it wherever a row is active. (The first launch, which reads only the op's inputs, does
-    not wait: `sample` launches it behind its full-row draw, which touches nothing it reads.)"""
+    its programs as soon as all of this one's have started, and a launch reads its row settings (the
+    op's inputs, which no launch writes) while the previous one drains, then waits for it to finish:
+    all that comes after may read or write what the previous launches touched."""
     if PDL:
         gdc_launch_dependents()
     slot = load_slot(idx_mapping_ptr, t, num_slots)
@@ -176,13 +173,12 @@ def _row_settings(idx_mapping_ptr, top_k_ptr, top_p_ptr, temperature_ptr, min_p_
     else:
         temp = 1.0
         min_p = 0.0
+    if PDL:
+        gdc_wait()
     k_on = (k > 0) & (k < vocab_size)
     p_on = p < 1.0
     if DRAW:
         active = (slot >= 0) & (temp != 0.0) & (k_on | p_on | (min_p != 0.0))
     else:
         active = (slot >= 0) & (k_on | p_on)
-    if WAIT:
-        if active:
-            gdc_wait()
     return k, p, k_on, p_on, active, temp, min_p
