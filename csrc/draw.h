@@ -1,11 +1,20 @@
-// The exact Gumbel-max draw and the plain argmax of one row, shared by the CPU kernels of sample
-// (csrc/sampling.cpp) and rejection_sample (csrc/speculative.cpp).
+// The Gumbel-max draw and the plain argmax of one row, shared by the CPU kernels of sample
+// (csrc/sampling.cpp) and rejection_sample (csrc/speculative.cpp): exact (row_argmax) and, over
+// float32 rows, vectorized (argmax_row, and gumbel_argmax_row from certified approximate scores).
 #pragma once
 
 #include "common.h"
 #include "random_stream.h"
+#include "vec.h"
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
+#include <limits>
+
+#if defined(CPU_CAPABILITY_AVX2)
+#include <immintrin.h>
+#endif
 
 namespace tso {
 
@@ -52,6 +61,214 @@ int64_t row_argmax(const scalar_t* row, int64_t V, bool noise, uint32_t key) {
     }
   }
   return am.index;
+}
+
+#if defined(CPU_CAPABILITY_AVX2)
+// The approximate noise of 8 consecutive tokens (AVX2), for draws that certify their winner (the
+// CPU twin of gumbel.stream_gumbel_approx): within 2**-17 * (1 + |g|) of stream_gumbel, checked on
+// all 2**23 uniforms by the tests (`_C.gumbel_noise`).
+
+inline __m256i mix32_x8(__m256i h) {
+  h = _mm256_xor_si256(h, _mm256_srli_epi32(h, 16));
+  h = _mm256_mullo_epi32(h, _mm256_set1_epi32(static_cast<int>(0x85EBCA6Bu)));
+  h = _mm256_xor_si256(h, _mm256_srli_epi32(h, 13));
+  h = _mm256_mullo_epi32(h, _mm256_set1_epi32(static_cast<int>(0xC2B2AE35u)));
+  return _mm256_xor_si256(h, _mm256_srli_epi32(h, 16));
+}
+
+// stream_bits of tokens j0 .. j0 + 7.
+inline __m256i stream_bits_x8(uint32_t key, uint32_t j0) {
+  const __m256i j = _mm256_add_epi32(_mm256_set1_epi32(static_cast<int>(j0)),
+                                     _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+  const __m256i h = mix32_x8(_mm256_xor_si256(_mm256_set1_epi32(static_cast<int>(key)), j));
+  return mix32_x8(_mm256_add_epi32(h, _mm256_set1_epi32(0x6A09E667)));
+}
+
+// log(y) of positive normal floats: y = 2**e * m with m in [sqrt(1/2), sqrt(2)), log(m) = f - f**2 / 2
+// + f**3 P(f) for f = m - 1 (exact), P a degree-6 fit of the rest (error under 2e-7 on that
+// interval, float32 evaluation included), e * log(2) in two parts (the first exact).
+inline __m256 log_x8(__m256 y) {
+  const __m256i b = _mm256_castps_si256(y);
+  __m256i e = _mm256_sub_epi32(_mm256_srli_epi32(b, 23), _mm256_set1_epi32(127));
+  __m256 m = _mm256_castsi256_ps(
+      _mm256_or_si256(_mm256_and_si256(b, _mm256_set1_epi32(0x7FFFFF)), _mm256_set1_epi32(0x3F800000)));
+  const __m256 high = _mm256_cmp_ps(m, _mm256_set1_ps(1.41421356f), _CMP_GT_OQ);
+  m = _mm256_blendv_ps(m, _mm256_mul_ps(m, _mm256_set1_ps(0.5f)), high);
+  e = _mm256_sub_epi32(e, _mm256_castps_si256(high));  // the halved lanes (all ones: -1) gain 1
+  const __m256 f = _mm256_sub_ps(m, _mm256_set1_ps(1.0f));
+  const __m256 z = _mm256_mul_ps(f, f);
+  __m256 p = _mm256_fmadd_ps(f, _mm256_set1_ps(0.09151823818683624f), _mm256_set1_ps(-0.13937585055828094f));
+  p = _mm256_fmadd_ps(f, p, _mm256_set1_ps(0.14647750556468964f));
+  p = _mm256_fmadd_ps(f, p, _mm256_set1_ps(-0.1660991758108139f));
+  p = _mm256_fmadd_ps(f, p, _mm256_set1_ps(0.19987717270851135f));
+  p = _mm256_fmadd_ps(f, p, _mm256_set1_ps(-0.25000593066215515f));
+  p = _mm256_fmadd_ps(f, p, _mm256_set1_ps(0.3333338797092438f));
+  const __m256 log_m =
+      _mm256_fmadd_ps(_mm256_mul_ps(z, f), p, _mm256_fmadd_ps(_mm256_set1_ps(-0.5f), z, f));
+  const __m256 ef = _mm256_cvtepi32_ps(e);
+  // log(2) = 0.693359375 (9 bits: e times it is exact) - 2.12194440e-4
+  return _mm256_fmadd_ps(ef, _mm256_set1_ps(0.693359375f),
+                         _mm256_fmadd_ps(ef, _mm256_set1_ps(-2.12194440e-4f), log_m));
+}
+
+// The approximate noise -log(-log(u)) of 8 lanes of stream bits. u = (m + 1/2) / 2**23 is exact;
+// where w = 1 - u < 1/16 (exact there), -log(u) = -log(1 - w) comes from its series to w**5
+// (relative error under w**5 / 6 <= 2**-22.6), where a log of u near 1 would lose its small result.
+inline __m256 gumbel_approx_x8(__m256i bits) {
+  const __m256 u = _mm256_sub_ps(
+      _mm256_castsi256_ps(_mm256_or_si256(_mm256_srli_epi32(bits, 9), _mm256_set1_epi32(0x3F800000))),
+      _mm256_set1_ps(0.99999994039535522f));
+  const __m256 w = _mm256_sub_ps(_mm256_set1_ps(1.0f), u);
+  __m256 series = _mm256_fmadd_ps(w, _mm256_set1_ps(0.2f), _mm256_set1_ps(0.25f));
+  series = _mm256_fmadd_ps(w, series, _mm256_set1_ps(1.0f / 3.0f));
+  series = _mm256_fmadd_ps(w, series, _mm256_set1_ps(0.5f));
+  series = _mm256_fmadd_ps(w, series, _mm256_set1_ps(1.0f));
+  series = _mm256_mul_ps(w, series);
+  const __m256 zero = _mm256_setzero_ps();
+  const __m256 e = _mm256_blendv_ps(_mm256_sub_ps(zero, log_x8(u)), series,
+                                    _mm256_cmp_ps(w, _mm256_set1_ps(0.0625f), _CMP_LT_OQ));
+  return _mm256_sub_ps(zero, log_x8(e));
+}
+#endif
+
+// row_argmax without noise over a float32 row (per AVX2 lane, then merged: the largest value, the
+// lowest index holding it); -1 without a logit above -inf.
+inline int64_t argmax_row(const float* row, int64_t V) {
+  float best = kNegInf;
+  int64_t best_j = -1;
+  int64_t j = 0;
+#if defined(CPU_CAPABILITY_AVX2)
+  const __m256 neg_inf = _mm256_set1_ps(kNegInf);
+  const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  __m256 lane_best = neg_inf;
+  __m256i lane_j = _mm256_set1_epi32(-1);
+  for (; j + 8 <= V; j += 8) {
+    const __m256 x = _mm256_loadu_ps(row + j);
+    const __m256 take = _mm256_cmp_ps(x, lane_best, _CMP_GT_OQ);  // strictly: NaN and -inf never
+    lane_best = _mm256_blendv_ps(lane_best, x, take);
+    const __m256i tokens = _mm256_add_epi32(_mm256_set1_epi32(static_cast<int>(j)), lane);
+    lane_j = _mm256_castps_si256(
+        _mm256_blendv_ps(_mm256_castsi256_ps(lane_j), _mm256_castsi256_ps(tokens), take));
+  }
+  alignas(32) float bests[8];
+  alignas(32) int32_t js[8];
+  _mm256_store_ps(bests, lane_best);
+  _mm256_store_si256(reinterpret_cast<__m256i*>(js), lane_j);
+  for (int k = 0; k < 8; ++k) {
+    if (js[k] >= 0 && (best_j < 0 || bests[k] > best || (bests[k] == best && js[k] < best_j))) {
+      best = bests[k];
+      best_j = js[k];
+    }
+  }
+#endif
+  for (; j < V; ++j) {  // after every lane's token: a tie keeps the lane's lower index
+    const float x = row[j];
+    if (x > kNegInf && (best_j < 0 || x > best)) {
+      best = x;
+      best_j = j;
+    }
+  }
+  return best_j;
+}
+
+// Tokens whose noise one step of `gumbel_argmax_row` computes together (stack arrays). A block
+// with fewer than one token in kSparseShare above -inf scores its live tokens one by one, exactly.
+constexpr int64_t kDrawBlock = 256;
+constexpr int64_t kSparseShare = 8;
+
+// row_argmax's Gumbel draw over a float32 row, mostly from approximate scores, as the CUDA draw
+// (gumbel_argmax in sampling.py) does: each score within err(s) = tol * (35 + |s|) of its exact
+// value (tol >= 2**-16 leaves a wide margin: the approximate noise is within 2**-17 * (1 + |g|)),
+// and the largest and second-largest score kept (per AVX2 lane, then merged). When the largest
+// minus its err stays above the runner-up plus its err, the largest's token wins the exact scores
+// too; otherwise (a near tie, an infinite score) the row is drawn exactly. A score that overflows
+// to -inf counts at -FLT_MAX. The noise is gumbel_approx_x8 with AVX2, else at::vec's log (within
+// 1 ulp where the exact noise takes std::log); a sparse block (a filtered row) and the last tokens
+// of a block are scored exactly.
+inline int64_t gumbel_argmax_row(const float* row, int64_t V, uint32_t key, float tol) {
+  constexpr float kLowest = -std::numeric_limits<float>::max();
+  float first = kNegInf, second = kNegInf;
+  int64_t first_j = -1;
+  auto offer = [&](float score, int64_t j) {
+    if (score > first) {
+      second = first;
+      first = score;
+      first_j = j;
+    } else if (score > second) {
+      second = score;
+    }
+  };
+  auto offer_exact = [&](float x, int64_t j) {
+    offer(std::max(x + stream_gumbel(stream_bits(key, static_cast<uint32_t>(j))), kLowest), j);
+  };
+#if defined(CPU_CAPABILITY_AVX2)
+  const __m256 neg_inf = _mm256_set1_ps(kNegInf), lowest = _mm256_set1_ps(kLowest);
+  const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  __m256 lane_first = neg_inf, lane_second = neg_inf;
+  __m256i lane_first_j = _mm256_set1_epi32(-1);
+#else
+  alignas(64) uint32_t bits[kDrawBlock];
+  alignas(64) float noise[kDrawBlock];
+#endif
+  for (int64_t j0 = 0; j0 < V; j0 += kDrawBlock) {
+    const int64_t n = std::min(kDrawBlock, V - j0);
+    const float* x = row + j0;
+    int64_t live = 0;
+    for (int64_t i = 0; i < n; ++i) live += x[i] > kNegInf;  // NaN is not
+    if (live * kSparseShare < n) {
+      for (int64_t i = 0; i < n; ++i) {
+        if (x[i] > kNegInf) offer_exact(x[i], j0 + i);
+      }
+      continue;
+    }
+#if defined(CPU_CAPABILITY_AVX2)
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+      const uint32_t j = static_cast<uint32_t>(j0 + i);
+      const __m256 xv = _mm256_loadu_ps(x + i);
+      const __m256 g = gumbel_approx_x8(stream_bits_x8(key, j));
+      const __m256 score = _mm256_blendv_ps(neg_inf, _mm256_max_ps(_mm256_add_ps(xv, g), lowest),
+                                            _mm256_cmp_ps(xv, neg_inf, _CMP_GT_OQ));  // NaN: not live
+      const __m256 take = _mm256_cmp_ps(score, lane_first, _CMP_GT_OQ);
+      lane_second = _mm256_blendv_ps(_mm256_max_ps(lane_second, score), lane_first, take);
+      lane_first = _mm256_blendv_ps(lane_first, score, take);
+      const __m256i tokens = _mm256_add_epi32(_mm256_set1_epi32(static_cast<int>(j)), lane);
+      lane_first_j = _mm256_castps_si256(_mm256_blendv_ps(_mm256_castsi256_ps(lane_first_j),
+                                                          _mm256_castsi256_ps(tokens), take));
+    }
+    for (; i < n; ++i) {
+      if (x[i] > kNegInf) offer_exact(x[i], j0 + i);
+    }
+#else
+    for (int64_t i = 0; i < n; ++i) bits[i] = stream_bits(key, static_cast<uint32_t>(j0 + i));
+    for (int64_t i = 0; i < n; ++i) noise[i] = stream_uniform(bits[i]);
+    int64_t i = 0;
+    for (; i + Vec::size() <= n; i += Vec::size()) {
+      const Vec e = Vec(0.0f) - Vec::loadu(noise + i).log();  // -log(u) > 0
+      (Vec(0.0f) - e.log()).store(noise + i);
+    }
+    for (; i < n; ++i) noise[i] = -std::log(-std::log(noise[i]));
+    for (i = 0; i < n; ++i) {
+      if (x[i] > kNegInf) offer(std::max(x[i] + noise[i], kLowest), j0 + i);
+    }
+#endif
+  }
+#if defined(CPU_CAPABILITY_AVX2)
+  alignas(32) float firsts[8], seconds[8];
+  alignas(32) int32_t first_js[8];
+  _mm256_store_ps(firsts, lane_first);
+  _mm256_store_ps(seconds, lane_second);
+  _mm256_store_si256(reinterpret_cast<__m256i*>(first_js), lane_first_j);
+  for (int k = 0; k < 8; ++k) {
+    if (first_js[k] >= 0) offer(firsts[k], first_js[k]);
+    second = std::max(second, seconds[k]);
+  }
+#endif
+  if (first_j < 0) return -1;
+  auto err = [tol](float s) { return tol * (35.0f + std::fabs(s)); };
+  const bool certified =
+      first < -kNegInf && (second == kNegInf || second + err(second) < first - err(first));
+  return certified ? first_j : row_argmax(row, V, /*noise=*/true, key);
 }
 
 }  // namespace tso

@@ -34,6 +34,8 @@ void bad_words(at::Tensor logits, const at::Tensor& idx_mapping, const at::Tenso
                const at::Tensor& bad_word_offsets, const at::Tensor& num_bad_words,
                const at::Tensor& history, const at::Tensor& history_lens);
 
+// (exact, approximate) Gumbel noise of stream bits: the approximation the CPU draw certifies.
+std::tuple<at::Tensor, at::Tensor> gumbel_noise(const at::Tensor& bits);
 std::tuple<at::Tensor, at::Tensor> random_stream(const at::Tensor& seeds,
                                                  const at::Tensor& positions,
                                                  const at::Tensor& tokens);
@@ -53,6 +55,6 @@ std::tuple<at::Tensor, at::Tensor> rejection_sample(
     const at::Tensor& target_logits, const at::Tensor& draft_token_ids,
     const std::optional<at::Tensor>& draft_probs, const at::Tensor& cu_num_draft,
     const at::Tensor& temperature, const at::Tensor& seeds, const at::Tensor& output_lens,
-    int64_t max_spec_len);
+    int64_t max_spec_len, double tol);
 
 }  // namespace tso

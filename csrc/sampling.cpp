@@ -96,65 +96,6 @@ void logprobs_kernel(const at::Tensor& logits, const int64_t* tokens, int64_t k,
   });
 }
 
-// Tokens whose noise one step of `gumbel_argmax_row` computes together (stack arrays). A block
-// with fewer than one token in kSparseShare above -inf scores its live tokens one by one, exactly.
-constexpr int64_t kDrawBlock = 256;
-constexpr int64_t kSparseShare = 8;
-
-// row_argmax's Gumbel draw (draw.h), mostly from approximate scores, as the CUDA draw
-// (gumbel_argmax in sampling.py) does: the noise's two logs vectorized (at::vec's log, within 1 ulp
-// where the exact noise takes std::log), each score within err(s) = tol * (35 + |s|) of its exact
-// value (tol >= 2**-16 leaves a wide margin: both logs' errors move a score by less than 2**-18 +
-// 2**-23 |s|), and the largest and second-largest score kept. When the largest minus its err stays
-// above the runner-up plus its err, the largest's token wins the exact scores too; otherwise (a
-// near tie, an infinite score) the row is drawn exactly. A score that overflows to -inf counts at
-// -FLT_MAX. A sparse block (a filtered row) scores its live tokens exactly.
-int64_t gumbel_argmax_row(const float* row, int64_t V, uint32_t key, float tol) {
-  alignas(64) uint32_t bits[kDrawBlock];
-  alignas(64) float noise[kDrawBlock];
-  float first = kNegInf, second = kNegInf;
-  int64_t first_j = -1;
-  auto offer = [&](float x, float g, int64_t j) {
-    const float score = std::max(x + g, -std::numeric_limits<float>::max());
-    if (score > first) {
-      second = first;
-      first = score;
-      first_j = j;
-    } else if (score > second) {
-      second = score;
-    }
-  };
-  for (int64_t j0 = 0; j0 < V; j0 += kDrawBlock) {
-    const int64_t n = std::min(kDrawBlock, V - j0);
-    const float* x = row + j0;
-    int64_t live = 0;
-    for (int64_t i = 0; i < n; ++i) live += x[i] > kNegInf;  // NaN is not
-    if (live * kSparseShare < n) {
-      for (int64_t i = 0; i < n; ++i) {
-        if (!(x[i] > kNegInf)) continue;
-        offer(x[i], stream_gumbel(stream_bits(key, static_cast<uint32_t>(j0 + i))), j0 + i);
-      }
-      continue;
-    }
-    for (int64_t i = 0; i < n; ++i) bits[i] = stream_bits(key, static_cast<uint32_t>(j0 + i));
-    for (int64_t i = 0; i < n; ++i) noise[i] = stream_uniform(bits[i]);
-    int64_t i = 0;
-    for (; i + Vec::size() <= n; i += Vec::size()) {
-      const Vec e = Vec(0.0f) - Vec::loadu(noise + i).log();  // -log(u) > 0
-      (Vec(0.0f) - e.log()).store(noise + i);
-    }
-    for (; i < n; ++i) noise[i] = -std::log(-std::log(noise[i]));
-    for (i = 0; i < n; ++i) {
-      if (x[i] > kNegInf) offer(x[i], noise[i], j0 + i);
-    }
-  }
-  if (first_j < 0) return -1;
-  auto err = [tol](float s) { return tol * (35.0f + std::fabs(s)); };
-  const bool certified =
-      first < -kNegInf && (second == kNegInf || second + err(second) < first - err(first));
-  return certified ? first_j : row_argmax(row, V, /*noise=*/true, key);
-}
-
 // The token of each row: argmax of the (temperature-scaled, filtered) row plus the Gumbel noise of
 // its stream; the plain argmax for greedy rows; -1 for rows without a logit above -inf.
 void gumbel_argmax(const at::Tensor& scaled, const int64_t* slots, const float* temps,
@@ -171,7 +112,7 @@ void gumbel_argmax(const at::Tensor& scaled, const int64_t* slots, const float* 
       }
       const float* row = base + t * V;
       out[t] = temps[r] != 0.0f ? gumbel_argmax_row(row, V, stream_key(seeds[r], positions[t]), tol)
-                                : row_argmax(row, V, /*noise=*/false, 0);
+                                : argmax_row(row, V);
     }
   });
 }
@@ -191,6 +132,35 @@ std::tuple<at::Tensor, at::Tensor> random_stream(const at::Tensor& seeds,
     noise.data_ptr<float>()[i] = stream_gumbel(h);
   }
   return {bits, noise};
+}
+
+std::tuple<at::Tensor, at::Tensor> gumbel_noise(const at::Tensor& bits) {
+  const at::Tensor b = as_int64(bits);
+  const int64_t n = b.numel();
+  at::Tensor exact = at::empty(b.sizes(), b.options().dtype(at::kFloat));
+  at::Tensor approx = at::empty(b.sizes(), b.options().dtype(at::kFloat));
+  const int64_t* src = b.data_ptr<int64_t>();
+  float* ex = exact.data_ptr<float>();
+  float* ap = approx.data_ptr<float>();
+  at::parallel_for(0, n, 4096, [&](int64_t begin, int64_t end) {
+    int64_t i = begin;
+#if defined(CPU_CAPABILITY_AVX2)
+    alignas(32) int32_t lanes[8];
+    for (; i + 8 <= end; i += 8) {
+      for (int k = 0; k < 8; ++k) lanes[k] = static_cast<int32_t>(static_cast<uint32_t>(src[i + k]));
+      _mm256_storeu_ps(ap + i, gumbel_approx_x8(_mm256_load_si256(reinterpret_cast<const __m256i*>(lanes))));
+    }
+#else
+    for (; i + Vec::size() <= end; i += Vec::size()) {
+      float u[Vec::size()];
+      for (int k = 0; k < Vec::size(); ++k) u[k] = stream_uniform(static_cast<uint32_t>(src[i + k]));
+      (Vec(0.0f) - (Vec(0.0f) - Vec::loadu(u).log()).log()).store(ap + i);
+    }
+#endif
+    for (; i < end; ++i) ap[i] = stream_gumbel(static_cast<uint32_t>(src[i]));
+    for (i = begin; i < end; ++i) ex[i] = stream_gumbel(static_cast<uint32_t>(src[i]));
+  });
+  return {exact, approx};
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> logprobs(const at::Tensor& logits,

@@ -68,7 +68,7 @@ template <typename scalar_t>
 void rejection_sample_kernel(const at::Tensor& logits, const int64_t* drafts, const float* probs,
                              int64_t probs_stride, const int64_t* cu, const float* temps,
                              const int64_t* seeds, const int64_t* positions, int64_t B, int64_t N,
-                             int64_t max_spec_len, int64_t* out, int32_t* num) {
+                             int64_t max_spec_len, float tol, int64_t* out, int32_t* num) {
   const int64_t V = logits.size(1), stride = logits.stride(0);
   const scalar_t* base = logits.data_ptr<scalar_t>();
   at::parallel_for(0, B, 1, [&](int64_t begin, int64_t end) {
@@ -89,7 +89,11 @@ void rejection_sample_kernel(const at::Tensor& logits, const int64_t* drafts, co
         const uint32_t key = stream_key(seeds[i], positions[i] + j);
         bool accept = false;
         if (greedy) {
-          token = row_argmax(row, V, false, key);
+          if constexpr (std::is_same_v<scalar_t, float>) {
+            token = argmax_row(row, V);
+          } else {
+            token = row_argmax(row, V, false, key);
+          }
           accept = draft_ok && draft == token;
         } else if (is_draft) {
           float m, s;
@@ -101,6 +105,8 @@ void rejection_sample_kernel(const at::Tensor& logits, const int64_t* drafts, co
           const float u = stream_uniform(stream_bits(key, kAcceptToken));
           accept = draft_ok && u * q_d < p_d;
           if (!accept) token = residual_draw(row, probs_row, draft, m, s, key, V);
+        } else if constexpr (std::is_same_v<scalar_t, float>) {
+          token = gumbel_argmax_row(row, V, key, tol);
         } else {
           token = row_argmax(row, V, true, key);
         }
@@ -120,7 +126,7 @@ std::tuple<at::Tensor, at::Tensor> rejection_sample(
     const at::Tensor& target_logits, const at::Tensor& draft_token_ids,
     const std::optional<at::Tensor>& draft_probs, const at::Tensor& cu_num_draft,
     const at::Tensor& temperature, const at::Tensor& seeds, const at::Tensor& output_lens,
-    int64_t max_spec_len) {
+    int64_t max_spec_len, double tol) {
   const int64_t B = cu_num_draft.size(0) - 1, N = draft_token_ids.size(0);
   const auto opts = target_logits.options();
   at::Tensor out = at::empty({B, max_spec_len + 1}, opts.dtype(at::kLong));
@@ -139,7 +145,7 @@ std::tuple<at::Tensor, at::Tensor> rejection_sample(
     rejection_sample_kernel<scalar_t>(
         target_logits, drafts.data_ptr<int64_t>(), probs, probs_stride, cu.data_ptr<int64_t>(),
         temps.data_ptr<float>(), seed.data_ptr<int64_t>(), positions.data_ptr<int64_t>(), B, N,
-        max_spec_len, out.data_ptr<int64_t>(), num.data_ptr<int32_t>());
+        max_spec_len, static_cast<float>(tol), out.data_ptr<int64_t>(), num.data_ptr<int32_t>());
   });
   return {out, num};
 }

@@ -358,14 +358,17 @@ def test_sample_rows_without_finite_logits(backend):
         assert out[3] % 2 == 1
 
 
-@pytest.mark.parametrize("backend", ["interpret", pytest.param("cuda", marks=pytest.mark.cuda)])
+@pytest.mark.parametrize("backend", ["cpu", "interpret", pytest.param("cuda", marks=pytest.mark.cuda)])
 def test_approximate_gumbel_noise_is_within_its_tolerance(backend):
-    """Every one of the 2**23 uniforms (the cuda run: all of them, with the hardware log2): the
-    approximate noise lies within 2**-17 * (1 + |noise|) of the exact one, inside the tolerance
-    the draw assumes."""
-    step = 1 if backend == "cuda" else 4099  # the interpreter: a spread of 2047 values, both ends included
+    """Every one of the 2**23 uniforms (cpu and cuda: all of them, the C++ kernel's vectorized
+    noise and the hardware log2): the approximate noise lies within 2**-17 * (1 + |noise|) of the
+    exact one, inside the tolerance the draw assumes."""
+    step = 4099 if backend == "interpret" else 1  # the interpreter: a spread of 2047 values, both ends included
     m = torch.cat([torch.arange(0, 2**23, step), torch.tensor([2**23 - 1])])
-    exact, approx = gumbel.gumbel_noise_triton((m << 9).to(device_of(backend)))
+    if backend == "cpu":
+        exact, approx = _C.gumbel_noise(m << 9)
+    else:
+        exact, approx = gumbel.gumbel_noise_triton((m << 9).to(device_of(backend)))
     err = (approx.double() - exact.double()).abs().cpu()
     bound = 2.0**-17 * (1 + approx.double().abs().cpu())
     assert bool((err <= bound).all()), f"largest error / bound: {(err / bound).max().item():.3g}"

@@ -6,7 +6,7 @@ import pytest
 import torch
 from test_sampling import _chi_square, _chi_square_bound
 
-from torch_sampling_ops import gumbel, reference, speculative
+from torch_sampling_ops import _C, gumbel, reference, speculative
 
 from conftest import BACKENDS, DTYPES, OP_BACKENDS, device_of, make_logits, run_op
 
@@ -181,18 +181,23 @@ def test_rows_over_several_chunks(backend, with_probs, gen):
     assert tokens[4].tolist() == [10, int(logits[row(4, 1)].argmax()), -1, -1]
 
 
-@pytest.mark.parametrize("backend", ["interpret", pytest.param("cuda", marks=pytest.mark.cuda)])
+@pytest.mark.parametrize("backend", ["cpu", "interpret", pytest.param("cuda", marks=pytest.mark.cuda)])
 @pytest.mark.parametrize("with_probs", [True, False], ids=["probs", "no_probs"])
 def test_exact_rescoring_gives_the_exact_draws(backend, with_probs, monkeypatch):
     """The residual and bonus draws score approximately and rescore the winners exactly: the same
-    tokens as scoring every token exactly (a tolerance so large that every chunk is rescored whole)."""
+    tokens as scoring every token exactly (a tolerance so large that every chunk is rescored whole;
+    on the CPU, the C++ kernel's `tol` argument)."""
     gen = torch.Generator().manual_seed(22)
-    counts, V = ([3] * 128 + [0, 1, 2] * 8, 151936) if backend == "cuda" else ([3, 0, 2, 1], 2 * speculative._CHUNK + 9)
+    counts, V = {"cuda": ([3] * 128 + [0, 1, 2] * 8, 151936), "cpu": ([3, 0, 2, 1] * 16, 32000)}.get(
+        backend, ([3, 0, 2, 1], 2 * speculative._CHUNK + 9))
     args = spec_args(counts, V, gen, device_of(backend), with_probs=with_probs,
                      temperature=torch.ones(len(counts)), match=0.3)
     fast = run_op(backend, "rejection_sample", *args)
-    monkeypatch.setattr(gumbel, "GUMBEL_APPROX_TOL", 1e30)
-    exact = run_op(backend, "rejection_sample", *args)
+    if backend == "cpu":
+        exact = _C.rejection_sample(*args, tol=1e30)
+    else:
+        monkeypatch.setattr(gumbel, "GUMBEL_APPROX_TOL", 1e30)
+        exact = run_op(backend, "rejection_sample", *args)
     assert torch.equal(fast[0], exact[0]) and torch.equal(fast[1], exact[1])
 
 
