@@ -171,25 +171,15 @@ inline int64_t argmax_row(const float* row, int64_t V) {
   return best_j;
 }
 
-// Tokens whose noise one step of `gumbel_argmax_row` computes together (stack arrays). A block
-// with fewer than one token in kSparseShare above -inf scores its live tokens one by one, exactly.
-constexpr int64_t kDrawBlock = 256;
-constexpr int64_t kSparseShare = 8;
-
-// row_argmax's Gumbel draw over a float32 row, mostly from approximate scores, as the CUDA draw
-// (gumbel_argmax in sampling.py) does: each score within err(s) = tol * (35 + |s|) of its exact
-// value (tol >= 2**-16 leaves a wide margin: the approximate noise is within 2**-17 * (1 + |g|)),
-// and the largest and second-largest score kept (per AVX2 lane, then merged). When the largest
-// minus its err stays above the runner-up plus its err, the largest's token wins the exact scores
-// too; otherwise (a near tie, an infinite score) the row is drawn exactly. A score that overflows
-// to -inf counts at -FLT_MAX. The noise is gumbel_approx_x8 with AVX2, else at::vec's log (within
-// 1 ulp where the exact noise takes std::log); a sparse block (a filtered row) and the last tokens
-// of a block are scored exactly.
-inline int64_t gumbel_argmax_row(const float* row, int64_t V, uint32_t key, float tol) {
-  constexpr float kLowest = -std::numeric_limits<float>::max();
+// The largest and second-largest of approximate scores, with the largest's token: the certificate
+// of the draws below. Each score lies within err(s) = tol * (35 + |s|) of its exact value (tol >=
+// 2**-16 leaves a wide margin: the approximate noise is within 2**-17 * (1 + |g|), log_x8 within
+// 4e-6); when the largest minus its err stays above the runner-up plus its err, the largest's token
+// wins the exact scores too. Otherwise (a near tie, an infinite score) the caller draws exactly.
+struct Top2 {
   float first = kNegInf, second = kNegInf;
   int64_t first_j = -1;
-  auto offer = [&](float score, int64_t j) {
+  void offer(float score, int64_t j) {
     if (score > first) {
       second = first;
       first = score;
@@ -197,15 +187,63 @@ inline int64_t gumbel_argmax_row(const float* row, int64_t V, uint32_t key, floa
     } else if (score > second) {
       second = score;
     }
-  };
+  }
+  bool certified(float tol) const {
+    auto err = [tol](float s) { return tol * (35.0f + std::fabs(s)); };
+    return first < -kNegInf && (second == kNegInf || second + err(second) < first - err(first));
+  }
+};
+
+#if defined(CPU_CAPABILITY_AVX2)
+// Top2 of each of 8 lanes (a lane's tokens come in index order: on a tie it keeps the lower one).
+struct LaneTop2 {
+  __m256 first = _mm256_set1_ps(kNegInf), second = _mm256_set1_ps(kNegInf);
+  __m256i first_j = _mm256_set1_epi32(-1);
+  void offer(__m256 score, __m256i tokens) {
+    const __m256 take = _mm256_cmp_ps(score, first, _CMP_GT_OQ);
+    second = _mm256_blendv_ps(_mm256_max_ps(second, score), first, take);
+    first = _mm256_blendv_ps(first, score, take);
+    first_j = _mm256_castps_si256(
+        _mm256_blendv_ps(_mm256_castsi256_ps(first_j), _mm256_castsi256_ps(tokens), take));
+  }
+  void merge_into(Top2& top) const {
+    alignas(32) float firsts[8], seconds[8];
+    alignas(32) int32_t first_js[8];
+    _mm256_store_ps(firsts, first);
+    _mm256_store_ps(seconds, second);
+    _mm256_store_si256(reinterpret_cast<__m256i*>(first_js), first_j);
+    for (int k = 0; k < 8; ++k) {
+      if (first_js[k] >= 0) top.offer(firsts[k], first_js[k]);
+      top.second = std::max(top.second, seconds[k]);
+    }
+  }
+};
+
+// Token indices j .. j + 7.
+inline __m256i tokens_x8(int64_t j) {
+  return _mm256_add_epi32(_mm256_set1_epi32(static_cast<int>(j)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+#endif
+
+// Tokens whose noise one step of `gumbel_argmax_row` computes together (stack arrays). A block
+// with fewer than one token in kSparseShare above -inf scores its live tokens one by one, exactly.
+constexpr int64_t kDrawBlock = 256;
+constexpr int64_t kSparseShare = 8;
+
+// row_argmax's Gumbel draw over a float32 row from approximate scores certified by Top2, as the
+// CUDA draw (gumbel_argmax in sampling.py) does; -1 without a live token. A score that overflows
+// to -inf counts at -FLT_MAX. The noise is gumbel_approx_x8 with AVX2, else at::vec's log (within
+// 1 ulp where the exact noise takes std::log); a sparse block (a filtered row) and the last tokens
+// of a block are scored exactly.
+inline int64_t gumbel_argmax_row(const float* row, int64_t V, uint32_t key, float tol) {
+  constexpr float kLowest = -std::numeric_limits<float>::max();
+  Top2 top;
   auto offer_exact = [&](float x, int64_t j) {
-    offer(std::max(x + stream_gumbel(stream_bits(key, static_cast<uint32_t>(j))), kLowest), j);
+    top.offer(std::max(x + stream_gumbel(stream_bits(key, static_cast<uint32_t>(j))), kLowest), j);
   };
 #if defined(CPU_CAPABILITY_AVX2)
   const __m256 neg_inf = _mm256_set1_ps(kNegInf), lowest = _mm256_set1_ps(kLowest);
-  const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-  __m256 lane_first = neg_inf, lane_second = neg_inf;
-  __m256i lane_first_j = _mm256_set1_epi32(-1);
+  LaneTop2 lanes;
 #else
   alignas(64) uint32_t bits[kDrawBlock];
   alignas(64) float noise[kDrawBlock];
@@ -224,17 +262,11 @@ inline int64_t gumbel_argmax_row(const float* row, int64_t V, uint32_t key, floa
 #if defined(CPU_CAPABILITY_AVX2)
     int64_t i = 0;
     for (; i + 8 <= n; i += 8) {
-      const uint32_t j = static_cast<uint32_t>(j0 + i);
       const __m256 xv = _mm256_loadu_ps(x + i);
-      const __m256 g = gumbel_approx_x8(stream_bits_x8(key, j));
-      const __m256 score = _mm256_blendv_ps(neg_inf, _mm256_max_ps(_mm256_add_ps(xv, g), lowest),
-                                            _mm256_cmp_ps(xv, neg_inf, _CMP_GT_OQ));  // NaN: not live
-      const __m256 take = _mm256_cmp_ps(score, lane_first, _CMP_GT_OQ);
-      lane_second = _mm256_blendv_ps(_mm256_max_ps(lane_second, score), lane_first, take);
-      lane_first = _mm256_blendv_ps(lane_first, score, take);
-      const __m256i tokens = _mm256_add_epi32(_mm256_set1_epi32(static_cast<int>(j)), lane);
-      lane_first_j = _mm256_castps_si256(_mm256_blendv_ps(_mm256_castsi256_ps(lane_first_j),
-                                                          _mm256_castsi256_ps(tokens), take));
+      const __m256 g = gumbel_approx_x8(stream_bits_x8(key, static_cast<uint32_t>(j0 + i)));
+      lanes.offer(_mm256_blendv_ps(neg_inf, _mm256_max_ps(_mm256_add_ps(xv, g), lowest),
+                                   _mm256_cmp_ps(xv, neg_inf, _CMP_GT_OQ)),  // NaN: not live
+                  tokens_x8(j0 + i));
     }
     for (; i < n; ++i) {
       if (x[i] > kNegInf) offer_exact(x[i], j0 + i);
@@ -249,26 +281,15 @@ inline int64_t gumbel_argmax_row(const float* row, int64_t V, uint32_t key, floa
     }
     for (; i < n; ++i) noise[i] = -std::log(-std::log(noise[i]));
     for (i = 0; i < n; ++i) {
-      if (x[i] > kNegInf) offer(std::max(x[i] + noise[i], kLowest), j0 + i);
+      if (x[i] > kNegInf) top.offer(std::max(x[i] + noise[i], kLowest), j0 + i);
     }
 #endif
   }
 #if defined(CPU_CAPABILITY_AVX2)
-  alignas(32) float firsts[8], seconds[8];
-  alignas(32) int32_t first_js[8];
-  _mm256_store_ps(firsts, lane_first);
-  _mm256_store_ps(seconds, lane_second);
-  _mm256_store_si256(reinterpret_cast<__m256i*>(first_js), lane_first_j);
-  for (int k = 0; k < 8; ++k) {
-    if (first_js[k] >= 0) offer(firsts[k], first_js[k]);
-    second = std::max(second, seconds[k]);
-  }
+  lanes.merge_into(top);
 #endif
-  if (first_j < 0) return -1;
-  auto err = [tol](float s) { return tol * (35.0f + std::fabs(s)); };
-  const bool certified =
-      first < -kNegInf && (second == kNegInf || second + err(second) < first - err(first));
-  return certified ? first_j : row_argmax(row, V, /*noise=*/true, key);
+  if (top.first_j < 0) return -1;
+  return top.certified(tol) ? top.first_j : row_argmax(row, V, /*noise=*/true, key);
 }
 
 }  // namespace tso

@@ -6,10 +6,13 @@
 #include "draw.h"
 #include "ops.h"
 #include "random_stream.h"
+#include "vec.h"
 
 #include <ATen/cpu/vec/vec.h>
 
+#include <algorithm>
 #include <cmath>
+#include <limits>
 #include <type_traits>
 
 namespace tso {
@@ -41,6 +44,14 @@ void row_max_sum(const scalar_t* row, int64_t V, float& m, float& s) {
   for (; j < V; ++j) s += std::exp(logit_at(row, j) - m);
 }
 
+// p(x) = exp(x - m) / s through at::vec's exp, lane by lane the same function: the vectorized
+// residual draw and the exact one compute the same bits.
+inline float residual_prob(float x, float m, float s) {
+  float lanes[Vec::size()];
+  Vec(x - m).exp().store(lanes);
+  return lanes[0] / s;
+}
+
 // argmax_k log(r_k) + g_k over r = p - q > 0 (q from `probs`, or one-hot of `draft` without it);
 // argmax_k x_k + g_k (a draw from p) if r has no positive entry; -1 for a row without a live logit.
 template <typename scalar_t>
@@ -50,7 +61,7 @@ int64_t residual_draw(const scalar_t* row, const float* probs, int64_t draft, fl
   for (int64_t k = 0; k < V; ++k) {
     const float x = logit_at(row, k);
     if (!(x > kNegInf)) continue;
-    const float p = std::exp(x - m) / s;
+    const float p = residual_prob(x, m, s);
     const float q = probs != nullptr ? probs[k] : (k == draft ? 1.0f : 0.0f);
     const float r = p - q;
     const float log_r = r > 0.0f ? std::log(r) : kNegInf;  // r > 0 is false for NaN
@@ -62,6 +73,55 @@ int64_t residual_draw(const scalar_t* row, const float* probs, int64_t draft, fl
     if (may_p) from_p.offer(x + g, k);
   }
   return from_r.index >= 0 ? from_r.index : from_p.index;
+}
+
+// residual_draw over a float32 row from approximate scores (log_x8 of r, gumbel_approx_x8)
+// certified by Top2, with AVX2; the exact pass when neither draw certifies, when a positive r is
+// subnormal (log_x8 takes normal floats), and without AVX2.
+inline int64_t residual_draw_fast(const float* row, const float* probs, int64_t draft, float m, float s,
+                                  uint32_t key, int64_t V, float tol) {
+#if defined(CPU_CAPABILITY_AVX2)
+  Top2 top_r, top_p;
+  LaneTop2 lanes_r, lanes_p;
+  const __m256 neg_inf = _mm256_set1_ps(kNegInf), zero = _mm256_setzero_ps();
+  const __m256 smallest = _mm256_set1_ps(std::numeric_limits<float>::min());
+  const __m256i draft_x8 = _mm256_set1_epi32(static_cast<int>(std::clamp<int64_t>(draft, -1, V)));
+  __m256 subnormal = zero;
+  int64_t j = 0;
+  for (; j + 8 <= V; j += 8) {
+    const __m256 x = load_logits(row + j);
+    const __m256 live = _mm256_cmp_ps(x, neg_inf, _CMP_GT_OQ);
+    const __m256 p = Vec(_mm256_sub_ps(x, _mm256_set1_ps(m))).exp() / Vec(s);
+    const __m256i tokens = tokens_x8(j);
+    const __m256 q = probs != nullptr
+                         ? _mm256_loadu_ps(probs + j)
+                         : _mm256_and_ps(_mm256_castsi256_ps(_mm256_cmpeq_epi32(tokens, draft_x8)),
+                                         _mm256_set1_ps(1.0f));
+    const __m256 r = _mm256_sub_ps(p, q);
+    const __m256 positive = _mm256_and_ps(live, _mm256_cmp_ps(r, zero, _CMP_GT_OQ));
+    subnormal = _mm256_or_ps(subnormal, _mm256_and_ps(positive, _mm256_cmp_ps(r, smallest, _CMP_LT_OQ)));
+    const __m256 g = gumbel_approx_x8(stream_bits_x8(key, static_cast<uint32_t>(j)));
+    const __m256 log_r = log_x8(_mm256_max_ps(r, smallest));
+    lanes_r.offer(_mm256_blendv_ps(neg_inf, _mm256_add_ps(log_r, g), positive), tokens);
+    lanes_p.offer(_mm256_blendv_ps(neg_inf, _mm256_add_ps(x, g), live), tokens);
+  }
+  for (; j < V; ++j) {  // the last tokens exactly, as residual_draw scores them
+    const float x = logit_at(row, j);
+    if (!(x > kNegInf)) continue;
+    const float q = probs != nullptr ? probs[j] : (j == draft ? 1.0f : 0.0f);
+    const float r = residual_prob(x, m, s) - q;
+    const float g = stream_gumbel(stream_bits(key, static_cast<uint32_t>(j)));
+    if (r > 0.0f) top_r.offer(std::log(r) + g, j);
+    top_p.offer(x + g, j);
+  }
+  lanes_r.merge_into(top_r);
+  lanes_p.merge_into(top_p);
+  if (_mm256_movemask_ps(subnormal) == 0) {
+    if (top_r.first_j >= 0 && top_r.certified(tol)) return top_r.first_j;
+    if (top_r.first_j < 0 && (top_p.first_j < 0 || top_p.certified(tol))) return top_p.first_j;
+  }
+#endif
+  return residual_draw(row, probs, draft, m, s, key, V);
 }
 
 template <typename scalar_t>
@@ -104,7 +164,13 @@ void rejection_sample_kernel(const at::Tensor& logits, const int64_t* drafts, co
           const float q_d = probs_row != nullptr && draft_ok ? probs_row[draft] : 1.0f;
           const float u = stream_uniform(stream_bits(key, kAcceptToken));
           accept = draft_ok && u * q_d < p_d;
-          if (!accept) token = residual_draw(row, probs_row, draft, m, s, key, V);
+          if (!accept) {
+            if constexpr (std::is_same_v<scalar_t, float>) {
+              token = residual_draw_fast(row, probs_row, draft, m, s, key, V, tol);
+            } else {
+              token = residual_draw(row, probs_row, draft, m, s, key, V);
+            }
+          }
         } else if constexpr (std::is_same_v<scalar_t, float>) {
           token = gumbel_argmax_row(row, V, key, tol);
         } else {
