@@ -25,9 +25,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("top_k"), py::arg("top_p"), py::arg("min_p"), py::arg("seeds"),
         py::arg("output_lens"), py::arg("tol") = tso::kGumbelApproxTol);
   m.attr("GUMBEL_APPROX_TOL") = tso::kGumbelApproxTol;
-  m.def("rejection_sample", &tso::rejection_sample, py::arg("target_logits"), py::arg("draft_token_ids"),
-        py::arg("draft_probs"), py::arg("cu_num_draft"), py::arg("temperature"), py::arg("seeds"),
-        py::arg("output_lens"), py::arg("max_spec_len"), py::arg("tol") = tso::kGumbelApproxTol);
+  m.def("rejection_sample", &tso::rejection_sample, py::arg("target_logits"),
+        py::arg("draft_token_ids"), py::arg("draft_probs"), py::arg("cu_num_draft"),
+        py::arg("temperature"), py::arg("seeds"), py::arg("output_lens"), py::arg("max_spec_len"),
+        py::arg("tol") = tso::kGumbelApproxTol);
   m.def("bind_launch_args", &tso::bind_launch_args);
   m.def("arg_signature", &tso::arg_signature);
 }

@@ -76,28 +76,35 @@ inline __m256i mix32_x8(__m256i h) {
   return _mm256_xor_si256(h, _mm256_srli_epi32(h, 16));
 }
 
+// Token indices j .. j + 7.
+inline __m256i tokens_x8(int64_t j) {
+  return _mm256_add_epi32(_mm256_set1_epi32(static_cast<int>(j)),
+                          _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
 // stream_bits of tokens j0 .. j0 + 7.
 inline __m256i stream_bits_x8(uint32_t key, uint32_t j0) {
-  const __m256i j = _mm256_add_epi32(_mm256_set1_epi32(static_cast<int>(j0)),
-                                     _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-  const __m256i h = mix32_x8(_mm256_xor_si256(_mm256_set1_epi32(static_cast<int>(key)), j));
+  const __m256i h =
+      mix32_x8(_mm256_xor_si256(_mm256_set1_epi32(static_cast<int>(key)), tokens_x8(j0)));
   return mix32_x8(_mm256_add_epi32(h, _mm256_set1_epi32(0x6A09E667)));
 }
 
-// log(y) of positive normal floats: y = 2**e * m with m in [sqrt(1/2), sqrt(2)), log(m) = f - f**2 / 2
-// + f**3 P(f) for f = m - 1 (exact), P a degree-6 fit of the rest (error under 2e-7 on that
-// interval, float32 evaluation included), e * log(2) in two parts (the first exact).
+// log(y) of positive normal floats: y = 2**e * m with m in [sqrt(1/2), sqrt(2)),
+// log(m) = f - f**2 / 2 + f**3 P(f) for f = m - 1 (exact), P a degree-6 fit of the rest (error
+// under 2e-7 on that interval, float32 evaluation included), e * log(2) in two parts (the first
+// exact).
 inline __m256 log_x8(__m256 y) {
   const __m256i b = _mm256_castps_si256(y);
   __m256i e = _mm256_sub_epi32(_mm256_srli_epi32(b, 23), _mm256_set1_epi32(127));
-  __m256 m = _mm256_castsi256_ps(
-      _mm256_or_si256(_mm256_and_si256(b, _mm256_set1_epi32(0x7FFFFF)), _mm256_set1_epi32(0x3F800000)));
+  __m256 m = _mm256_castsi256_ps(_mm256_or_si256(_mm256_and_si256(b, _mm256_set1_epi32(0x7FFFFF)),
+                                                 _mm256_set1_epi32(0x3F800000)));
   const __m256 high = _mm256_cmp_ps(m, _mm256_set1_ps(1.41421356f), _CMP_GT_OQ);
   m = _mm256_blendv_ps(m, _mm256_mul_ps(m, _mm256_set1_ps(0.5f)), high);
   e = _mm256_sub_epi32(e, _mm256_castps_si256(high));  // the halved lanes (all ones: -1) gain 1
   const __m256 f = _mm256_sub_ps(m, _mm256_set1_ps(1.0f));
   const __m256 z = _mm256_mul_ps(f, f);
-  __m256 p = _mm256_fmadd_ps(f, _mm256_set1_ps(0.09151823818683624f), _mm256_set1_ps(-0.13937585055828094f));
+  __m256 p = _mm256_fmadd_ps(f, _mm256_set1_ps(0.09151823818683624f),
+                             _mm256_set1_ps(-0.13937585055828094f));
   p = _mm256_fmadd_ps(f, p, _mm256_set1_ps(0.14647750556468964f));
   p = _mm256_fmadd_ps(f, p, _mm256_set1_ps(-0.1660991758108139f));
   p = _mm256_fmadd_ps(f, p, _mm256_set1_ps(0.19987717270851135f));
@@ -115,9 +122,9 @@ inline __m256 log_x8(__m256 y) {
 // where w = 1 - u < 1/16 (exact there), -log(u) = -log(1 - w) comes from its series to w**5
 // (relative error under w**5 / 6 <= 2**-22.6), where a log of u near 1 would lose its small result.
 inline __m256 gumbel_approx_x8(__m256i bits) {
-  const __m256 u = _mm256_sub_ps(
-      _mm256_castsi256_ps(_mm256_or_si256(_mm256_srli_epi32(bits, 9), _mm256_set1_epi32(0x3F800000))),
-      _mm256_set1_ps(0.99999994039535522f));
+  const __m256 u = _mm256_sub_ps(_mm256_castsi256_ps(_mm256_or_si256(
+                                     _mm256_srli_epi32(bits, 9), _mm256_set1_epi32(0x3F800000))),
+                                 _mm256_set1_ps(0.99999994039535522f));
   const __m256 w = _mm256_sub_ps(_mm256_set1_ps(1.0f), u);
   __m256 series = _mm256_fmadd_ps(w, _mm256_set1_ps(0.2f), _mm256_set1_ps(0.25f));
   series = _mm256_fmadd_ps(w, series, _mm256_set1_ps(1.0f / 3.0f));
@@ -139,16 +146,14 @@ inline int64_t argmax_row(const float* row, int64_t V) {
   int64_t j = 0;
 #if defined(CPU_CAPABILITY_AVX2)
   const __m256 neg_inf = _mm256_set1_ps(kNegInf);
-  const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
   __m256 lane_best = neg_inf;
   __m256i lane_j = _mm256_set1_epi32(-1);
   for (; j + 8 <= V; j += 8) {
     const __m256 x = _mm256_loadu_ps(row + j);
     const __m256 take = _mm256_cmp_ps(x, lane_best, _CMP_GT_OQ);  // strictly: NaN and -inf never
     lane_best = _mm256_blendv_ps(lane_best, x, take);
-    const __m256i tokens = _mm256_add_epi32(_mm256_set1_epi32(static_cast<int>(j)), lane);
     lane_j = _mm256_castps_si256(
-        _mm256_blendv_ps(_mm256_castsi256_ps(lane_j), _mm256_castsi256_ps(tokens), take));
+        _mm256_blendv_ps(_mm256_castsi256_ps(lane_j), _mm256_castsi256_ps(tokens_x8(j)), take));
   }
   alignas(32) float bests[8];
   alignas(32) int32_t js[8];
@@ -218,11 +223,6 @@ struct LaneTop2 {
     }
   }
 };
-
-// Token indices j .. j + 7.
-inline __m256i tokens_x8(int64_t j) {
-  return _mm256_add_epi32(_mm256_set1_epi32(static_cast<int>(j)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-}
 #endif
 
 // Tokens whose noise one step of `gumbel_argmax_row` computes together (stack arrays). A block

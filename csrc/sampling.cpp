@@ -147,13 +147,16 @@ std::tuple<at::Tensor, at::Tensor> gumbel_noise(const at::Tensor& bits) {
 #if defined(CPU_CAPABILITY_AVX2)
     alignas(32) int32_t lanes[8];
     for (; i + 8 <= end; i += 8) {
-      for (int k = 0; k < 8; ++k) lanes[k] = static_cast<int32_t>(static_cast<uint32_t>(src[i + k]));
-      _mm256_storeu_ps(ap + i, gumbel_approx_x8(_mm256_load_si256(reinterpret_cast<const __m256i*>(lanes))));
+      for (int k = 0; k < 8; ++k)
+        lanes[k] = static_cast<int32_t>(static_cast<uint32_t>(src[i + k]));
+      _mm256_storeu_ps(
+          ap + i, gumbel_approx_x8(_mm256_load_si256(reinterpret_cast<const __m256i*>(lanes))));
     }
 #else
     for (; i + Vec::size() <= end; i += Vec::size()) {
       float u[Vec::size()];
-      for (int k = 0; k < Vec::size(); ++k) u[k] = stream_uniform(static_cast<uint32_t>(src[i + k]));
+      for (int k = 0; k < Vec::size(); ++k)
+        u[k] = stream_uniform(static_cast<uint32_t>(src[i + k]));
       (Vec(0.0f) - (Vec(0.0f) - Vec::loadu(u).log()).log()).store(ap + i);
     }
 #endif

@@ -78,8 +78,8 @@ int64_t residual_draw(const scalar_t* row, const float* probs, int64_t draft, fl
 // residual_draw over a float32 row from approximate scores (log_x8 of r, gumbel_approx_x8)
 // certified by Top2, with AVX2; the exact pass when neither draw certifies, when a positive r is
 // subnormal (log_x8 takes normal floats), and without AVX2.
-inline int64_t residual_draw_fast(const float* row, const float* probs, int64_t draft, float m, float s,
-                                  uint32_t key, int64_t V, float tol) {
+inline int64_t residual_draw_fast(const float* row, const float* probs, int64_t draft, float m,
+                                  float s, uint32_t key, int64_t V, float tol) {
 #if defined(CPU_CAPABILITY_AVX2)
   Top2 top_r, top_p;
   LaneTop2 lanes_r, lanes_p;
@@ -99,7 +99,8 @@ inline int64_t residual_draw_fast(const float* row, const float* probs, int64_t 
                                          _mm256_set1_ps(1.0f));
     const __m256 r = _mm256_sub_ps(p, q);
     const __m256 positive = _mm256_and_ps(live, _mm256_cmp_ps(r, zero, _CMP_GT_OQ));
-    subnormal = _mm256_or_ps(subnormal, _mm256_and_ps(positive, _mm256_cmp_ps(r, smallest, _CMP_LT_OQ)));
+    subnormal =
+        _mm256_or_ps(subnormal, _mm256_and_ps(positive, _mm256_cmp_ps(r, smallest, _CMP_LT_OQ)));
     const __m256 g = gumbel_approx_x8(stream_bits_x8(key, static_cast<uint32_t>(j)));
     const __m256 log_r = log_x8(_mm256_max_ps(r, smallest));
     lanes_r.offer(_mm256_blendv_ps(neg_inf, _mm256_add_ps(log_r, g), positive), tokens);
