@@ -45,8 +45,11 @@ float load_row(const scalar_t* row, int64_t V, float* x) {
   return m;
 }
 
-// The k-th largest of x[0:V] (counting ties), 0 < k < V.
-float kth_largest(const float* x, int64_t V, int64_t k, std::vector<float>& scratch) {
+// The k-th largest of x[0:V] (counting ties), 0 < k < V; up to kListMaxK, `largest` then holds
+// the k largest values, larger first (else it is left empty).
+float kth_largest(const float* x, int64_t V, int64_t k, std::vector<float>& scratch,
+                  std::vector<float>& largest) {
+  largest.clear();
   if (k > kListMaxK) {
     scratch.assign(x, x + V);
     std::nth_element(scratch.begin(), scratch.begin() + (k - 1), scratch.end(),
@@ -61,6 +64,7 @@ float kth_largest(const float* x, int64_t V, int64_t k, std::vector<float>& scra
     }
   }
   for (; j < V; ++j) top.offer(x[j], j);
+  largest = top.vals;
   return top.vals[k - 1];
 }
 
@@ -111,6 +115,18 @@ float top_p_threshold(const float* x, int64_t V, float lower, float row_max, dou
     if (cumulative >= target) return v;
   }
   return window.empty() ? lower : window.back();
+}
+
+// top_p_threshold when the kept tokens are the k largest (`largest`, larger first) and ties of the
+// last (`lower`): the same cumulative sums in the same order, without the windows' passes.
+float top_p_threshold_sorted(const std::vector<float>& largest, float lower, float row_max,
+                             double target) {
+  double cumulative = 0.;
+  for (float v : largest) {
+    cumulative += std::exp(v - row_max);
+    if (cumulative >= target) return v;
+  }
+  return lower;  // only ties of the k-th value are left: the boundary is at it
 }
 
 // Top-p alone over a whole row: the same boundary as top_p_threshold from one pass. The tokens
@@ -181,7 +197,7 @@ void top_k_top_p_kernel(at::Tensor& logits, const int64_t* slot_p, const int32_t
   scalar_t* base = logits.data_ptr<scalar_t>();
 
   at::parallel_for(0, T, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> x(V), scratch, window;
+    std::vector<float> x(V), scratch, window, largest;
     std::vector<double> masses;
     for (int64_t t = begin; t < end; ++t) {
       const int64_t r = slot_p[t];
@@ -194,19 +210,24 @@ void top_k_top_p_kernel(at::Tensor& logits, const int64_t* slot_p, const int32_t
       const float row_max = load_row(row, V, x.data());
       if (row_max == kNegInf) continue;
 
-      float threshold = k_on ? kth_largest(x.data(), V, k, scratch) : kNegInf;
+      float threshold = k_on ? kth_largest(x.data(), V, k, scratch, largest) : kNegInf;
       if (p_on && row_max == kInf) {
         threshold = kInf;  // all the mass lies on the +inf logits
       } else if (p_on) {
         const double kept_mass = mass_at_least(x.data(), V, threshold, row_max, nullptr);
         const double target = std::max(p * kept_mass, double(std::numeric_limits<float>::min()));
-        const float bucketed =
-            k_on ? std::numeric_limits<float>::quiet_NaN()
-                 : top_p_threshold_buckets(x.data(), V, row_max, target, masses, window);
-        threshold = std::max(
-            threshold, bucketed == bucketed
-                           ? bucketed
-                           : top_p_threshold(x.data(), V, threshold, row_max, target, window));
+        float boundary;
+        if (k_on && !largest.empty()) {
+          boundary = top_p_threshold_sorted(largest, threshold, row_max, target);
+        } else {
+          const float bucketed =
+              k_on ? std::numeric_limits<float>::quiet_NaN()
+                   : top_p_threshold_buckets(x.data(), V, row_max, target, masses, window);
+          boundary = bucketed == bucketed
+                         ? bucketed
+                         : top_p_threshold(x.data(), V, threshold, row_max, target, window);
+        }
+        threshold = std::max(threshold, boundary);
       }
       mask_below(row, V, threshold);
     }
