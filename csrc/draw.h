@@ -225,6 +225,26 @@ struct LaneTop2 {
 };
 #endif
 
+// The approximate noise of n stream bits, as the draws score it: gumbel_approx_x8 with AVX2, else
+// at::vec's log (within 1 ulp where the exact noise takes std::log); the last n % 8 exactly.
+inline void gumbel_approx(const uint32_t* bits, int64_t n, float* noise) {
+  int64_t i = 0;
+#if defined(CPU_CAPABILITY_AVX2)
+  for (; i + 8 <= n; i += 8) {
+    _mm256_storeu_ps(
+        noise + i,
+        gumbel_approx_x8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(bits + i))));
+  }
+#else
+  for (; i + Vec::size() <= n; i += Vec::size()) {
+    float u[Vec::size()];
+    for (int k = 0; k < Vec::size(); ++k) u[k] = stream_uniform(bits[i + k]);
+    (Vec(0.0f) - (Vec(0.0f) - Vec::loadu(u).log()).log()).store(noise + i);  // -log(u) > 0
+  }
+#endif
+  for (; i < n; ++i) noise[i] = stream_gumbel(bits[i]);
+}
+
 // Tokens whose noise one step of `gumbel_argmax_row` computes together (stack arrays). A block
 // with fewer than one token in kSparseShare above -inf scores its live tokens one by one, exactly.
 constexpr int64_t kDrawBlock = 256;
@@ -232,9 +252,8 @@ constexpr int64_t kSparseShare = 8;
 
 // row_argmax's Gumbel draw over a float32 row from approximate scores certified by Top2, as the
 // CUDA draw (gumbel_argmax in sampling.py) does; -1 without a live token. A score that overflows
-// to -inf counts at -FLT_MAX. The noise is gumbel_approx_x8 with AVX2, else at::vec's log (within
-// 1 ulp where the exact noise takes std::log); a sparse block (a filtered row) and the last tokens
-// of a block are scored exactly.
+// to -inf counts at -FLT_MAX. The noise is gumbel_approx's (with AVX2 computed in registers); a
+// sparse block (a filtered row) and the last tokens of a block are scored exactly.
 inline int64_t gumbel_argmax_row(const float* row, int64_t V, uint32_t key, float tol) {
   constexpr float kLowest = -std::numeric_limits<float>::max();
   Top2 top;
@@ -273,14 +292,8 @@ inline int64_t gumbel_argmax_row(const float* row, int64_t V, uint32_t key, floa
     }
 #else
     for (int64_t i = 0; i < n; ++i) bits[i] = stream_bits(key, static_cast<uint32_t>(j0 + i));
-    for (int64_t i = 0; i < n; ++i) noise[i] = stream_uniform(bits[i]);
-    int64_t i = 0;
-    for (; i + Vec::size() <= n; i += Vec::size()) {
-      const Vec e = Vec(0.0f) - Vec::loadu(noise + i).log();  // -log(u) > 0
-      (Vec(0.0f) - e.log()).store(noise + i);
-    }
-    for (; i < n; ++i) noise[i] = -std::log(-std::log(noise[i]));
-    for (i = 0; i < n; ++i) {
+    gumbel_approx(bits, n, noise);
+    for (int64_t i = 0; i < n; ++i) {
       if (x[i] > kNegInf) top.offer(std::max(x[i] + noise[i], kLowest), j0 + i);
     }
 #endif

@@ -143,25 +143,12 @@ std::tuple<at::Tensor, at::Tensor> gumbel_noise(const at::Tensor& bits) {
   float* ex = exact.data_ptr<float>();
   float* ap = approx.data_ptr<float>();
   at::parallel_for(0, n, 4096, [&](int64_t begin, int64_t end) {
-    int64_t i = begin;
-#if defined(CPU_CAPABILITY_AVX2)
-    alignas(32) int32_t lanes[8];
-    for (; i + 8 <= end; i += 8) {
-      for (int k = 0; k < 8; ++k)
-        lanes[k] = static_cast<int32_t>(static_cast<uint32_t>(src[i + k]));
-      _mm256_storeu_ps(
-          ap + i, gumbel_approx_x8(_mm256_load_si256(reinterpret_cast<const __m256i*>(lanes))));
+    std::vector<uint32_t> words(end - begin);
+    for (int64_t i = begin; i < end; ++i) {
+      words[i - begin] = static_cast<uint32_t>(src[i]);
+      ex[i] = stream_gumbel(words[i - begin]);
     }
-#else
-    for (; i + Vec::size() <= end; i += Vec::size()) {
-      float u[Vec::size()];
-      for (int k = 0; k < Vec::size(); ++k)
-        u[k] = stream_uniform(static_cast<uint32_t>(src[i + k]));
-      (Vec(0.0f) - (Vec(0.0f) - Vec::loadu(u).log()).log()).store(ap + i);
-    }
-#endif
-    for (; i < end; ++i) ap[i] = stream_gumbel(static_cast<uint32_t>(src[i]));
-    for (i = begin; i < end; ++i) ex[i] = stream_gumbel(static_cast<uint32_t>(src[i]));
+    gumbel_approx(words.data(), end - begin, ap + begin);
   });
   return {exact, approx};
 }

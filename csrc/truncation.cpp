@@ -64,8 +64,9 @@ float kth_largest(const float* x, int64_t V, int64_t k, std::vector<float>& scra
     }
   }
   for (; j < V; ++j) top.offer(x[j], j);
-  largest = top.vals;
-  return top.vals[k - 1];
+  const float kth = top.vals[k - 1];
+  largest.swap(top.vals);
+  return kth;
 }
 
 // sum of exp(v - row_max) over the values v >= floor_value of x, in double; with `window`, those
