@@ -172,6 +172,33 @@ def test_penalties_both_block_paths(dense_popcount, density, gen, monkeypatch):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_penalties_dense_blocks_keep_unseen_bits(backend, dtype, gen):
+    """Blocks dense with seen tokens are rewritten whole on CUDA: every unseen token keeps its exact
+    bits (NaN payloads, -0.0, -inf), the seen ones match the reference."""
+    T, V = 2, 4133
+    device = device_of(backend)
+    rep, freq, pres = penalty_params([(1.3, 0.2, 0.1), (1.0, 0.5, 0.25)])
+    prompt_mask, output_mask, counts = penalty_state(2, V, gen, prompt_density=0.6, output_density=0.3)
+    logits = make_logits(T, V, dtype, "cpu", generator=gen)
+    bits = logits.view({torch.float32: torch.int32, torch.float16: torch.int16, torch.bfloat16: torch.int16}[dtype])
+    bits[:, ::5] = {torch.float32: 0x7FC12345, torch.float16: 0x7E01, torch.bfloat16: 0x7FC1}[dtype]  # NaN payloads
+    logits[:, 1::5] = -0.0
+    logits[:, 2::5] = NEG_INF
+    original = logits.clone()
+    idx_mapping = torch.tensor([0, 1], dtype=INT)
+    expected = reference.penalties(original, idx_mapping, prompt_mask, output_mask, counts, rep, freq, pres)
+    logits = logits.to(device)
+    run_op(backend, "penalties", logits, *[a.to(device) for a in (idx_mapping, prompt_mask, output_mask, counts, rep,
+                                                                   freq, pres)])
+    out = logits.cpu()
+    keep = untouched_tokens(idx_mapping, prompt_mask, output_mask, rep, freq, pres, V)
+    assert same_bits(out[keep], original[keep])
+    atol, rtol = tolerance(dtype)
+    torch.testing.assert_close(out.double()[~keep], expected[~keep], atol=atol, rtol=rtol, equal_nan=True)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_penalties_ignore_bits_past_vocab(backend, gen):
     """Mask bits past V (the last word's padding) never address a logit or a count."""
     T, V = 2, 1000  # 1000 = 31 words + 8 tokens: 24 padding bits

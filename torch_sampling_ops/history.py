@@ -5,16 +5,19 @@ penalties touches only the tokens a request has seen. Its state is two token bit
 (prompt and output, int32 [R, ceil(V/32)], 19 KB a row at V = 151936) and the output counts
 (int32 [R, V]). One launch over grid (T, blocks of BLOCK_WORDS mask words), so that a small T
 still spreads over the GPU: each program loads its block's two mask words and the row's
-parameters together, and reads and writes logits, and reads counts, only where a bit is set. With
-`most` the largest number of set bits in one word of the block: a block with none costs its two
-mask loads; with up to DENSE_POPCOUNT, each of ceil(most / 2) steps takes the 2 lowest remaining
-set bits of every word (its 4 loads issued together), so the instructions, like the traffic,
-follow the history rather than the 32 bits of every word; with more (a dense history), all 32
-bits of DENSE_WORDS words at a time are tested as one tile (the loads coalesce), the next tile's
-loads issued before this one's stores. Traffic is the two mask rows plus one sector per seen
-token, so the cost grows with the history, not with V. A row whose three penalties are off reads
-its mask words and no logit; with the repetition penalty at 1.0 the prompt tokens are left alone
-(x / 1.0 and x * 1.0 are exact, so skipping them changes no bit).
+parameters together. With `most` the largest number of set bits in one word of the block: a
+block with none costs its two mask loads; with up to DENSE_POPCOUNT, each of ceil(most / 2) steps
+takes the 2 lowest remaining set bits of every word (its 4 loads issued together) and reads and
+writes logits, and reads counts, only there, so the instructions, like the traffic, follow the
+history rather than the 32 bits of every word; with more (a dense history, where nearly every
+sector of the row holds a seen token), DENSE_WORDS words at a time are one tile whose logits are
+read and written whole with vector accesses (an unseen token is stored with the bits it was read
+with: its value never changes), counts read where an output bit is set, the next tile's loads
+issued before this one's stores. Traffic is the two mask rows plus the sectors holding a seen
+token (in a dense block, all of them), so the cost grows with the history, not with V. A row
+whose three penalties are off reads its mask words and no logit; with the repetition penalty at
+1.0 the prompt tokens are left alone (x / 1.0 and x * 1.0 are exact, so skipping them changes no
+bit).
 
 Arithmetic is float32: the repetition step's quotient is the IEEE one (the C++ kernel's `x / p`):
 `tl.math.div_rn` (Triton's `/` may lower to an approximate divide), or in the dense tiles the same
@@ -50,8 +53,8 @@ from ._triton_helpers import ON_GPU, load_slot
 _BLOCK_WORDS = 64
 _PENALTIES_WARPS = 1
 _PENALTIES_MAX_REGISTERS = 64
-_DENSE_POPCOUNT = 12  # above this many set bits in a word of the block, test all 32 bits at once
-_DENSE_WORDS = 4  # words one such all-bits tile covers; two tiles' accesses are in flight
+_DENSE_POPCOUNT = 12  # above this many set bits in a word of the block, read and write it whole
+_DENSE_WORDS = 4  # words one such whole tile covers; two tiles' accesses are in flight
 _BLOCK_ROWS = 128  # rows one update_output_counts program handles
 _BLOCK_BAD_WORDS = 128  # banned sequences one step of a bad_words program compares
 _BLOCK_PREFIX = 8  # prefix tokens one step of that comparison covers
@@ -115,50 +118,69 @@ def _penalized(x, count, output, rep, inv_rep, freq, pres, FAST: tl.constexpr):
 
 
 @triton.jit
-def _dense_tile_bits(out_d, seen_d, word, vocab_size, DENSE_WORDS: tl.constexpr):
-    """(tokens from the tile's first, seen, output) of a [DENSE_WORDS, 32] tile of mask words
-    (output words out_d, seen words seen_d) from `word`: lane j of a warp holds bit j of each word,
-    so each word's 32 tokens are one coalesced access at constant offsets from the tile's first."""
+def _any_bit_of_groups(words, bit, G: tl.constexpr):
+    """[DENSE_WORDS, 32]: whether the group of G tokens (a power of two up to 16) holding token
+    `bit` of each word has a bit set. Constant over each group, so accesses masked by it vectorize."""
+    return ((words[:, None] >> (bit // G * G)[None, :]) & ((1 << G) - 1)) != 0
+
+
+@triton.jit
+def _dense_tile_bits(out_d, seen_d, word, vocab_size, DENSE_WORDS: tl.constexpr, SECTOR_TOKENS: tl.constexpr):
+    """Masks of a [DENSE_WORDS, 32] tile of mask words (output words out_d, seen words seen_d) from
+    `word`: (tokens from the tile's first, the logit sectors to read and write (those holding a seen
+    token, SECTOR_TOKENS logits each), the count sectors to read (those holding an output token),
+    seen, output). Row i holds word i's 32 tokens, contiguous, so the tile is one coalesced access
+    at constant offsets from its first token."""
     bit = tl.arange(0, 32)
     local = tl.arange(0, DENSE_WORDS)[:, None] * 32 + bit[None, :]
     lane_bit = (1 << bit)[None, :]
     in_vocab = local < vocab_size - word * 32  # word * 32 < 2**31: V is an int32 token id range
-    return local, ((seen_d[:, None] & lane_bit) != 0) & in_vocab, ((out_d[:, None] & lane_bit) != 0) & in_vocab
+    logit_sectors = _any_bit_of_groups(seen_d, bit, SECTOR_TOKENS) & in_vocab
+    count_sectors = _any_bit_of_groups(out_d, bit, 8) & in_vocab
+    seen = ((seen_d[:, None] & lane_bit) != 0) & in_vocab
+    output = ((out_d[:, None] & lane_bit) != 0) & in_vocab
+    return local, logit_sectors, count_sectors, seen, output
 
 
 @triton.jit
 def _load_dense_tile(row_ptr, counts_row, output_row, prompt_row, word, num_words, vocab_size, rep,
-                     DENSE_WORDS: tl.constexpr):
-    """(output words, seen words, seen logits as float32, output counts) of the dense tile of
-    DENSE_WORDS mask words from `word`. Words past the row read its last one (their tokens lie past
-    V: masked)."""
+                     DENSE_WORDS: tl.constexpr, SECTOR_TOKENS: tl.constexpr):
+    """(output words, seen words, the tile's logits as stored, output counts) of the dense tile of
+    DENSE_WORDS mask words from `word`. Logits and counts are read by whole 32-byte sectors (vector
+    loads), those holding a seen token, resp. an output token. Words past the row read its last one
+    (their tokens lie past V: masked)."""
     wd = tl.minimum(word + tl.arange(0, DENSE_WORDS), num_words - 1)
     out_d = tl.load(output_row + wd)
     if rep != 1.0:
         seen_d = out_d | tl.load(prompt_row + wd)
     else:
         seen_d = out_d
-    local, seen, output = _dense_tile_bits(out_d, seen_d, word, vocab_size, DENSE_WORDS)
-    x = tl.load(row_ptr + word * 32 + local, mask=seen, other=0.0).to(tl.float32)
-    count = tl.load(counts_row + word * 32 + local, mask=output, other=0)
+    local, logit_sectors, count_sectors, _, _ = _dense_tile_bits(out_d, seen_d, word, vocab_size, DENSE_WORDS,
+                                                                 SECTOR_TOKENS)
+    # Each logit and count is used once: evict-first loads (and streaming stores) leave the L2 to the
+    # stores still being written back and to the mask words.
+    x = tl.load(row_ptr + word * 32 + local, mask=logit_sectors, eviction_policy="evict_first")
+    count = tl.load(counts_row + word * 32 + local, mask=count_sectors, other=0, eviction_policy="evict_first")
     return out_d, seen_d, x, count
 
 
 @triton.jit
 def _store_dense_tile(out_d, seen_d, x, count, row_ptr, word, vocab_size, rep, inv_rep, freq, pres,
-                      DENSE_WORDS: tl.constexpr):
-    """Stores the penalised seen logits of a tile `_load_dense_tile` read (its masks recomputed from
-    the words, so no predicate stays live in between)."""
-    local, seen, output = _dense_tile_bits(out_d, seen_d, word, vocab_size, DENSE_WORDS)
+                      DENSE_WORDS: tl.constexpr, SECTOR_TOKENS: tl.constexpr):
+    """Stores the sectors `_load_dense_tile` read: the penalised logits where seen, the bits it read
+    elsewhere (whole sectors written; the masks recomputed from the words, so no predicate stays
+    live in between)."""
+    local, logit_sectors, _, seen, output = _dense_tile_bits(out_d, seen_d, word, vocab_size, DENSE_WORDS,
+                                                             SECTOR_TOKENS)
     tile_ptr = row_ptr + word * 32
-    dtype = row_ptr.dtype.element_ty
+    xf = x.to(tl.float32)
     count = count.to(tl.float32)
-    tl.store(tile_ptr + local, _penalized(x, count, output, rep, inv_rep, freq, pres, FAST=ON_GPU).to(dtype),
-             mask=seen)
+    fast = _penalized(xf, count, output, rep, inv_rep, freq, pres, FAST=ON_GPU)
+    tl.store(tile_ptr + local, tl.where(seen, fast.to(x.dtype), x), mask=logit_sectors, cache_modifier=".cs")
     if ON_GPU:
-        if not _fast_division_holds(x, rep):  # rare: the tile is stored again, divided exactly
-            tl.store(tile_ptr + local, _penalized(x, count, output, rep, inv_rep, freq, pres, FAST=False).to(dtype),
-                     mask=seen)
+        if not _fast_division_holds(tl.where(seen, xf, 1.0), rep):  # rare: stored again, divided exactly
+            exact = _penalized(xf, count, output, rep, inv_rep, freq, pres, FAST=False)
+            tl.store(tile_ptr + local, tl.where(seen, exact.to(x.dtype), x), mask=logit_sectors)
 
 
 @triton.jit
@@ -176,7 +198,8 @@ def _next_bit(rest, out_words, w, vocab_size):
 def _penalties_kernel(logits_ptr, logits_stride, idx_mapping_ptr,
                       prompt_mask_ptr, prompt_stride, output_mask_ptr, output_stride, counts_ptr, counts_stride,
                       repetition_ptr, frequency_ptr, presence_ptr, num_slots, vocab_size, num_words,
-                      BLOCK_WORDS: tl.constexpr, DENSE_WORDS: tl.constexpr, DENSE_POPCOUNT: tl.constexpr):
+                      BLOCK_WORDS: tl.constexpr, DENSE_WORDS: tl.constexpr, DENSE_POPCOUNT: tl.constexpr,
+                      SECTOR_TOKENS: tl.constexpr):
     t = tl.program_id(0)
     slot = load_slot(idx_mapping_ptr, t, num_slots)
     if slot < 0:
@@ -203,19 +226,18 @@ def _penalties_kernel(logits_ptr, logits_stride, idx_mapping_ptr,
     counts_row = counts_ptr + slot * counts_stride
     most = tl.max(_popcount(seen_words), axis=0)  # 0: no token of the block is touched
     if most > DENSE_POPCOUNT:
-        # Many bits a word: all 32 bits of DENSE_WORDS words at a time, the next tile's loads
-        # issued before this one's stores (distinct tokens: no hazard), so two tiles' accesses
-        # are in flight.
+        # Many bits a word: DENSE_WORDS words at a time, the next tile's loads issued before this
+        # one's stores (distinct tokens: no hazard), so two tiles' accesses are in flight.
         out_d, seen_d, x, count = _load_dense_tile(row_ptr, counts_row, output_row, prompt_row, first, num_words,
-                                                   vocab_size, rep, DENSE_WORDS)
+                                                   vocab_size, rep, DENSE_WORDS, SECTOR_TOKENS)
         for d in range(DENSE_WORDS, BLOCK_WORDS, DENSE_WORDS):
             out_n, seen_n, x_n, count_n = _load_dense_tile(row_ptr, counts_row, output_row, prompt_row, first + d,
-                                                           num_words, vocab_size, rep, DENSE_WORDS)
+                                                           num_words, vocab_size, rep, DENSE_WORDS, SECTOR_TOKENS)
             _store_dense_tile(out_d, seen_d, x, count, row_ptr, first + d - DENSE_WORDS, vocab_size, rep, inv_rep,
-                              freq, pres, DENSE_WORDS)
+                              freq, pres, DENSE_WORDS, SECTOR_TOKENS)
             out_d, seen_d, x, count = out_n, seen_n, x_n, count_n
         _store_dense_tile(out_d, seen_d, x, count, row_ptr, first + BLOCK_WORDS - DENSE_WORDS, vocab_size, rep,
-                          inv_rep, freq, pres, DENSE_WORDS)
+                          inv_rep, freq, pres, DENSE_WORDS, SECTOR_TOKENS)
     else:
         # Few bits a word: the lowest 2 set bits of every word a step, `ceil(most / 2)` steps,
         # so the work follows the history rather than the 32 bits of a word (a realistic history
@@ -339,7 +361,7 @@ def _penalties_triton(logits, idx_mapping, prompt_mask, output_mask, output_coun
         prompt_mask, prompt_mask.stride(0), output_mask, output_mask.stride(0), output_counts, output_counts.stride(0),
         repetition_penalty, frequency_penalty, presence_penalty, repetition_penalty.size(0), V, words,
         BLOCK_WORDS=_BLOCK_WORDS, DENSE_WORDS=min(_DENSE_WORDS, _BLOCK_WORDS), DENSE_POPCOUNT=_DENSE_POPCOUNT,
-        num_warps=_PENALTIES_WARPS, maxnreg=_PENALTIES_MAX_REGISTERS,
+        SECTOR_TOKENS=32 // logits.element_size(), num_warps=_PENALTIES_WARPS, maxnreg=_PENALTIES_MAX_REGISTERS,
     )
 
 
