@@ -10,14 +10,15 @@ block with none costs its two mask loads; with up to DENSE_POPCOUNT, each of cei
 takes the 2 lowest remaining set bits of every word (its 4 loads issued together) and reads and
 writes logits, and reads counts, only there, so the instructions, like the traffic, follow the
 history rather than the 32 bits of every word; with more (a dense history, where nearly every
-sector of the row holds a seen token), DENSE_WORDS words at a time are one tile whose logits are
-read and written whole with vector accesses (an unseen token is stored with the bits it was read
-with: its value never changes), counts read where an output bit is set, the next tile's loads
+sector of the row holds a seen token), DENSE_WORDS words at a time are one tile, accessed by
+whole 32-byte sectors with vector loads and stores: its logits read whole and the sectors holding
+a seen token written back (an unseen token there stored with the bits it was read with: its value
+never changes), its counts read in the sectors holding an output token, the next tile's loads
 issued before this one's stores. Traffic is the two mask rows plus the sectors holding a seen
-token (in a dense block, all of them), so the cost grows with the history, not with V. A row
-whose three penalties are off reads its mask words and no logit; with the repetition penalty at
-1.0 the prompt tokens are left alone (x / 1.0 and x * 1.0 are exact, so skipping them changes no
-bit).
+token (in a dense block, all its logits are read), so the cost grows with the history, not with
+V. A row whose three penalties are off reads its mask words and no logit; with the repetition
+penalty at 1.0 the prompt tokens are left alone (x / 1.0 and x * 1.0 are exact, so skipping them
+changes no bit).
 
 Arithmetic is float32: the repetition step's quotient is the IEEE one (the C++ kernel's `x / p`):
 `tl.math.div_rn` (Triton's `/` may lower to an approximate divide), or in the dense tiles the same
@@ -143,33 +144,38 @@ def _dense_tile_bits(out_d, seen_d, word, vocab_size, DENSE_WORDS: tl.constexpr,
 
 
 @triton.jit
-def _load_dense_tile(row_ptr, counts_row, output_row, prompt_row, word, num_words, vocab_size, rep,
-                     DENSE_WORDS: tl.constexpr, SECTOR_TOKENS: tl.constexpr):
-    """(output words, seen words, the tile's logits as stored, output counts) of the dense tile of
-    DENSE_WORDS mask words from `word`. Logits and counts are read by whole 32-byte sectors (vector
-    loads), those holding a seen token, resp. an output token. Words past the row read its last one
-    (their tokens lie past V: masked)."""
+def _load_tile_words(output_row, prompt_row, word, num_words, rep, DENSE_WORDS: tl.constexpr):
+    """(output words, seen words) of the dense tile of DENSE_WORDS mask words from `word`. Words
+    past the row read its last one (their tokens lie past V: masked)."""
     wd = tl.minimum(word + tl.arange(0, DENSE_WORDS), num_words - 1)
     out_d = tl.load(output_row + wd)
     if rep != 1.0:
         seen_d = out_d | tl.load(prompt_row + wd)
     else:
         seen_d = out_d
-    local, logit_sectors, count_sectors, _, _ = _dense_tile_bits(out_d, seen_d, word, vocab_size, DENSE_WORDS,
-                                                                 SECTOR_TOKENS)
-    # Each logit and count is used once: evict-first loads (and streaming stores) leave the L2 to the
-    # stores still being written back and to the mask words.
-    x = tl.load(row_ptr + word * 32 + local, mask=logit_sectors, eviction_policy="evict_first")
+    return out_d, seen_d
+
+
+@triton.jit
+def _load_tile_data(row_ptr, counts_row, out_d, seen_d, word, vocab_size, DENSE_WORDS: tl.constexpr,
+                    SECTOR_TOKENS: tl.constexpr):
+    """(the tile's logits as stored, output counts) of the dense tile of words (out_d, seen_d) from
+    `word`. The logits are read whole (vector loads that need no mask word: their latency starts
+    before the words arrive), the counts by whole 32-byte sectors holding an output token."""
+    local, _, count_sectors, _, _ = _dense_tile_bits(out_d, seen_d, word, vocab_size, DENSE_WORDS, SECTOR_TOKENS)
+    # Each logit and count is used once: evict-first loads (and streaming stores) leave the caches
+    # to the stores still being written back and to the mask words.
+    x = tl.load(row_ptr + word * 32 + local, mask=local < vocab_size - word * 32, eviction_policy="evict_first")
     count = tl.load(counts_row + word * 32 + local, mask=count_sectors, other=0, eviction_policy="evict_first")
-    return out_d, seen_d, x, count
+    return x, count
 
 
 @triton.jit
 def _store_dense_tile(out_d, seen_d, x, count, row_ptr, word, vocab_size, rep, inv_rep, freq, pres,
                       DENSE_WORDS: tl.constexpr, SECTOR_TOKENS: tl.constexpr):
-    """Stores the sectors `_load_dense_tile` read: the penalised logits where seen, the bits it read
-    elsewhere (whole sectors written; the masks recomputed from the words, so no predicate stays
-    live in between)."""
+    """Stores the 32-byte sectors of a tile that hold a seen token: the penalised logits where seen,
+    elsewhere the bits `_load_tile_data` read (the masks recomputed from the words, so no predicate
+    stays live in between)."""
     local, logit_sectors, _, seen, output = _dense_tile_bits(out_d, seen_d, word, vocab_size, DENSE_WORDS,
                                                              SECTOR_TOKENS)
     tile_ptr = row_ptr + word * 32
@@ -226,16 +232,21 @@ def _penalties_kernel(logits_ptr, logits_stride, idx_mapping_ptr,
     counts_row = counts_ptr + slot * counts_stride
     most = tl.max(_popcount(seen_words), axis=0)  # 0: no token of the block is touched
     if most > DENSE_POPCOUNT:
-        # Many bits a word: DENSE_WORDS words at a time, the next tile's loads issued before this
-        # one's stores (distinct tokens: no hazard), so two tiles' accesses are in flight.
-        out_d, seen_d, x, count = _load_dense_tile(row_ptr, counts_row, output_row, prompt_row, first, num_words,
-                                                   vocab_size, rep, DENSE_WORDS, SECTOR_TOKENS)
+        # Many bits a word: DENSE_WORDS words at a time. The next tile's data and the words of the
+        # one after it are requested before this tile's stores (distinct tokens: no hazard), so
+        # two tiles' accesses are in flight and no data load waits on a word load of its own.
+        out_d, seen_d = _load_tile_words(output_row, prompt_row, first, num_words, rep, DENSE_WORDS)
+        out_n, seen_n = _load_tile_words(output_row, prompt_row, first + DENSE_WORDS, num_words, rep, DENSE_WORDS)
+        x, count = _load_tile_data(row_ptr, counts_row, out_d, seen_d, first, vocab_size, DENSE_WORDS, SECTOR_TOKENS)
         for d in range(DENSE_WORDS, BLOCK_WORDS, DENSE_WORDS):
-            out_n, seen_n, x_n, count_n = _load_dense_tile(row_ptr, counts_row, output_row, prompt_row, first + d,
-                                                           num_words, vocab_size, rep, DENSE_WORDS, SECTOR_TOKENS)
+            out_a, seen_a = _load_tile_words(output_row, prompt_row, first + d + DENSE_WORDS, num_words, rep,
+                                             DENSE_WORDS)
+            x_n, count_n = _load_tile_data(row_ptr, counts_row, out_n, seen_n, first + d, vocab_size, DENSE_WORDS,
+                                           SECTOR_TOKENS)
             _store_dense_tile(out_d, seen_d, x, count, row_ptr, first + d - DENSE_WORDS, vocab_size, rep, inv_rep,
                               freq, pres, DENSE_WORDS, SECTOR_TOKENS)
             out_d, seen_d, x, count = out_n, seen_n, x_n, count_n
+            out_n, seen_n = out_a, seen_a
         _store_dense_tile(out_d, seen_d, x, count, row_ptr, first + BLOCK_WORDS - DENSE_WORDS, vocab_size, rep,
                           inv_rep, freq, pres, DENSE_WORDS, SECTOR_TOKENS)
     else:
