@@ -1,24 +1,11 @@
 """Triton helpers shared by the op families."""
-import functools
 import os
 
-import torch
 import triton
 import triton.language as tl
 
 # PTX is compiled (inline assembly allowed); false under the interpreter, which runs none.
 ON_GPU = tl.constexpr(os.environ.get("TRITON_INTERPRET") != "1")
-
-
-def dependent_launch_supported(device: torch.device) -> bool:
-    """Whether kernels on `device` can be programmatic dependent launches (`launch_pdl`,
-    `gdc_wait`): a Hopper or later GPU, not under the Triton interpreter."""
-    return bool(ON_GPU) and device.type == "cuda" and _compute_capability(device.index)[0] >= 9
-
-
-@functools.cache
-def _compute_capability(index) -> tuple:
-    return torch.cuda.get_device_capability(index)
 
 
 @triton.jit

@@ -40,12 +40,11 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from . import _checks
 from ._launch import cdiv
 from ._registry import define_op, launch
-from ._triton_helpers import ON_GPU, dependent_launch_supported, load_slot
+from ._triton_helpers import ON_GPU, load_slot
 
 # Mask words (2048 tokens) one penalties program covers: 75 programs a row at V = 151936. The kernel
 # waits on dependent accesses (slot, then mask words and parameters, then the scattered logits and
@@ -206,13 +205,7 @@ def _penalties_kernel(logits_ptr, logits_stride, idx_mapping_ptr,
                       prompt_mask_ptr, prompt_stride, output_mask_ptr, output_stride, counts_ptr, counts_stride,
                       repetition_ptr, frequency_ptr, presence_ptr, num_slots, vocab_size, num_words,
                       BLOCK_WORDS: tl.constexpr, DENSE_WORDS: tl.constexpr, DENSE_POPCOUNT: tl.constexpr,
-                      SECTOR_TOKENS: tl.constexpr, PDL: tl.constexpr):
-    if PDL:
-        # A dependent launch: the next launch may place its programs once all of these have
-        # started; these wait for the previous launch to finish before any access (it may have
-        # written the logits, the masks or the counts).
-        gdc_launch_dependents()
-        gdc_wait()
+                      SECTOR_TOKENS: tl.constexpr):
     t = tl.program_id(0)
     slot = load_slot(idx_mapping_ptr, t, num_slots)
     if slot < 0:
@@ -373,15 +366,13 @@ def _penalties_triton(logits, idx_mapping, prompt_mask, output_mask, output_coun
     if T == 0:
         return
     words = mask_words(V)
-    pdl = dependent_launch_supported(logits.device)
     launch(
         _penalties_kernel, (T, cdiv(words, _BLOCK_WORDS)),
         logits, logits.stride(0), idx_mapping,
         prompt_mask, prompt_mask.stride(0), output_mask, output_mask.stride(0), output_counts, output_counts.stride(0),
         repetition_penalty, frequency_penalty, presence_penalty, repetition_penalty.size(0), V, words,
         BLOCK_WORDS=_BLOCK_WORDS, DENSE_WORDS=min(_DENSE_WORDS, _BLOCK_WORDS), DENSE_POPCOUNT=_DENSE_POPCOUNT,
-        SECTOR_TOKENS=32 // logits.element_size(), PDL=pdl, launch_pdl=pdl, num_warps=_PENALTIES_WARPS,
-        maxnreg=_PENALTIES_MAX_REGISTERS,
+        SECTOR_TOKENS=32 // logits.element_size(), num_warps=_PENALTIES_WARPS, maxnreg=_PENALTIES_MAX_REGISTERS,
     )
 
 

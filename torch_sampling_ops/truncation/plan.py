@@ -4,10 +4,11 @@ the benchmark read it.
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from .._launch import cdiv, next_power_of_2
-from .._triton_helpers import dependent_launch_supported
 from .scan import (
     _fill_chunks_kernel,
     _gather_chunks_kernel,
@@ -16,7 +17,7 @@ from .scan import (
     _settle_kernel,
 )
 from .select import _select_kernel
-from .settings import TruncationSettings, current_settings
+from .settings import _INTERPRET, TruncationSettings, current_settings
 
 
 def _launch_plan(T: int, V: int, pdl: bool, settings: TruncationSettings | None = None,
@@ -84,4 +85,11 @@ def _compiled_kernels(V: int, pdl: bool = True, settings: TruncationSettings | N
 def _uses_pdl(device: torch.device, settings: TruncationSettings | None = None) -> bool:
     """Programmatic dependent launch: on Hopper and later GPUs (not under the Triton interpreter),
     unless the settings turn it off."""
-    return (settings or current_settings()).dependent_launches and dependent_launch_supported(device)
+    s = settings or current_settings()
+    return (s.dependent_launches and not _INTERPRET and device.type == "cuda"
+            and _compute_capability(device.index)[0] >= 9)
+
+
+@functools.cache
+def _compute_capability(index: int) -> tuple:
+    return torch.cuda.get_device_capability(index)
