@@ -130,49 +130,76 @@ float top_p_threshold_sorted(const std::vector<float>& largest, float lower, flo
   return lower;  // only ties of the k-th value are left: the boundary is at it
 }
 
-// Top-p alone over a whole row: the same boundary as top_p_threshold from one pass. The tokens
-// within kBucketRange of the maximum fall in buckets of 1 / kBucketsPerUnit by their distance to
-// it; the masses of the buckets, from the largest down, find the bucket where the cumulative mass
-// reaches target, and only its tokens are sorted. Returns NaN when the boundary lies below the
-// buckets (top_p near 1).
+// Top-p alone over a whole row, from one pass: the row's mass (summed as mass_at_least sums it, so
+// the target is the same) and the masses of value buckets below the maximum. The tokens within
+// kBucketRange of the maximum fall in buckets of 1 / kBucketsPerUnit by their distance to it; the
+// masses of the buckets, from the largest down, find the bucket where the cumulative mass reaches
+// the target, and only its tokens are sorted. A vector whose lanes all lie over kNoMass below the
+// maximum is skipped: their exponentials are exactly 0 (at::vec's exp flushes below -104).
 constexpr int kBucketsPerUnit = 8;
 constexpr int kBucketRange = 64;
 constexpr int kBuckets = kBucketsPerUnit * kBucketRange;
+constexpr float kNoMass = 110.f;
 
-float top_p_threshold_buckets(const float* x, int64_t V, float row_max, double target,
-                              std::vector<double>& bucket_mass, std::vector<float>& window) {
+struct TopPBoundary {
+  double target;   // p times the row's mass
+  float boundary;  // NaN when it lies below the buckets (top_p near 1)
+};
+
+TopPBoundary top_p_alone_boundary(const float* x, int64_t V, float row_max, float p,
+                                  std::vector<double>& bucket_mass, std::vector<float>& window) {
   bucket_mass.assign(kBuckets, 0.);
   const Vec vm(row_max), vscale = Vec(static_cast<float>(kBucketsPerUnit));
-  float lanes_d[Vec::size()], lanes_e[Vec::size()];
-  auto bucket_of = [&](float d) { return static_cast<int>(d * kBucketsPerUnit); };
+  const Vec vbuckets = Vec(static_cast<float>(kBuckets));
+  float lanes_b[Vec::size()], lanes_e[Vec::size()];
+  double mass = 0.;
   int64_t j = 0;
   for (; j + Vec::size() <= V; j += Vec::size()) {
-    const Vec d = vm - Vec::loadu(x + j);  // >= 0, +inf for -inf logits
-    (d * vscale).store(lanes_d);
-    (Vec(0.f) - d).exp().store(lanes_e);
-    for (int i = 0; i < Vec::size(); ++i) {
-      if (lanes_d[i] < kBuckets) bucket_mass[static_cast<int>(lanes_d[i])] += lanes_e[i];
+    const Vec v = Vec::loadu(x + j);
+    const Vec d = vm - v;  // >= 0, +inf for -inf logits
+    if (lanes_above(d, kNoMass) == (1 << Vec::size()) - 1) continue;
+    (v - vm).exp().store(lanes_e);
+    for (int i = 0; i < Vec::size(); ++i) mass += lanes_e[i];
+    const Vec b = d * vscale;  // exact: a power of two
+    b.store(lanes_b);
+    for (int in_range = lanes_above(vbuckets - b, 0.f); in_range; in_range &= in_range - 1) {
+      const int i = __builtin_ctz(in_range);
+      bucket_mass[static_cast<int>(lanes_b[i])] += lanes_e[i];
     }
   }
   for (; j < V; ++j) {
-    const float d = row_max - x[j];
-    if (d * kBucketsPerUnit < kBuckets) bucket_mass[bucket_of(d)] += std::exp(-d);
+    const float d = row_max - x[j], e = std::exp(x[j] - row_max);
+    mass += e;
+    if (d * kBucketsPerUnit < kBuckets) bucket_mass[static_cast<int>(d * kBucketsPerUnit)] += e;
   }
+  const double target = std::max(p * mass, double(std::numeric_limits<float>::min()));
   double above = 0.;
-  int b = 0;
-  for (; b < kBuckets && above + bucket_mass[b] < target; ++b) above += bucket_mass[b];
-  if (b == kBuckets) return std::numeric_limits<float>::quiet_NaN();
+  int bucket = 0;
+  for (; bucket < kBuckets && above + bucket_mass[bucket] < target; ++bucket) {
+    above += bucket_mass[bucket];
+  }
+  if (bucket == kBuckets) return {target, std::numeric_limits<float>::quiet_NaN()};
+  // The bucket's tokens: b = d * kBucketsPerUnit in [bucket, bucket + 1).
   window.clear();
-  for (j = 0; j < V; ++j) {
-    if (bucket_of(row_max - x[j]) == b && (row_max - x[j]) * kBucketsPerUnit < kBuckets)
-      window.push_back(x[j]);
+  const float lo = static_cast<float>(bucket), hi = static_cast<float>(bucket + 1);
+  j = 0;
+  for (; j + Vec::size() <= V; j += Vec::size()) {
+    const Vec b = (vm - Vec::loadu(x + j)) * vscale;
+    for (int in = lanes_above<true>(b, lo) & lanes_above(Vec(hi) - b, 0.f); in; in &= in - 1) {
+      window.push_back(x[j + __builtin_ctz(in)]);
+    }
+  }
+  for (; j < V; ++j) {
+    const float b = (row_max - x[j]) * kBucketsPerUnit;
+    if (b >= lo && b < hi) window.push_back(x[j]);
   }
   std::sort(window.begin(), window.end(), std::greater<float>());
   for (float v : window) {
     above += std::exp(v - row_max);
-    if (above >= target) return v;
+    if (above >= target) return {target, v};
   }
-  return window.back();  // the bucket's own sum reached target: rounding of the last addition
+  return {target,
+          window.back()};  // the bucket's own sum reached target: rounding of the last addition
 }
 
 // Sets row[j] to -inf where !(row[j] >= threshold) (NaN included).
@@ -215,19 +242,20 @@ void top_k_top_p_kernel(at::Tensor& logits, const int64_t* slot_p, const int32_t
       if (p_on && row_max == kInf) {
         threshold = kInf;  // all the mass lies on the +inf logits
       } else if (p_on) {
-        const double kept_mass = mass_at_least(x.data(), V, threshold, row_max, nullptr);
-        const double target = std::max(p * kept_mass, double(std::numeric_limits<float>::min()));
-        float boundary;
-        if (k_on && !largest.empty()) {
-          boundary = top_p_threshold_sorted(largest, threshold, row_max, target);
+        TopPBoundary top_p{0., std::numeric_limits<float>::quiet_NaN()};
+        if (k_on) {
+          const double kept_mass = mass_at_least(x.data(), V, threshold, row_max, nullptr);
+          top_p.target = std::max(p * kept_mass, double(std::numeric_limits<float>::min()));
+          if (!largest.empty()) {
+            top_p.boundary = top_p_threshold_sorted(largest, threshold, row_max, top_p.target);
+          }
         } else {
-          const float bucketed =
-              k_on ? std::numeric_limits<float>::quiet_NaN()
-                   : top_p_threshold_buckets(x.data(), V, row_max, target, masses, window);
-          boundary = bucketed == bucketed
-                         ? bucketed
-                         : top_p_threshold(x.data(), V, threshold, row_max, target, window);
+          top_p = top_p_alone_boundary(x.data(), V, row_max, p, masses, window);
         }
+        const float boundary =
+            top_p.boundary == top_p.boundary
+                ? top_p.boundary
+                : top_p_threshold(x.data(), V, threshold, row_max, top_p.target, window);
         threshold = std::max(threshold, boundary);
       }
       mask_below(row, V, threshold);
