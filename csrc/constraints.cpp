@@ -84,10 +84,12 @@ inline void prefetch_listed(const scalar_t* row, const I* ids, int64_t i, int64_
   }
 }
 
-template <typename scalar_t>
-bool any_finite(const scalar_t* row, const std::vector<int64_t>& ids) {
-  for (const int64_t id : ids) {
-    if (is_finite(static_cast<float>(row[id]))) return true;
+// Whether a listed id in [0, vocab) holds a finite logit.
+template <typename scalar_t, typename I>
+bool any_finite(const scalar_t* row, const I* ids, int64_t n, int64_t vocab) {
+  for (int64_t i = 0; i < n; ++i) {
+    if (ListView::in_vocab(ids[i], vocab) && is_finite(static_cast<float>(row[ids[i]])))
+      return true;
   }
   return false;
 }
@@ -119,7 +121,7 @@ void logit_bias_kernel(at::Tensor& logits, const IndexView& slots, const IndexVi
   const int64_t min_stride = min_tokens.stride(0);
 
   at::parallel_for(0, T, 1, [&](int64_t begin, int64_t end) {
-    std::vector<int64_t> allowed_ids, stop_ids;
+    std::vector<int64_t> stop_ids;
     std::vector<scalar_t> saved;
     std::vector<float> biased;
     for (int64_t t = begin; t < end; ++t) {
@@ -129,15 +131,17 @@ void logit_bias_kernel(at::Tensor& logits, const IndexView& slots, const IndexVi
 
       const bool restricted = allowed.size(r) > 0;
       if (restricted) {
-        allowed.gather(r, V, allowed_ids);
-        const int64_t n = static_cast<int64_t>(allowed_ids.size());
-        saved.resize(n);
-        for (int64_t i = 0; i < n; ++i) {
-          prefetch_listed(row, allowed_ids.data(), i, n, V);
-          saved[i] = row[allowed_ids[i]];
-        }
-        std::fill(row, row + V, static_cast<scalar_t>(kNegInf));
-        for (int64_t i = 0; i < n; ++i) row[allowed_ids[i]] = saved[i];
+        allowed.visit(r, [&](const auto* ids, int64_t n) {
+          saved.resize(n);
+          for (int64_t i = 0; i < n; ++i) {
+            prefetch_listed(row, ids, i, n, V);
+            saved[i] = ListView::in_vocab(ids[i], V) ? row[ids[i]] : static_cast<scalar_t>(0);
+          }
+          std::fill(row, row + V, static_cast<scalar_t>(kNegInf));
+          for (int64_t i = 0; i < n; ++i) {
+            if (ListView::in_vocab(ids[i], V)) row[ids[i]] = saved[i];
+          }
+        });
       }
 
       bias.visit(r, [&](const auto* ids, int64_t n) {
@@ -158,7 +162,13 @@ void logit_bias_kernel(at::Tensor& logits, const IndexView& slots, const IndexVi
         saved.resize(stop_ids.size());
         for (size_t i = 0; i < stop_ids.size(); ++i) saved[i] = row[stop_ids[i]];
         for (const int64_t id : stop_ids) row[id] = static_cast<scalar_t>(kNegInf);
-        const bool others_finite = restricted ? any_finite(row, allowed_ids) : any_finite(row, V);
+        bool others_finite = false;
+        if (restricted) {
+          allowed.visit(
+              r, [&](const auto* ids, int64_t n) { others_finite = any_finite(row, ids, n, V); });
+        } else {
+          others_finite = any_finite(row, V);
+        }
         if (!others_finite) {
           for (size_t i = 0; i < stop_ids.size(); ++i) row[stop_ids[i]] = saved[i];
         }
