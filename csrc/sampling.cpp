@@ -101,7 +101,7 @@ void logprobs_kernel(const at::Tensor& logits, const int64_t* tokens, int64_t k,
 void gumbel_argmax(const at::Tensor& scaled, const int64_t* slots, const float* temps,
                    const int64_t* seeds, const int64_t* positions, int64_t R, float tol,
                    int64_t* out) {
-  const int64_t T = scaled.size(0), V = scaled.size(1);
+  const int64_t T = scaled.size(0), V = scaled.size(1), row_stride = scaled.stride(0);
   const float* base = scaled.data_ptr<float>();
   at::parallel_for(0, T, 1, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
@@ -110,11 +110,30 @@ void gumbel_argmax(const at::Tensor& scaled, const int64_t* slots, const float* 
         out[t] = -1;
         continue;
       }
-      const float* row = base + t * V;
+      const float* row = base + t * row_stride;
       out[t] = temps[r] != 0.0f ? gumbel_argmax_row(row, V, stream_key(seeds[r], positions[t]), tol)
                                 : argmax_row(row, V);
     }
   });
+}
+
+// Whether every row in range is greedy (temperature 0) or plain (temperature 1, top-k, top-p and
+// min_p off, as their kernels read "off"): then the draw needs no processed copy of the rows.
+bool draws_from_logits(const at::Tensor& slots, const at::Tensor& temps, const at::Tensor& top_k,
+                       const at::Tensor& top_p, const at::Tensor& min_p, int64_t V) {
+  const at::Tensor k = top_k.contiguous(), p = top_p.contiguous(), mp = min_p.contiguous();
+  const int64_t* slot_p = slots.data_ptr<int64_t>();
+  const float *temp_p = temps.data_ptr<float>(), *p_p = p.data_ptr<float>(),
+              *min_p_p = mp.data_ptr<float>();
+  const int32_t* k_p = k.data_ptr<int32_t>();
+  const int64_t R = temps.size(0);
+  for (int64_t t = 0; t < slots.numel(); ++t) {
+    const int64_t r = slot_p[t];
+    if (r < 0 || r >= R || temp_p[r] == 0.0f) continue;
+    const bool filters_off = !(k_p[r] > 0 && k_p[r] < V) && !(p_p[r] < 1.f) && min_p_p[r] == 0.0f;
+    if (temp_p[r] != 1.0f || !filters_off) return false;
+  }
+  return true;
 }
 
 }  // namespace
@@ -182,11 +201,18 @@ at::Tensor sample(const at::Tensor& logits, const at::Tensor& idx_mapping,
   const int64_t R = temps.size(0);
   // A float32 workspace: the rows divided by their temperature (a true division, as the temperature
   // op), then min_p and top_k_top_p in place; greedy rows stay as they are (the filters always keep
-  // the argmax).
-  at::Tensor scaled = logits.to(at::kFloat, /*non_blocking=*/false, /*copy=*/true).contiguous();
-  tso::temperature(scaled, slots, temps);
-  tso::min_p(scaled, slots, min_p);
-  tso::top_k_top_p(scaled, slots, top_k, top_p);
+  // the argmax). Float32 logits whose rows are all greedy or plain (temperature 1, every filter
+  // off: x / 1 is x) are drawn from in place.
+  at::Tensor scaled;
+  if (logits.scalar_type() == at::kFloat &&
+      draws_from_logits(slots, temps, top_k, top_p, min_p, logits.size(1))) {
+    scaled = logits;
+  } else {
+    scaled = logits.to(at::kFloat, /*non_blocking=*/false, /*copy=*/true).contiguous();
+    tso::temperature(scaled, slots, temps);
+    tso::min_p(scaled, slots, min_p);
+    tso::top_k_top_p(scaled, slots, top_k, top_p);
+  }
   at::Tensor out = at::empty({T}, logits.options().dtype(at::kLong));
   gumbel_argmax(scaled, slots.data_ptr<int64_t>(), temps.data_ptr<float>(),
                 seed.data_ptr<int64_t>(), positions.data_ptr<int64_t>(), R, static_cast<float>(tol),

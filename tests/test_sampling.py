@@ -340,6 +340,20 @@ def test_sample_batch_invariance_and_positions(backend, gen):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("R", [2, 6], ids=["greedy-and-plain", "all-kinds"])
+def test_sample_reads_rows_of_a_larger_stride(backend, R, gen):
+    """Logits whose rows are wider apart than V draw the tokens of a contiguous copy (greedy and plain
+    rows alone are drawn from the logits in place on CPU)."""
+    device = device_of(backend)
+    args = sample_args(9, 700, gen, device, R=R)
+    wide = make_logits(9, 1000, torch.float32, device, generator=gen)
+    wide[:, :700] = args[0]
+    tokens = run_op(backend, "sample", wide[:, :700], *args[1:])
+    assert torch.equal(tokens, run_op(backend, "sample", *args))
+    assert bool((tokens >= -1).all()) and bool((tokens < 700).all())
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_sample_rows_without_finite_logits(backend):
     device = device_of(backend)
     V = 300
