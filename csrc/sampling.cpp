@@ -204,7 +204,7 @@ at::Tensor sample(const at::Tensor& logits, const at::Tensor& idx_mapping,
   // the argmax). Float32 logits whose rows are all greedy or plain (temperature 1, every filter
   // off: x / 1 is x) are drawn from in place.
   at::Tensor scaled;
-  if (logits.scalar_type() == at::kFloat &&
+  if (logits.scalar_type() == at::kFloat && logits.stride(1) == 1 &&
       draws_from_logits(slots, temps, top_k, top_p, min_p, logits.size(1))) {
     scaled = logits;
   } else {
