@@ -47,6 +47,13 @@ class RaggedList {
 
 inline bool is_finite(float x) { return std::abs(x) < std::numeric_limits<float>::infinity(); }
 
+// When a row's filters are on, as every kernel reads them (the contract's "off" values: top_k <= 0
+// or
+// >= V, top_p >= 1 or NaN, min_p == 0).
+inline bool top_k_on(int64_t k, int64_t V) { return k > 0 && k < V; }
+inline bool top_p_on(float p) { return p < 1.f; }
+inline bool min_p_on(float p) { return p != 0.0f; }
+
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 // The logits dtypes of the contract: float32, float16, bfloat16.

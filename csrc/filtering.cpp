@@ -88,7 +88,7 @@ void min_p_kernel(at::Tensor& logits, const int64_t* slots, const float* min_ps,
       const int64_t r = slot_of(slots, t, R);
       if (r < 0) continue;
       const float p = min_ps[r];
-      if (p == 0.0f) continue;  // min_p off: no pass over the row
+      if (!min_p_on(p)) continue;  // no pass over the row
       bits* row = base + t * row_stride;
       const float m = row_max_ignoring_nan<scalar_t>(row, V);
       if (!(m > kNegInf)) continue;  // no non-NaN finite-or-+inf logit: the row is left as it is

@@ -78,17 +78,9 @@ void logprobs_kernel(const at::Tensor& logits, const int64_t* tokens, int64_t k,
   const int64_t T = logits.size(0), V = logits.size(1), row_stride = logits.stride(0);
   const scalar_t* base = logits.data_ptr<scalar_t>();
   at::parallel_for(0, T, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> x(std::is_same_v<scalar_t, float> ? 0
-                                                         : V);  // float16/bfloat16 rows as float32
+    std::vector<float> buffer;  // float16/bfloat16 rows as float32
     for (int64_t t = begin; t < end; ++t) {
-      const scalar_t* row = base + t * row_stride;
-      const float* xs;
-      if constexpr (std::is_same_v<scalar_t, float>) {
-        xs = row;
-      } else {
-        for (int64_t j = 0; j < V; ++j) x[j] = static_cast<float>(row[j]);
-        xs = x.data();
-      }
+      const float* xs = float_row(base + t * row_stride, V, buffer);
       TopK top(k);
       logprobs_row(xs, V, tokens[t], top, topk_ids + t * k, topk_lp + t * k, token_lp + t,
                    ranks + t);
@@ -117,8 +109,8 @@ void gumbel_argmax(const at::Tensor& scaled, const int64_t* slots, const float* 
   });
 }
 
-// Whether every row in range is greedy (temperature 0) or plain (temperature 1, top-k, top-p and
-// min_p off, as their kernels read "off"): then the draw needs no processed copy of the rows.
+// Whether every row in range is greedy (temperature 0) or plain (temperature 1, every filter off):
+// then the draw needs no processed copy of the rows.
 bool draws_from_logits(const at::Tensor& slots, const at::Tensor& temps, const at::Tensor& top_k,
                        const at::Tensor& top_p, const at::Tensor& min_p, int64_t V) {
   const at::Tensor k = top_k.contiguous(), p = top_p.contiguous(), mp = min_p.contiguous();
@@ -130,7 +122,7 @@ bool draws_from_logits(const at::Tensor& slots, const at::Tensor& temps, const a
   for (int64_t t = 0; t < slots.numel(); ++t) {
     const int64_t r = slot_p[t];
     if (r < 0 || r >= R || temp_p[r] == 0.0f) continue;
-    const bool filters_off = !(k_p[r] > 0 && k_p[r] < V) && !(p_p[r] < 1.f) && min_p_p[r] == 0.0f;
+    const bool filters_off = !top_k_on(k_p[r], V) && !top_p_on(p_p[r]) && !min_p_on(min_p_p[r]);
     if (temp_p[r] != 1.0f || !filters_off) return false;
   }
   return true;

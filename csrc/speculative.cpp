@@ -8,12 +8,10 @@
 #include "random_stream.h"
 #include "vec.h"
 
-#include <ATen/cpu/vec/vec.h>
-
 #include <algorithm>
 #include <cmath>
 #include <limits>
-#include <type_traits>
+#include <vector>
 
 namespace tso {
 namespace {
@@ -22,25 +20,18 @@ namespace {
 constexpr uint32_t kAcceptToken = 0x7FFFFFFFu;
 
 // The max of the row and the sum of exp(x - max); (-inf, 0) without a logit above -inf.
-template <typename scalar_t>
-void row_max_sum(const scalar_t* row, int64_t V, float& m, float& s) {
+void row_max_sum(const float* row, int64_t V, float& m, float& s) {
   m = kNegInf;
   for (int64_t j = 0; j < V; ++j) m = std::max(m, logit_at(row, j));
   s = 0.0f;
   if (m == kNegInf) return;
+  const Vec vm(m);
+  Vec acc(0.0f);
   int64_t j = 0;
-  if constexpr (std::is_same_v<scalar_t, float>) {
-    using Vec = at::vec::Vectorized<float>;
-    const Vec vm(m), neg_inf(kNegInf);
-    Vec acc(0.0f);
-    for (; j + Vec::size() <= V; j += Vec::size()) {
-      const Vec x = Vec::loadu(row + j);
-      acc = acc + (Vec::blendv(neg_inf, x, x == x) - vm).exp();  // NaN read as -inf
-    }
-    float lanes[Vec::size()];
-    acc.store(lanes);
-    for (int k = 0; k < Vec::size(); ++k) s += lanes[k];
-  }
+  for (; j + Vec::size() <= V; j += Vec::size()) acc = acc + (load_logits(row + j) - vm).exp();
+  float lanes[Vec::size()];
+  acc.store(lanes);
+  for (int k = 0; k < Vec::size(); ++k) s += lanes[k];
   for (; j < V; ++j) s += std::exp(logit_at(row, j) - m);
 }
 
@@ -52,18 +43,20 @@ inline float residual_prob(float x, float m, float s) {
   return lanes[0] / s;
 }
 
-// argmax_k log(r_k) + g_k over r = p - q > 0 (q from `probs`, or one-hot of `draft` without it);
-// argmax_k x_k + g_k (a draw from p) if r has no positive entry; -1 for a row without a live logit.
-template <typename scalar_t>
-int64_t residual_draw(const scalar_t* row, const float* probs, int64_t draft, float m, float s,
+// r = p - q of token k with logit x (q from `probs`, or one-hot of `draft` without it).
+inline float residual_at(float x, int64_t k, const float* probs, int64_t draft, float m, float s) {
+  return residual_prob(x, m, s) - (probs != nullptr ? probs[k] : (k == draft ? 1.0f : 0.0f));
+}
+
+// argmax_k log(r_k) + g_k over r = p - q > 0 (residual_at); argmax_k x_k + g_k (a draw from p) if r
+// has no positive entry; -1 for a row without a live logit.
+int64_t residual_draw(const float* row, const float* probs, int64_t draft, float m, float s,
                       uint32_t key, int64_t V) {
   Argmax from_r, from_p;
   for (int64_t k = 0; k < V; ++k) {
     const float x = logit_at(row, k);
     if (!(x > kNegInf)) continue;
-    const float p = residual_prob(x, m, s);
-    const float q = probs != nullptr ? probs[k] : (k == draft ? 1.0f : 0.0f);
-    const float r = p - q;
+    const float r = residual_at(x, k, probs, draft, m, s);
     const float log_r = r > 0.0f ? std::log(r) : kNegInf;  // r > 0 is false for NaN
     const bool may_r = r > 0.0f && (from_r.index < 0 || !(log_r + kMaxGumbel < from_r.best));
     const bool may_p = from_p.index < 0 || !(x + kMaxGumbel < from_p.best);
@@ -109,8 +102,7 @@ inline int64_t residual_draw_fast(const float* row, const float* probs, int64_t 
   for (; j < V; ++j) {  // the last tokens exactly, as residual_draw scores them
     const float x = logit_at(row, j);
     if (!(x > kNegInf)) continue;
-    const float q = probs != nullptr ? probs[j] : (j == draft ? 1.0f : 0.0f);
-    const float r = residual_prob(x, m, s) - q;
+    const float r = residual_at(x, j, probs, draft, m, s);
     const float g = stream_gumbel(stream_bits(key, static_cast<uint32_t>(j)));
     if (r > 0.0f) top_r.offer(std::log(r) + g, j);
     top_p.offer(x + g, j);
@@ -133,6 +125,7 @@ void rejection_sample_kernel(const at::Tensor& logits, const int64_t* drafts, co
   const int64_t V = logits.size(1), stride = logits.stride(0);
   const scalar_t* base = logits.data_ptr<scalar_t>();
   at::parallel_for(0, B, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> buffer;  // float16/bfloat16 rows as float32
     for (int64_t i = begin; i < end; ++i) {
       // Clamped layout: draft rows [lo, lo + n) within [0, N), target rows lo + i + j <= N + i < N
       // + B.
@@ -143,18 +136,14 @@ void rejection_sample_kernel(const at::Tensor& logits, const int64_t* drafts, co
       int64_t* out_row = out + i * (max_spec_len + 1);
       int64_t j = 0, token = -1;
       for (;; ++j) {
-        const scalar_t* row = base + (lo + i + j) * stride;
+        const float* row = float_row(base + (lo + i + j) * stride, V, buffer);
         const bool is_draft = j < n;
         const int64_t draft = is_draft ? drafts[lo + j] : -1;
         const bool draft_ok = draft >= 0 && draft < V;
         const uint32_t key = stream_key(seeds[i], positions[i] + j);
         bool accept = false;
         if (greedy) {
-          if constexpr (std::is_same_v<scalar_t, float>) {
-            token = argmax_row(row, V);
-          } else {
-            token = row_argmax(row, V, false, key);
-          }
+          token = argmax_row(row, V);
           accept = draft_ok && draft == token;
         } else if (is_draft) {
           float m, s;
@@ -165,17 +154,9 @@ void rejection_sample_kernel(const at::Tensor& logits, const int64_t* drafts, co
           const float q_d = probs_row != nullptr && draft_ok ? probs_row[draft] : 1.0f;
           const float u = stream_uniform(stream_bits(key, kAcceptToken));
           accept = draft_ok && u * q_d < p_d;
-          if (!accept) {
-            if constexpr (std::is_same_v<scalar_t, float>) {
-              token = residual_draw_fast(row, probs_row, draft, m, s, key, V, tol);
-            } else {
-              token = residual_draw(row, probs_row, draft, m, s, key, V);
-            }
-          }
-        } else if constexpr (std::is_same_v<scalar_t, float>) {
-          token = gumbel_argmax_row(row, V, key, tol);
+          if (!accept) token = residual_draw_fast(row, probs_row, draft, m, s, key, V, tol);
         } else {
-          token = row_argmax(row, V, true, key);
+          token = gumbel_argmax_row(row, V, key, tol);
         }
         if (!accept) break;
         out_row[j] = draft;

@@ -141,6 +141,12 @@ constexpr int kBucketRange = 64;
 constexpr int kBuckets = kBucketsPerUnit * kBucketRange;
 constexpr float kNoMass = 110.f;
 
+// The top-p target: p times the kept mass (at least the smallest normal float, so that top_p <= 0
+// keeps the most probable token(s)).
+inline double top_p_target(float p, double kept_mass) {
+  return std::max(p * kept_mass, double(std::numeric_limits<float>::min()));
+}
+
 struct TopPBoundary {
   double target;   // p times the row's mass
   float boundary;  // NaN when it lies below the buckets (top_p near 1)
@@ -172,7 +178,7 @@ TopPBoundary top_p_alone_boundary(const float* x, int64_t V, float row_max, floa
     mass += e;
     if (d * kBucketsPerUnit < kBuckets) bucket_mass[static_cast<int>(d * kBucketsPerUnit)] += e;
   }
-  const double target = std::max(p * mass, double(std::numeric_limits<float>::min()));
+  const double target = top_p_target(p, mass);
   double above = 0.;
   int bucket = 0;
   for (; bucket < kBuckets && above + bucket_mass[bucket] < target; ++bucket) {
@@ -198,8 +204,8 @@ TopPBoundary top_p_alone_boundary(const float* x, int64_t V, float row_max, floa
     above += std::exp(v - row_max);
     if (above >= target) return {target, v};
   }
-  return {target,
-          window.back()};  // the bucket's own sum reached target: rounding of the last addition
+  // The bucket's own sum reached target: rounding of the last addition.
+  return {target, window.back()};
 }
 
 // Sets row[j] to -inf where !(row[j] >= threshold) (NaN included).
@@ -232,7 +238,7 @@ void top_k_top_p_kernel(at::Tensor& logits, const int64_t* slot_p, const int32_t
       if (r < 0 || r >= num_slots) continue;
       const int64_t k = top_k_p[r];
       const float p = top_p_p[r];
-      const bool k_on = k > 0 && k < V, p_on = p < 1.f;
+      const bool k_on = top_k_on(k, V), p_on = top_p_on(p);
       if (!k_on && !p_on) continue;
       scalar_t* row = base + t * row_stride;
       const float row_max = load_row(row, V, x.data());
@@ -245,7 +251,7 @@ void top_k_top_p_kernel(at::Tensor& logits, const int64_t* slot_p, const int32_t
         TopPBoundary top_p{0., std::numeric_limits<float>::quiet_NaN()};
         if (k_on) {
           const double kept_mass = mass_at_least(x.data(), V, threshold, row_max, nullptr);
-          top_p.target = std::max(p * kept_mass, double(std::numeric_limits<float>::min()));
+          top_p.target = top_p_target(p, kept_mass);
           if (!largest.empty()) {
             top_p.boundary = top_p_threshold_sorted(largest, threshold, row_max, top_p.target);
           }

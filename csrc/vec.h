@@ -4,11 +4,27 @@
 
 #include <ATen/cpu/vec/vec.h>
 
+#include <type_traits>
+#include <vector>
+
 #include "common.h"
 
 namespace tso {
 
 using Vec = at::vec::Vectorized<float>;
+
+// A row as float32, for the kernels written over float32 rows: the row itself for float32 logits,
+// else converted (exactly) into `buffer`.
+template <typename scalar_t>
+const float* float_row(const scalar_t* row, int64_t V, std::vector<float>& buffer) {
+  if constexpr (std::is_same_v<scalar_t, float>) {
+    return row;
+  } else {
+    buffer.resize(V);
+    for (int64_t j = 0; j < V; ++j) buffer[j] = static_cast<float>(row[j]);
+    return buffer.data();
+  }
+}
 
 // Lanes of x as float32 with NaN read as -inf.
 inline Vec load_logits(const float* x) {
