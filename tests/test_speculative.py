@@ -199,6 +199,11 @@ def test_exact_rescoring_gives_the_exact_draws(backend, with_probs, monkeypatch)
         monkeypatch.setattr(gumbel, "GUMBEL_APPROX_TOL", 1e30)
         exact = run_op(backend, "rejection_sample", *args)
     assert torch.equal(fast[0], exact[0]) and torch.equal(fast[1], exact[1])
+    if backend == "cpu":  # float16/bfloat16 rows, converted to float32, take the same draws
+        for dtype in (torch.float16, torch.bfloat16):
+            half = [args[0].to(dtype), *args[1:]]
+            fast, exact = _C.rejection_sample(*half), _C.rejection_sample(*half, tol=1e30)
+            assert torch.equal(fast[0], exact[0]) and torch.equal(fast[1], exact[1])
 
 
 # ----------------------------------------------------------------------------------------------
