@@ -4,8 +4,9 @@
 
 1. Host µs per call (a loop of 2000 calls on a tiny input, wall time per call, synchronised at the
    end) of: a bare Triton launch of an empty kernel, one of our kernels through `kernel[grid]`, the
-   same kernel through the bound launcher of `_launch`, every op with the launch cache on and off,
-   and `torch.empty` of the workspace sizes the launchers allocate.
+   same kernel through the bound launcher of `_launch`, every op replayed from its call record
+   (`_call_cache`), through its launcher with the launch cache, and with plain Triton launches, and
+   `torch.empty` of the workspace sizes the launchers allocate.
 2. Device µs per call of every op (V = 151936 fp32), eager and replayed from a CUDA graph, at
    T = 1, 32, 256 (`timing.bench_gpu`: do_bench medians rotating over input sets).
 """
@@ -24,7 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
-from torch_sampling_ops import _launch, constraints, truncation
+from torch_sampling_ops import _call_cache, _launch, constraints, truncation
 from torch_sampling_ops.truncation.workspace import _workspace_words
 
 from timing import (
@@ -62,11 +63,14 @@ def host_cost_table(calls: int = 2000) -> str:
                                    calls)])
     for case in CASES:
         inputs = case.make(1, 4096 if "logit_bias" in case.name or "penalties" in case.name else 1000, "cuda", 0)
-        for enabled in (True, False):
-            _launch._ENABLED = enabled and _launch._fast_path_supported()
+        for mode, launch_cache, records in (("call records", True, True), ("launch cache", True, False),
+                                            ("plain Triton launches", False, False)):
+            _launch._ENABLED = launch_cache and _launch._fast_path_supported()
+            _call_cache._ENABLED = records
             us = eager_overhead_us(lambda case=case, inputs=inputs: case.ours(*inputs), calls)
-            rows.append([f"{case.name}, T = 1, launch cache {'on' if enabled else 'off'}", us])
+            rows.append([f"{case.name}, T = 1, {mode}", us])
     _launch._ENABLED = _launch._fast_path_supported()
+    _call_cache._ENABLED = True
     # The allocations the launchers make per call (caching allocator, warm).
     V = 151936
     settings = truncation.current_settings()
@@ -98,7 +102,8 @@ def main():
     parser.add_argument("--V", type=int, default=151936)
     parser.add_argument("--out")
     args = parser.parse_args()
-    out = [f"Environment: {environment()}; launch cache: {'on' if _launch.enabled() else 'off'}"]
+    out = [f"Environment: {environment()}; launch cache: {'on' if _launch.enabled() else 'off'}; "
+           f"call records: {'on' if _call_cache.enabled() else 'off'}"]
     print(out[0])
     out.append(host_cost_table())
     out.append(eager_vs_graph_table(args.V))

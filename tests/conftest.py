@@ -18,6 +18,7 @@ INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 import pytest  # noqa: E402
 
 import torch_sampling_ops  # noqa: E402,F401  (registers the ops)
+from torch_sampling_ops import _call_cache  # noqa: E402
 from torch_sampling_ops._registry import triton_impl  # noqa: E402
 
 
@@ -91,6 +92,15 @@ def assert_pad_untouched(logits: torch.Tensor) -> None:
     T, V = logits.shape
     full = logits.as_strided((T, V + PAD), (logits.stride(0), 1))
     assert bool((full[:, V:] == SENTINEL).all()), "an op wrote past the end of a logits row"
+
+
+@pytest.fixture(autouse=True)
+def _fresh_call_records():
+    """Each test starts without recorded calls: tests reassign module constants that the ops'
+    launchers read when a call is recorded (`torch_sampling_ops._call_cache`)."""
+    _call_cache.clear()
+    yield
+    _call_cache.clear()
 
 
 @pytest.fixture

@@ -8,7 +8,7 @@ import triton
 import triton.language as tl
 from triton.runtime.jit import JITFunction
 
-from torch_sampling_ops import _launch
+from torch_sampling_ops import _call_cache, _launch
 
 from conftest import HAS_CUDA
 
@@ -220,3 +220,98 @@ def test_bound_launch_matches_plain_launch(monkeypatch, gen, graph, aligned):
     for name in examples:
         assert torch.equal(first[name], expected[name]), name
         assert torch.equal(again[name], expected[name]), name
+
+
+# ----------------------------------------------------------------------------------------------
+# Whole calls replayed from a record (`_call_cache`)
+
+
+def _toy_body(kernel, extra_op=None):
+    """An op body: a workspace and an output allocated, two launches, the output returned."""
+    bodies = []
+
+    def body(x, n):
+        bodies.append(n)
+        ws = x.new_empty((16,), dtype=torch.float32)
+        out = x.new_empty((2, 3), dtype=torch.int64)
+        if extra_op is not None:
+            extra_op(x)
+        _launch.launch(kernel, (4,), (x, n, ws), {"BLOCK": 128})
+        _launch.launch(kernel, (2, 3), (ws, 7, out), {"BLOCK": 64})
+        return out
+    return body, bodies
+
+
+def test_repeated_call_replays_its_launches(toy):
+    kernel, plain, launches = toy
+    body, bodies = _toy_body(kernel)
+    cache = _call_cache.Cache()
+    x = torch.empty(64)
+    first = cache.call(body, (x, 100), b"sig")
+    assert len(bodies) == 1 and len(cache) == 1
+    launches.clear()
+    x2 = torch.empty(64)
+    out = cache.call(body, (x2, 100), b"sig")
+    assert len(bodies) == 1, "the body ran again"
+    assert out.shape == first.shape == (2, 3) and out.dtype == torch.int64 and out.data_ptr() != first.data_ptr()
+    (a, b) = launches
+    assert a[:6] == (4, 1, 1, 77, 0xF00, (4, 1, 0)) and b[:3] == (2, 3, 1)
+    ws_ptr = a[11]
+    assert a[9:] == (x2.data_ptr(), 100, ws_ptr, 128, True)
+    assert b[9:] == (ws_ptr, 7, out.data_ptr(), 64, True)
+    assert ws_ptr % 16 == 0
+
+
+@pytest.mark.parametrize("case", ["other value", "other signature", "misaligned pointer", "other state"])
+def test_call_with_other_metadata_is_recorded_again(toy, monkeypatch, case):
+    kernel, plain, launches = toy
+    body, bodies = _toy_body(kernel)
+    holder = [object()]
+    monkeypatch.setattr(_call_cache, "_STATE", [lambda: holder[0]])
+    from torch_sampling_ops._C import arg_signature
+    cache = _call_cache.Cache()
+    x = torch.empty(64)
+    cache.call(body, (x, 100), arg_signature((x, 100)))
+    args, sig = (x, 100), arg_signature((x, 100))
+    if case == "other value":  # scalars' values are in the argument signature
+        args = (x, 101)
+        sig = arg_signature(args)
+    elif case == "other signature":
+        sig = b"other"
+    elif case == "misaligned pointer":  # the signature is the same: the launch key tells
+        x2 = torch.empty(65)
+        args = (x2[1:], 100)
+        assert arg_signature(args) == sig
+    else:
+        holder[0] = object()
+    cache.call(body, args, sig)
+    assert len(bodies) == 2
+    cache.call(body, args, sig)
+    assert len(bodies) == 2
+
+
+@pytest.mark.parametrize("case", ["view", "fill", "plain launch", "unknown tensor", "returns an argument"])
+def test_calls_that_cannot_be_replayed_run_the_body(toy, case):
+    kernel, plain, launches = toy
+    stray = torch.empty(8)
+    if case == "view":
+        body, bodies = _toy_body(kernel, lambda x: x[:4])
+    elif case == "fill":
+        body, bodies = _toy_body(kernel, lambda x: x.fill_(1.0))
+    else:
+        bodies = []
+
+        def body(x, n):
+            bodies.append(n)
+            if case == "plain launch":
+                _launch.launch(kernel, lambda meta: (1,), (x, n, x), {"BLOCK": 128})
+            elif case == "unknown tensor":
+                _launch.launch(kernel, (1,), (x, n, stray), {"BLOCK": 128})
+            else:
+                _launch.launch(kernel, (1,), (x, n, x), {"BLOCK": 128})
+                return x
+    cache = _call_cache.Cache()
+    x = torch.empty(64)
+    for _ in range(3):
+        cache.call(body, (x, 100), b"sig")
+    assert len(bodies) == 3 and len(cache) == 0

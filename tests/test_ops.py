@@ -12,7 +12,7 @@ from op_table import BY_NAME, OPS, bad_inputs, clone_args, to_cpu
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import torch_sampling_ops
-from torch_sampling_ops import _checks, _registry
+from torch_sampling_ops import _checks, _launch, _registry
 
 from conftest import OP_BACKENDS, device_of
 
@@ -330,6 +330,38 @@ def test_a_call_never_waits_for_the_device(name, gen):
     finally:
         torch.cuda.set_sync_debug_mode(previous)
     torch.cuda.synchronize()
+
+
+def _same_bits(a, b) -> bool:
+    if isinstance(a, tuple):
+        return len(a) == len(b) and all(_same_bits(x, y) for x, y in zip(a, b))
+    bits = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[a.element_size()]
+    return a.dtype == b.dtype and torch.equal(a.view(bits), b.view(bits))
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("name", OP_NAMES)
+def test_repeated_calls_replay_and_match_the_launcher(name, gen, monkeypatch):
+    """A call whose metadata repeats an earlier one's is replayed from that call's record (no
+    launcher runs) and gives, on new logits, the launcher's result bit for bit."""
+    spec = BY_NAME[name]
+    device = torch.device("cuda")
+    recorded = spec.args(device, gen)
+    spec.run(clone_args(recorded))
+    real_launch, launched = _launch.launch, []
+    for _ in range(2):
+        args = clone_args(recorded)
+        args[0].copy_(torch.randn(args[0].shape, generator=gen) * 3)
+        by_launcher = clone_args(args)
+        monkeypatch.setattr(_launch, "launch", lambda *a: (launched.append(a), real_launch(*a))[1])
+        replayed = spec.run(args)
+        monkeypatch.setattr(_launch, "launch", real_launch)
+        assert not launched, f"{name}: the call was not replayed"
+        monkeypatch.setattr(_launch, "_ENABLED", False)
+        expected = spec.run(by_launcher)
+        monkeypatch.setattr(_launch, "_ENABLED", _launch._fast_path_supported())
+        assert _same_bits(replayed, expected)
+        assert _same_bits(args[0], by_launcher[0])
 
 
 def test_inductor_calls_the_op_on_cpu(gen):

@@ -203,6 +203,46 @@ def compiling_only(compile_filter=None):
         _compiling, _compiling_thread, _compile_filter = False, None, None
 
 
+class Recorder:
+    """The launches of one call, for `_call_cache`: (cache entry, grid, positional arguments) each;
+    `complete` turns False when a launch took the plain path (nothing to replay it with)."""
+
+    __slots__ = ("launches", "complete")
+
+    def __init__(self):
+        self.launches: list[tuple] = []
+        self.complete = True
+
+
+# Set by `recording` for one thread: its launches are also appended to the recorder.
+_recorder: Recorder | None = None
+_recorder_thread: int | None = None
+
+
+@contextlib.contextmanager
+def recording(recorder: Recorder):
+    """In this thread, every launch is also appended to `recorder`."""
+    global _recorder, _recorder_thread
+    if _recorder is not None:
+        raise RuntimeError("torch_sampling_ops: a call is already being recorded")
+    _recorder, _recorder_thread = recorder, threading.get_ident()
+    try:
+        yield recorder
+    finally:
+        _recorder, _recorder_thread = None, None
+
+
+def recording_active() -> bool:
+    """Whether any thread is recording (its launches must not be replayed from inside the record)."""
+    return _recorder is not None
+
+
+def _plain(kernel, grid, args, meta):
+    if _recorder is not None and _recorder_thread == threading.get_ident():
+        _recorder.complete = False
+    return kernel[grid](*args, **meta)
+
+
 def launch(kernel, grid, args: tuple, meta: dict):
     """`kernel[grid](*args, **meta)`, through the cached launcher when the specialisation was bound."""
     if _compiling and _compiling_thread == threading.get_ident():
@@ -216,23 +256,30 @@ def launch(kernel, grid, args: tuple, meta: dict):
             init_handles()
         return compiled
     if not _ENABLED or type(grid) is not tuple or _hooks_installed():
-        return kernel[grid](*args, **meta)
+        return _plain(kernel, grid, args, meta)
     bound = _bind_args(args)
     if bound is None:
-        return kernel[grid](*args, **meta)
+        return _plain(kernel, grid, args, meta)
     args_key, call = bound
     device = _get_device()
     try:
         key = (id(kernel), device, tuple(meta.items()), args_key)
         entry = _BOUND.get(key, False)
     except TypeError:  # an unhashable meta value
-        return kernel[grid](*args, **meta)
+        return _plain(kernel, grid, args, meta)
     if entry is False:  # first call of this specialisation: Triton compiles or loads it
         compiled = kernel[grid](*args, **meta)
-        _BOUND[key] = _entry(kernel, compiled, len(args), meta)
+        entry = _BOUND[key] = _entry(kernel, compiled, len(args), meta)
+        if _recorder is not None and _recorder_thread == threading.get_ident():
+            if entry is _PLAIN:
+                _recorder.complete = False
+            else:
+                _recorder.launches.append((entry, grid, args))
         return compiled
     if entry is _PLAIN:
-        return kernel[grid](*args, **meta)
+        return _plain(kernel, grid, args, meta)
+    if _recorder is not None and _recorder_thread == threading.get_ident():
+        _recorder.launches.append((entry, grid, args))
     run, function, packed, tail, _ = entry
     n = len(grid)
     run(grid[0], grid[1] if n > 1 else 1, grid[2] if n > 2 else 1, _get_stream(device), function, packed, call + tail)

@@ -6,7 +6,8 @@ returns a function of that signature and docstring that calls `torch.ops.samplin
 registers, for `sampling::<name>`:
 
 - CUDA: argument checks, then the Triton launcher. Registered as a plain dispatcher kernel, which
-  keeps the eager cost of a call close to a raw Triton launch.
+  keeps the eager cost of a call close to a raw Triton launch. A call whose metadata repeats an
+  earlier one's replays that call's launches without running the launcher (`_call_cache`).
 - CPU: argument checks, then the C++ kernel of the same name from csrc/ (`torch_sampling_ops._C`).
 - fake (meta): argument checks, then the outputs' shapes (nothing for ops that return nothing), for
   torch.compile and export.
@@ -37,7 +38,7 @@ import torch
 from torch._subclasses.functional_tensor import FunctionalTensorMode
 from torch.library import wrap_triton
 
-from . import _checks, _launch
+from . import _call_cache, _checks, _launch
 
 LIB = torch.library.Library("sampling", "DEF")
 
@@ -149,7 +150,7 @@ def define_op(
 
         passed: set[bytes] = set()  # argument signatures (`_arg_signature`) whose checks passed
 
-        def checked(body: Callable | None, real: bool) -> Callable:
+        def checked(body: Callable | None, real: bool, calls: _call_cache.Cache | None = None) -> Callable:
             def run(*args, **kwargs):
                 if kwargs:  # positional from here on, in the schema's order
                     args = (*args, *(kwargs[n] for n in arg_names[len(args):]))
@@ -170,13 +171,15 @@ def define_op(
                     for i in mutated:
                         if not args[i].is_inference():  # an inference tensor has no version counter
                             torch.autograd.graph.increment_version(args[i])
+                    if calls is not None and key is not None and _launch._ENABLED and _call_cache._ENABLED:
+                        return calls.call(body, args, key)
                 return body(*args) if body is not None else None
 
             run.__name__ = f"{name}_{getattr(body, '__name__', 'fake')}"
             return run
 
         _TRITON_IMPLS[name] = checked(triton, real=False)
-        LIB.impl(name, checked(triton, real=True), "CUDA")
+        LIB.impl(name, checked(triton, real=True, calls=_call_cache.Cache()), "CUDA")
         LIB.impl(name, checked(_cpu_kernel(name), real=True), "CPU")
         torch.library.register_fake(f"sampling::{name}", checked(fake, real=False), lib=LIB)
         torch.library.register_torch_dispatch(f"sampling::{name}", FunctionalTensorMode, _functional_rule, lib=LIB)

@@ -5,12 +5,15 @@ import functools
 
 import torch
 
-from .. import _checks
+from .. import _call_cache, _checks
 from .._launch import cdiv
 from .._registry import define_op, launch
 from .plan import _launch_plan, _uses_pdl
 from .settings import TruncationSettings, current_settings
 from .workspace import _workspace_words
+
+# The launch plan follows the settings in use: a recorded call replays only under the same ones.
+_call_cache.register_state(current_settings)
 
 
 def _check_top_k_top_p(logits, idx_mapping, top_k, top_p) -> None:

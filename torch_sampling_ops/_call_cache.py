@@ -1,0 +1,240 @@
+"""Eager op calls replayed from a record of their launches.
+
+An op's CUDA body computes its launches from metadata alone (shapes, strides, dtypes, devices,
+scalar arguments, the settings in use): no value on the device decides anything on the host. So a
+call whose metadata repeats one already made launches the same kernels, with the same grids and
+constants, on tensors of the same layouts; only the data pointers differ. The first such call runs
+the body while `record` watches it: every launch (through the bound launchers of `_launch`) and
+every allocation (`new_empty` / `empty`, seen by a dispatch mode). The record then replays later
+calls without the body: it allocates the outputs, puts the workspaces in one buffer, and calls
+each launcher with the arguments picked from the call's pointers and the recorded constants.
+
+A body is not recorded (its calls keep running it) when it does anything else: a launch that takes
+Triton's plain path, an op other than an allocation (a view, a fill, a copy), a launch argument or
+a returned tensor that is neither an argument of the call nor one of its allocations.
+
+The caller keys records by everything the body reads: the argument signature the checks use
+(`_C.arg_signature`), the launch key of the arguments (`_C.bind_launch_args`: also the alignment of
+each data pointer, which Triton specialises on), the current device, and the objects the
+registered state functions return (`register_state`: the truncation settings). Module constants
+are read when a record is made: code that reassigns one (tests, sweeps) calls `clear()`.
+TORCH_SAMPLING_OPS_CALL_RECORDS=0 turns records off (TORCH_SAMPLING_OPS_FAST_LAUNCH=0 turns them off
+with the launch cache).
+"""
+from __future__ import annotations
+
+import operator
+import os
+from collections.abc import Callable
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from . import _launch
+
+_ALLOCATIONS = (torch.ops.aten.new_empty.default, torch.ops.aten.empty.memory_format)
+_WORKSPACE_ALIGN = 256  # bytes between workspaces in the shared buffer (Triton specialises on 16)
+
+_ENABLED = os.environ.get("TORCH_SAMPLING_OPS_CALL_RECORDS", "1") != "0"
+_STATE: list[Callable[[], object]] = []
+
+
+def register_state(fn: Callable[[], object]) -> None:
+    """Adds a function whose result (compared by identity) a body's launches depend on."""
+    _STATE.append(fn)
+
+
+def state() -> tuple:
+    """The objects of the registered state functions now."""
+    return tuple([fn() for fn in _STATE])
+
+
+class _Spy(TorchDispatchMode):
+    """Collects the tensors a body allocates; counts every other op."""
+
+    def __init__(self):
+        super().__init__()
+        self.allocations: list[torch.Tensor] = []
+        self.other_ops = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if func in _ALLOCATIONS and type(out) is torch.Tensor and out.is_contiguous():
+            self.allocations.append(out)
+        else:
+            self.other_ops += 1
+        return out
+
+
+class CallRecord:
+    """The launches of one call, replayable on new arguments of the same metadata."""
+
+    __slots__ = ("state", "_device", "_device_index", "_allocations", "_workspace_bytes", "_constants",
+                 "_launches", "_outputs", "_returns_tuple")
+
+    def __init__(self, call_state, device_index, allocations, workspace_bytes, constants, launches, outputs,
+                 returns_tuple):
+        self.state = call_state
+        self._device_index = device_index
+        # (shape, dtype, offset in the workspace buffer or -1 for an output, device) of each allocation
+        self._allocations = allocations
+        self._device = next((device for _, _, offset, device in allocations if offset >= 0), None)
+        self._workspace_bytes = workspace_bytes
+        self._constants = constants
+        self._launches = launches
+        self._outputs = outputs  # allocation index of each returned tensor
+        self._returns_tuple = returns_tuple
+
+    def replay(self, call: tuple):
+        """Launches the recorded kernels on the arguments whose launch arguments are `call`
+        (`_C.bind_launch_args`); returns what the body returned."""
+        pool = list(call)
+        allocated = []
+        if self._allocations:
+            base = 0
+            if self._workspace_bytes:
+                # Kept alive until the launches are queued; then the caching allocator reuses it in
+                # stream order, as it would a workspace the body allocated.
+                buffer = torch.empty(self._workspace_bytes, dtype=torch.uint8, device=self._device)
+                base = buffer.data_ptr()
+            for shape, dtype, offset, device in self._allocations:
+                if offset >= 0:
+                    pool.append(base + offset)
+                    allocated.append(None)
+                else:
+                    out = torch.empty(shape, dtype=dtype, device=device)
+                    pool.append(out.data_ptr())
+                    allocated.append(out)
+        pool.extend(self._constants)
+        stream = _launch._get_stream(self._device_index)
+        for run, function, packed, gx, gy, gz, pick in self._launches:
+            run(gx, gy, gz, stream, function, packed, pick(pool))
+        if self._returns_tuple:
+            return tuple(allocated[j] for j in self._outputs)
+        return allocated[self._outputs[0]] if self._outputs else None
+
+
+def _aligned(n: int) -> int:
+    return -(-n // _WORKSPACE_ALIGN) * _WORKSPACE_ALIGN
+
+
+def _picker(indices: list[int]) -> Callable[[list], tuple]:
+    if len(indices) == 1:
+        i = indices[0]
+        return lambda pool: (pool[i],)
+    return operator.itemgetter(*indices)
+
+
+def record(body: Callable, args: tuple, call: tuple):
+    """Runs body(*args); returns (its result, a CallRecord of the call or None when it cannot be
+    replayed). `call`: the launch arguments of `args` (`_C.bind_launch_args`)."""
+    call_state = state()
+    device_index = _launch._get_device()
+    recorder = _launch.Recorder()
+    spy = _Spy()
+    with _launch.recording(recorder), spy:
+        result = body(*args)
+    return result, _build(args, call, call_state, device_index, recorder, spy, result)
+
+
+def _build(args, call, call_state, device_index, recorder, spy, result) -> CallRecord | None:
+    if not recorder.complete or spy.other_ops:
+        return None
+    allocations = spy.allocations
+    n, a = len(args), len(allocations)
+
+    def source(t) -> int | None:
+        for i, x in enumerate(args):
+            if x is t:
+                return i
+        for j, x in enumerate(allocations):
+            if x is t:
+                return n + j
+        return None
+
+    returns_tuple = isinstance(result, tuple)
+    returned = result if returns_tuple else (() if result is None else (result,))
+    outputs = []
+    for r in returned:
+        j = source(r)
+        if j is None or j < n:
+            return None
+        outputs.append(j - n)
+    offset = 0
+    specs = []
+    for j, t in enumerate(allocations):
+        if j in outputs:
+            specs.append((tuple(t.shape), t.dtype, -1, t.device))
+        else:
+            specs.append((tuple(t.shape), t.dtype, offset, t.device))
+            offset += _aligned(t.numel() * t.element_size())
+    constants: list = []
+    launches = []
+    for (run, function, packed, tail, _), grid, launch_args in recorder.launches:
+        indices = []
+        for x in launch_args:
+            if isinstance(x, torch.Tensor):
+                i = source(x)
+                if i is None:
+                    return None
+                indices.append(i)
+            else:
+                indices.append(n + a + len(constants))
+                constants.append(x)
+        for x in tail:
+            indices.append(n + a + len(constants))
+            constants.append(x)
+        g = len(grid)
+        launches.append((run, function, packed, grid[0], grid[1] if g > 1 else 1, grid[2] if g > 2 else 1,
+                         _picker(indices)))
+    return CallRecord(call_state, device_index, specs, offset, constants, launches, outputs, returns_tuple)
+
+
+class Cache:
+    """An op's records, keyed by (argument signature, launch key of the arguments, current device,
+    ids of the state objects)."""
+
+    _MAX = 4096  # records an op keeps (then forgotten at once)
+
+    def __init__(self):
+        self._records: dict[tuple, CallRecord | None] = {}
+        _CACHES.append(self)
+
+    def call(self, body: Callable, args: tuple, signature: bytes):
+        """body(*args), replayed from a record when one matches."""
+        bound = _launch._bind_args(args)
+        if bound is None or _launch.recording_active() or _launch._compiling or _launch._hooks_installed():
+            return body(*args)
+        call_state = state()
+        key = (signature, bound[0], _launch._get_device(), *map(id, call_state))
+        entry = self._records.get(key, False)
+        if entry is not False:
+            if entry is None:
+                return body(*args)
+            if entry.state == call_state:  # the same objects (or equal ones: the same launches)
+                return entry.replay(bound[1])
+        result, rec = record(body, args, bound[1])
+        if len(self._records) >= self._MAX:
+            self._records.clear()
+        self._records[key] = rec
+        return result
+
+    def clear(self) -> None:
+        self._records.clear()
+
+    def __len__(self) -> int:
+        return sum(r is not None for r in self._records.values())
+
+
+_CACHES: list[Cache] = []
+
+
+def clear() -> None:
+    """Forgets every op's records (after reassigning a module constant a body reads)."""
+    for cache in _CACHES:
+        cache.clear()
+
+
+def enabled() -> bool:
+    """Whether eager CUDA calls are recorded and replayed."""
+    return _ENABLED and _launch.enabled()
