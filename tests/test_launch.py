@@ -315,3 +315,27 @@ def test_calls_that_cannot_be_replayed_run_the_body(toy, case):
     for _ in range(3):
         cache.call(body, (x, 100), b"sig")
     assert len(bodies) == 3 and len(cache) == 0
+
+
+def test_a_call_made_while_another_is_recorded_runs_its_body(toy):
+    """Only one call is recorded at a time (the recorder is global): a call made meanwhile, from
+    another thread or from inside the recorded body, runs and is neither recorded nor replayed."""
+    kernel, plain, launches = toy
+    inner_body, inner_bodies = _toy_body(kernel)
+    inner = _call_cache.Cache()
+    outer_bodies = []
+
+    def outer_body(x, n):
+        outer_bodies.append(n)
+        thread = threading.Thread(target=lambda: inner.call(inner_body, (x, n), b"inner"))
+        thread.start()
+        thread.join()
+        _launch.launch(kernel, (1,), (x, n, x), {"BLOCK": 128})
+
+    outer = _call_cache.Cache()
+    x = torch.empty(64)
+    outer.call(outer_body, (x, 100), b"outer")
+    assert len(inner_bodies) == 1 and len(inner) == 0
+    inner.call(inner_body, (x, 100), b"inner")  # now recorded
+    inner.call(inner_body, (x, 100), b"inner")
+    assert len(inner_bodies) == 2 and len(inner) == 1

@@ -125,15 +125,21 @@ def _picker(indices: list[int]) -> Callable[[list], tuple]:
     return operator.itemgetter(*indices)
 
 
+_BUSY = object()  # `record`: another call was being recorded; nothing is known of this one
+
+
 def record(body: Callable, args: tuple, call: tuple):
-    """Runs body(*args); returns (its result, a CallRecord of the call or None when it cannot be
-    replayed). `call`: the launch arguments of `args` (`_C.bind_launch_args`)."""
+    """Runs body(*args); returns (its result, a CallRecord of the call, None when it cannot be
+    replayed, or _BUSY). `call`: the launch arguments of `args` (`_C.bind_launch_args`)."""
     call_state = state()
     device_index = _launch._get_device()
     recorder = _launch.Recorder()
     spy = _Spy()
-    with _launch.recording(recorder), spy:
-        result = body(*args)
+    with _launch.recording(recorder) as active:
+        if active is None:
+            return body(*args), _BUSY
+        with spy:
+            result = body(*args)
     return result, _build(args, call, call_state, device_index, recorder, spy, result)
 
 
@@ -214,9 +220,10 @@ class Cache:
             if entry.state == call_state:  # the same objects (or equal ones: the same launches)
                 return entry.replay(bound[1])
         result, rec = record(body, args, bound[1])
-        if len(self._records) >= self._MAX:
-            self._records.clear()
-        self._records[key] = rec
+        if rec is not _BUSY:
+            if len(self._records) >= self._MAX:
+                self._records.clear()
+            self._records[key] = rec
         return result
 
     def clear(self) -> None:

@@ -217,19 +217,23 @@ class Recorder:
 # Set by `recording` for one thread: its launches are also appended to the recorder.
 _recorder: Recorder | None = None
 _recorder_thread: int | None = None
+_recording_lock = threading.Lock()
 
 
 @contextlib.contextmanager
 def recording(recorder: Recorder):
-    """In this thread, every launch is also appended to `recorder`."""
+    """In this thread, every launch is also appended to `recorder`; yields it, or None (and records
+    nothing) while another call is being recorded."""
     global _recorder, _recorder_thread
-    if _recorder is not None:
-        raise RuntimeError("torch_sampling_ops: a call is already being recorded")
+    if not _recording_lock.acquire(blocking=False):
+        yield None
+        return
     _recorder, _recorder_thread = recorder, threading.get_ident()
     try:
         yield recorder
     finally:
         _recorder, _recorder_thread = None, None
+        _recording_lock.release()
 
 
 def recording_active() -> bool:
