@@ -1,6 +1,6 @@
 """Host cost of the ops' eager calls on the GPU, and eager against CUDA-graph time.
 
-    python benchmarks/bench_launch.py [--out results.md] [--V 151936]
+    python benchmarks/bench_launch.py [--out results.md] [--V 151936] [--T 1,32,256]
 
 1. Host µs per call (a loop of 2000 calls on a tiny input, wall time per call, synchronised at the
    end) of: a bare Triton launch of an empty kernel, one of our kernels through `kernel[grid]`, the
@@ -100,13 +100,14 @@ def eager_vs_graph_table(V: int, Ts=(1, 32, 256)) -> str:
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--V", type=int, default=151936)
+    parser.add_argument("--T", default="1,32,256", help="batch sizes of the eager / graph table")
     parser.add_argument("--out")
     args = parser.parse_args()
     out = [f"Environment: {environment()}; launch cache: {'on' if _launch.enabled() else 'off'}; "
            f"call records: {'on' if _call_cache.enabled() else 'off'}"]
     print(out[0])
     out.append(host_cost_table())
-    out.append(eager_vs_graph_table(args.V))
+    out.append(eager_vs_graph_table(args.V, tuple(int(t) for t in args.T.split(","))))
     if args.out:
         with open(args.out, "w") as f:
             f.write("\n".join(out) + "\n")
