@@ -4,6 +4,9 @@
 namespace tso {
 pybind11::object bind_launch_args(const pybind11::tuple& args);  // launch_args.cpp
 pybind11::object arg_signature(const pybind11::tuple& args);     // arg_signature.cpp
+void register_cpu_checks(const std::string& name, pybind11::object checks,
+                         std::vector<int> written);  // cpu_dispatch.cpp
+void set_debug_checks(bool enabled);                 // cpu_dispatch.cpp
 }  // namespace tso
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -31,4 +34,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("tol") = tso::kGumbelApproxTol);
   m.def("bind_launch_args", &tso::bind_launch_args);
   m.def("arg_signature", &tso::arg_signature);
+  m.def("register_cpu_checks", &tso::register_cpu_checks,
+        "Hands the C++ CPU kernel of sampling::<name> its Python checks and the indices of the "
+        "arguments it writes in place.");
+  m.def("set_debug_checks", &tso::set_debug_checks,
+        "Whether the C++ CPU kernels run the checks (with the value checks) on every call.");
 }

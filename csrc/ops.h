@@ -1,5 +1,5 @@
-// Declarations of the CPU kernels; bindings.cpp exposes them to Python, where
-// torch_sampling_ops registers them for the CPU dispatch key of the sampling ops.
+// Declarations of the CPU kernels; cpu_dispatch.cpp registers them for the CPU dispatch key of the
+// sampling ops, bindings.cpp also exposes them to Python (tests call them directly).
 #pragma once
 
 #include "common.h"

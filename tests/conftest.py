@@ -104,5 +104,15 @@ def _fresh_call_records():
 
 
 @pytest.fixture
+def debug_checks():
+    """`debug_checks(enabled)` turns the ops' value checks on or off for this test (the C++ CPU
+    kernels follow `set_debug_checks`, not a reassigned `_checks._DEBUG`)."""
+    from torch_sampling_ops import _checks
+    previous = _checks.debug_enabled()
+    yield _checks.set_debug_checks
+    _checks.set_debug_checks(previous)
+
+
+@pytest.fixture
 def gen():
     return torch.Generator().manual_seed(1234)

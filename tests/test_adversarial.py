@@ -7,7 +7,7 @@ import torch
 from test_constraints import check_logit_bias, logit_bias_state
 from test_truncation import run_and_check
 
-from torch_sampling_ops import _checks, reference
+from torch_sampling_ops import reference
 
 from conftest import BACKENDS, DTYPES, INTERPRET, PAD, SENTINEL, device_of, make_logits, run_op
 
@@ -127,8 +127,8 @@ def test_top_p_outside_its_range_has_the_documented_result(backend, top_p, gen):
 
 
 @pytest.mark.parametrize("top_p", [0.0, -0.5, 1.5, float("nan")])
-def test_debug_mode_rejects_top_p_outside_its_range(top_p, gen, monkeypatch):
-    monkeypatch.setattr(_checks, "_DEBUG", True)
+def test_debug_mode_rejects_top_p_outside_its_range(top_p, gen, debug_checks):
+    debug_checks(True)
     logits = make_logits(2, 300, torch.float32, "cpu", generator=gen)
     original = logits.clone()
     with pytest.raises(ValueError, match="top_p"):

@@ -12,7 +12,7 @@ from op_table import BY_NAME, OPS, bad_inputs, clone_args, to_cpu
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import torch_sampling_ops
-from torch_sampling_ops import _checks, _launch, _registry
+from torch_sampling_ops import _launch, _registry
 
 from conftest import OP_BACKENDS, device_of
 
@@ -107,6 +107,39 @@ def test_bad_input_raises_after_valid_calls(backend, name, bad, gen):
     spec.op(*clone_args(args))
 
 
+def test_cpu_kernels_run_the_checks_once_per_signature(gen, debug_checks):
+    """The C++ CPU kernels run the Python checks for metadata they have not seen pass, and on every
+    call with debug checks on; a failed check is not remembered."""
+    _C = pytest.importorskip("torch_sampling_ops._C")
+    spec = BY_NAME["temperature"]
+    seen = []
+
+    def counting(*args):
+        seen.append(tuple(a.shape for a in args))
+        if args[0].shape[1] == 999:
+            raise ValueError("sampling.temperature: test rejection")
+
+    mutated = [0]
+    _C.register_cpu_checks("temperature", counting, mutated)
+    try:
+        args = spec.args(torch.device("cpu"), gen)
+        for _ in range(3):
+            spec.op(*clone_args(args))
+        assert len(seen) == 1
+        wider = [torch.randn(args[0].shape[0], 999), *args[1:]]
+        for _ in range(2):
+            with pytest.raises(ValueError, match="test rejection"):
+                spec.op(*wider)
+        assert len(seen) == 3
+        debug_checks(True)
+        spec.op(*clone_args(args))
+        spec.op(*clone_args(args))
+        assert len(seen) == 5
+    finally:
+        _registry_checks = _registry._cpu_checks["temperature"]
+        _C.register_cpu_checks("temperature", _registry_checks, mutated)
+
+
 def test_arg_signature_tells_apart_what_the_checks_read():
     """The key holds each tensor's dtype, device, sizes, strides and (under grad mode) requires_grad,
     and the other arguments' values; there is none for a tensor subclass or another type."""
@@ -160,18 +193,18 @@ def test_fake_tensors_trace_valid_calls(name, gen):
 
 @pytest.mark.parametrize("backend", OP_BACKENDS)
 @pytest.mark.parametrize("name, bad", BAD_VALUES)
-def test_debug_mode_checks_values(backend, name, bad, gen, monkeypatch):
+def test_debug_mode_checks_values(backend, name, bad, gen, debug_checks):
     """With TORCH_SAMPLING_OPS_DEBUG=1 a bad value raises a ValueError naming its argument; without, it
     runs (with the documented result) and costs no sync."""
     spec = BY_NAME[name]
     args = spec.args(device_of(backend), gen)
-    monkeypatch.setattr(_checks, "_DEBUG", True)
+    debug_checks(True)
     spec.op(*clone_args(args))  # valid values pass
     bad_args = clone_args(args)
     bad.spoil(bad_args)
     with pytest.raises(ValueError, match=f"'{bad.arg}'"):
         spec.op(*bad_args)
-    monkeypatch.setattr(_checks, "_DEBUG", False)
+    debug_checks(False)
     spec.op(*bad_args)
 
 

@@ -30,6 +30,20 @@ def set_debug_checks(enabled: bool) -> None:
     """Turns the value checks of every op on or off (see `debug_enabled`)."""
     global _DEBUG
     _DEBUG = bool(enabled)
+    _sync_cpu_kernels()
+
+
+def _sync_cpu_kernels() -> None:
+    """Tells the C++ CPU kernels (which skip the checks for metadata already checked unless debug
+    checks are on) whether they are on."""
+    try:
+        from ._C import set_debug_checks as set_cpu
+    except ImportError:  # not built: the CPU calls go through Python, which reads _DEBUG
+        return
+    set_cpu(_DEBUG)
+
+
+_sync_cpu_kernels()
 
 
 def _dtype_names(dtypes: Sequence[torch.dtype]) -> str:

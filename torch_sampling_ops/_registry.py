@@ -8,7 +8,9 @@ registers, for `sampling::<name>`:
 - CUDA: argument checks, then the Triton launcher. Registered as a plain dispatcher kernel, which
   keeps the eager cost of a call close to a raw Triton launch. A call whose metadata repeats an
   earlier one's replays that call's launches without running the launcher (`_call_cache`).
-- CPU: argument checks, then the C++ kernel of the same name from csrc/ (`torch_sampling_ops._C`).
+- CPU: the C++ kernel of the same name from csrc/, registered for the CPU key in C++
+  (csrc/cpu_dispatch.cpp): a call does not enter Python once its argument metadata passed the
+  checks, which it gets from here. Without the extension, a Python kernel that says it is missing.
 - fake (meta): argument checks, then the outputs' shapes (nothing for ops that return nothing), for
   torch.compile and export.
 Every implementation also checks what no op supports: an input that requires grad under grad mode
@@ -17,7 +19,8 @@ share memory (`expand`, overlapping strides: a kernel would process them several
 and CUDA ones bump the version counter of every mutated tensor, as PyTorch's in-place ops do. These
 checks sit in the kernels rather than in an Autograd kernel of their own, which would cost every
 eager call one more trip through the dispatcher. The CPU and CUDA ones remember the argument
-metadata that passed (`_C.arg_signature`) and skip the checks for a call that repeats it.
+metadata that passed (the same key: `_C.arg_signature` for CUDA, its C++ twin for CPU) and skip
+the checks for a call that repeats it.
 
 Under torch.compile the CUDA body is also traced into the graph as Triton kernel nodes, as
 `torch.library.triton_op` does: a FunctionalTensorMode rule runs the launcher with `wrap_triton`,
@@ -102,6 +105,20 @@ def _load_arg_signature() -> Callable:
 _arg_signature = _load_arg_signature()
 
 
+def _load_cpu_registration() -> Callable | None:
+    """`_C.register_cpu_checks` when the extension is built: its C++ CPU kernels are then registered
+    for the CPU dispatch key in C++ (csrc/cpu_dispatch.cpp) and get their Python checks from here."""
+    try:
+        from ._C import register_cpu_checks
+    except ImportError:
+        return None
+    return register_cpu_checks
+
+
+_register_cpu_checks = _load_cpu_registration()
+_cpu_checks: dict[str, Callable] = {}  # the checks each op's C++ CPU kernel runs
+
+
 def _cpu_kernel(name: str) -> Callable:
     kernel = None  # the C++ function, looked up on the first call (the extension may be missing)
 
@@ -134,8 +151,8 @@ def define_op(
 
     mutates_args: the names of the tensors the op writes in place.
     check(*args): metadata checks, raising TypeError/ValueError before anything runs.
-    triton(*args): the Triton launcher, called after `check`. The CPU kernel is
-        `torch_sampling_ops._C.<name>`, also called after `check`.
+    triton(*args): the Triton launcher, called after `check`. The CPU kernel is the C++
+        `sampling::<name>` kernel of csrc/cpu_dispatch.cpp, which calls `check` itself.
     fake(*args): outputs for fake tensors; omit for ops that return nothing.
     check_values(*args): value checks run on real tensors when debug checks are on
         (TORCH_SAMPLING_OPS_DEBUG=1 at import, or `set_debug_checks(True)`).
@@ -178,9 +195,23 @@ def define_op(
             run.__name__ = f"{name}_{getattr(body, '__name__', 'fake')}"
             return run
 
+        def cpu_checks(*args):
+            """The checks of a CPU call, run by its C++ kernel for metadata not seen yet (and on every
+            call with debug checks on); the kernel bumps the version counters itself."""
+            _checks.check_no_grad(name, arg_names, args)
+            check(*args)
+            for i in mutated:
+                _checks.check_rows_do_not_overlap(name, arg_names[i], args[i])
+            if check_values is not None and _checks._DEBUG:
+                check_values(*args)
+
         _TRITON_IMPLS[name] = checked(triton, real=False)
         LIB.impl(name, checked(triton, real=True, calls=_call_cache.Cache()), "CUDA")
-        LIB.impl(name, checked(_cpu_kernel(name), real=True), "CPU")
+        if _register_cpu_checks is not None:
+            _cpu_checks[name] = cpu_checks
+            _register_cpu_checks(name, cpu_checks, mutated)
+        else:  # the extension is not built: a CPU call says so
+            LIB.impl(name, checked(_cpu_kernel(name), real=True), "CPU")
         torch.library.register_fake(f"sampling::{name}", checked(fake, real=False), lib=LIB)
         torch.library.register_torch_dispatch(f"sampling::{name}", FunctionalTensorMode, _functional_rule, lib=LIB)
 
