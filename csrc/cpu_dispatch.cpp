@@ -15,7 +15,6 @@
 
 #include <array>
 #include <atomic>
-#include <cstring>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -26,6 +25,7 @@
 
 #include "draw.h"
 #include "ops.h"
+#include "signature.h"
 
 namespace tso {
 
@@ -50,25 +50,9 @@ std::unordered_map<std::string, OpChecks>& registry() {
   return *ops;
 }
 
-template <typename V>
-void append_bytes(std::string& key, V value) {
-  char bytes[sizeof(V)];
-  std::memcpy(bytes, &value, sizeof(V));
-  key.append(bytes, sizeof(V));
-}
-
-// Returns false for what the key cannot describe (a layout without strides): checked every call.
+// The key bytes of signature.h; false for what they cannot describe: checked every call.
 bool append_arg(std::string& key, const at::Tensor& t) {
-  if (!t.defined() || t.layout() != at::kStrided) return false;
-  key += 'T';
-  key += static_cast<char>(t.scalar_type());
-  key += static_cast<char>(t.device().type());
-  key += static_cast<char>(t.device().index());
-  key += static_cast<char>(at::GradMode::is_enabled() && t.requires_grad());
-  key += static_cast<char>(t.dim());
-  for (const int64_t s : t.sizes()) append_bytes(key, s);
-  for (const int64_t s : t.strides()) append_bytes(key, s);
-  return true;
+  return append_tensor_key(key, t, at::GradMode::is_enabled());
 }
 
 bool append_arg(std::string& key, const std::optional<at::Tensor>& t) {
@@ -80,14 +64,12 @@ bool append_arg(std::string& key, const std::optional<at::Tensor>& t) {
 }
 
 bool append_arg(std::string& key, int64_t v) {
-  key += 'I';
-  append_bytes(key, v);
+  append_int_key(key, v);
   return true;
 }
 
 bool append_arg(std::string& key, double v) {
-  key += 'F';
-  append_bytes(key, v);
+  append_float_key(key, v);
   return true;
 }
 
@@ -122,11 +104,7 @@ void run_python_checks(const char* name, const py::object& checks, const Args&..
 // version bump of the tensors it writes.
 template <typename... Args>
 void check_and_bump(const char* name, const Args&... args) {
-  auto& ops = registry();
-  auto found = ops.find(name);
-  TORCH_CHECK(found != ops.end(), "torch_sampling_ops: the checks of sampling::", name,
-              " are not registered (import torch_sampling_ops)");
-  OpChecks& op = found->second;
+  OpChecks& op = registry().at(name);  // every op has an entry from its registration below
   std::string key;
   key.reserve(sizeof...(Args) * 40);
   const bool keyed = (append_arg(key, args) && ...);

@@ -319,7 +319,7 @@ def test_calls_that_cannot_be_replayed_run_the_body(toy, case):
 
 def test_a_call_made_while_another_is_recorded_runs_its_body(toy):
     """Only one call is recorded at a time (the recorder is global): a call made meanwhile, from
-    another thread or from inside the recorded body, runs and is neither recorded nor replayed."""
+    another thread or from inside the recorded body, runs its body and is not recorded."""
     kernel, plain, launches = toy
     inner_body, inner_bodies = _toy_body(kernel)
     inner = _call_cache.Cache()

@@ -209,7 +209,9 @@ class Cache:
     def call(self, body: Callable, args: tuple, signature: bytes):
         """body(*args), replayed from a record when one matches."""
         bound = _launch._bind_args(args)
-        if bound is None or _launch.recording_active() or _launch._compiling or _launch._hooks_installed():
+        # A call made while another is recorded (another thread's, or one inside the recorded body,
+        # which the record's dispatch mode sees and refuses) is neither recorded nor remembered.
+        if bound is None or _launch._compiling or _launch._hooks_installed():
             return body(*args)
         call_state = state()
         key = (signature, bound[0], _launch._get_device(), *map(id, call_state))

@@ -236,14 +236,18 @@ def recording(recorder: Recorder):
         _recording_lock.release()
 
 
-def recording_active() -> bool:
-    """Whether any thread is recording (its launches must not be replayed from inside the record)."""
-    return _recorder is not None
+def _record(entry, grid, args) -> None:
+    """Appends a launch to this thread's recorder, if it records; a plain launch (entry _PLAIN)
+    leaves the record incomplete."""
+    if _recorder is not None and _recorder_thread == threading.get_ident():
+        if entry is _PLAIN:
+            _recorder.complete = False
+        else:
+            _recorder.launches.append((entry, grid, args))
 
 
 def _plain(kernel, grid, args, meta):
-    if _recorder is not None and _recorder_thread == threading.get_ident():
-        _recorder.complete = False
+    _record(_PLAIN, grid, args)
     return kernel[grid](*args, **meta)
 
 
@@ -274,16 +278,11 @@ def launch(kernel, grid, args: tuple, meta: dict):
     if entry is False:  # first call of this specialisation: Triton compiles or loads it
         compiled = kernel[grid](*args, **meta)
         entry = _BOUND[key] = _entry(kernel, compiled, len(args), meta)
-        if _recorder is not None and _recorder_thread == threading.get_ident():
-            if entry is _PLAIN:
-                _recorder.complete = False
-            else:
-                _recorder.launches.append((entry, grid, args))
+        _record(entry, grid, args)
         return compiled
     if entry is _PLAIN:
         return _plain(kernel, grid, args, meta)
-    if _recorder is not None and _recorder_thread == threading.get_ident():
-        _recorder.launches.append((entry, grid, args))
+    _record(entry, grid, args)
     run, function, packed, tail, _ = entry
     n = len(grid)
     run(grid[0], grid[1] if n > 1 else 1, grid[2] if n > 2 else 1, _get_stream(device), function, packed, call + tail)

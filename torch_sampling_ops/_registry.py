@@ -167,16 +167,19 @@ def define_op(
 
         passed: set[bytes] = set()  # argument signatures (`_arg_signature`) whose checks passed
 
+        def metadata_checks(args) -> None:
+            _checks.check_no_grad(name, arg_names, args)
+            check(*args)
+            for i in mutated:
+                _checks.check_rows_do_not_overlap(name, arg_names[i], args[i])
+
         def checked(body: Callable | None, real: bool, calls: _call_cache.Cache | None = None) -> Callable:
             def run(*args, **kwargs):
                 if kwargs:  # positional from here on, in the schema's order
                     args = (*args, *(kwargs[n] for n in arg_names[len(args):]))
                 key = _arg_signature(args) if real else None
                 if key is None or key not in passed:
-                    _checks.check_no_grad(name, arg_names, args)
-                    check(*args)
-                    for i in mutated:
-                        _checks.check_rows_do_not_overlap(name, arg_names[i], args[i])
+                    metadata_checks(args)
                     if key is not None:
                         if len(passed) >= _MAX_SIGNATURES:
                             passed.clear()
@@ -188,7 +191,7 @@ def define_op(
                     for i in mutated:
                         if not args[i].is_inference():  # an inference tensor has no version counter
                             torch.autograd.graph.increment_version(args[i])
-                    if calls is not None and key is not None and _launch._ENABLED and _call_cache._ENABLED:
+                    if calls is not None and key is not None and _call_cache.enabled():
                         return calls.call(body, args, key)
                 return body(*args) if body is not None else None
 
@@ -198,10 +201,7 @@ def define_op(
         def cpu_checks(*args):
             """The checks of a CPU call, run by its C++ kernel for metadata not seen yet (and on every
             call with debug checks on); the kernel bumps the version counters itself."""
-            _checks.check_no_grad(name, arg_names, args)
-            check(*args)
-            for i in mutated:
-                _checks.check_rows_do_not_overlap(name, arg_names[i], args[i])
+            metadata_checks(args)
             if check_values is not None and _checks._DEBUG:
                 check_values(*args)
 
