@@ -6,8 +6,8 @@
 Every measurement runs in a fresh subprocess with its own TRITON_CACHE_DIR: empty ("cold") or
 filled by an earlier subprocess ("cache filled"). Measured:
 - the first call of each op (fp32, T = 1), then top_k_top_p's first call at T = 256 and in bf16;
-- warmup(V, (fp32,)) serial and on a thread pool, then the same first calls (now loading nothing);
-- warmup(V, (fp32, bf16)) on a thread pool;
+- warmup(V, (fp32,)) serial and shared out among processes, then the same first calls (now loading nothing);
+- warmup(V, (fp32, bf16)) shared out among processes;
 - with the cache filled: warmup() and the first calls without warmup.
 """
 from __future__ import annotations
@@ -53,7 +53,7 @@ FIRST_CALLS = [("temperature", 1, "float32"), ("min_p", 1, "float32"), ("apply_t
                ("top_k_top_p", 1, "bfloat16")]
 
 
-def worker(V: int, max_num_tokens: int, warmup: str) -> dict:
+def worker(V: int, max_num_tokens: int, warmup: str, workers: int | None) -> dict:
     """Runs in the subprocess: optional warmup, then the first calls; seconds of each."""
     import torch
 
@@ -66,7 +66,7 @@ def worker(V: int, max_num_tokens: int, warmup: str) -> dict:
         dtypes = (torch.float32, torch.bfloat16) if warmup.endswith("+bf16") else (torch.float32,)
         start = time.perf_counter()
         tso.warmup(V, dtypes=dtypes, max_num_tokens=max_num_tokens, logit_bias_widths=(LOGIT_BIAS_WIDTHS,),
-                   parallel=warmup.startswith("parallel"))
+                   parallel=warmup.startswith("parallel"), workers=workers)
         result["warmup"] = time.perf_counter() - start
     for name, T, dtype in FIRST_CALLS:
         args = _inputs(name, T, V, getattr(torch, dtype), max_num_tokens)
@@ -78,11 +78,12 @@ def worker(V: int, max_num_tokens: int, warmup: str) -> dict:
     return result
 
 
-def run(V: int, max_num_tokens: int, warmup: str, cache_dir: str) -> dict:
+def run(V: int, max_num_tokens: int, warmup: str, cache_dir: str, workers: int | None) -> dict:
     env = dict(os.environ, TRITON_CACHE_DIR=cache_dir)
     env["PYTHONPATH"] = os.pathsep.join([HERE, os.path.dirname(HERE), env.get("PYTHONPATH", "")])
-    out = subprocess.run([sys.executable, __file__, "--worker", "--V", str(V), "--max-num-tokens", str(max_num_tokens),
-                          "--warmup", warmup], env=env, capture_output=True, text=True, check=True)
+    command = [sys.executable, __file__, "--worker", "--V", str(V), "--max-num-tokens", str(max_num_tokens),
+               "--warmup", warmup] + (["--workers", str(workers)] if workers else [])
+    out = subprocess.run(command, env=env, capture_output=True, text=True, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -92,11 +93,12 @@ def main():
     parser.add_argument("--max-num-tokens", type=int, default=256)
     parser.add_argument("--warmup", default="none")
     parser.add_argument("--worker", action="store_true")
+    parser.add_argument("--workers", type=int, help="warm-up processes (default: warmup's)")
     parser.add_argument("--runs", help="comma-separated indices of the processes to run (default: all)")
     parser.add_argument("--out")
     args = parser.parse_args()
     if args.worker:
-        print(json.dumps(worker(args.V, args.max_num_tokens, args.warmup)))
+        print(json.dumps(worker(args.V, args.max_num_tokens, args.warmup, args.workers)))
         return
     from timing import environment, print_table
 
@@ -113,7 +115,7 @@ def main():
     runs = {}
     with tempfile.TemporaryDirectory() as root:
         for label, warmup, cache in processes:
-            runs[label] = run(args.V, args.max_num_tokens, warmup, os.path.join(root, cache))
+            runs[label] = run(args.V, args.max_num_tokens, warmup, os.path.join(root, cache), args.workers)
             print(label, runs[label], flush=True)
     columns = ["warmup"] + [f"{n} T={t} {d}" for n, t, d in FIRST_CALLS]
     rows = [[label] + [r.get(c, float("nan")) for c in columns] for label, r in runs.items()]

@@ -1,9 +1,11 @@
 """torch_sampling_ops.warmup: it reaches every kernel variant the ops launch, and (on CUDA) the ops
 then compile nothing more."""
-import json
+import os
+import types
 
 import pytest
 import torch
+import triton
 from triton.runtime.jit import JITFunction
 
 import torch_sampling_ops
@@ -71,32 +73,53 @@ def test_small_batches_skip_large_batch_variants(monkeypatch):
     assert rows[0] == 1 and len(rows) == len(set(rows)) >= 3
 
 
-def test_worker_shares_compile_every_variant_once(monkeypatch):
-    """The variants shared out among warm-up processes: each compiled by exactly one share, the
-    heavy selection kernels spread over the shares, share 0 the heaviest."""
-    compiled = []
-    kernel_class = type(sampling._gumbel_argmax_kernel)
-    monkeypatch.setattr(kernel_class, "run", lambda self, *args, grid, warmup, **meta: compiled.append(
-        (self.fn.__name__, tuple(meta.items()), _launch._bind_args(args)[0])))
-    launch_args = (3001, (torch.float32, torch.bfloat16), 300, torch.device("cpu"), 4, torch.int32, ((8, 6, 3),), 4,
-                   (0, 20))
-    names = _warmup._distinct_variants(launch_args)
-    assert not compiled and len(names) > 20
+_LAUNCH_ARGS = (3001, (torch.float32, torch.bfloat16), 300, torch.device("cpu"), 4, torch.int32, ((8, 6, 3),), 4,
+                (0, 20))
+
+
+def test_shares_split_the_variants_by_weight():
+    """Each variant in exactly one share, the heavy selection kernels spread over the shares,
+    share 0 the heaviest."""
+    variants = _warmup._distinct_variants(_LAUNCH_ARGS)
+    names = [_warmup._kernel_name(kernel) for kernel, _, _ in variants]
+    assert len(names) > 20
+    keys = [_warmup._variant_key(*variant) for variant in variants]
+    assert len(set(keys)) == len(keys)
     shares = _warmup._share_out(names, 6)
     assert sorted(i for share in shares for i in share) == list(range(len(names)))
     load = [sum(_warmup._COMPILE_WEIGHT.get(names[i], 1) for i in share) for share in shares]
     assert load[0] == max(load) and max(load) - min(load) <= max(_warmup._COMPILE_WEIGHT.values())
     selections = [sum(names[i] == "_select_kernel" for i in share) for share in shares]
     assert max(selections) - min(selections) <= 1
-    every = []
-    for share in shares:
-        compiled.clear()
-        _warmup._compile_share(launch_args, set(share))
-        assert [name for name, _, _ in compiled] == [names[i] for i in share]
-        every += compiled
-    assert len(set(every)) == len(every) == len(names)
-    job = _warmup._encode(launch_args)
-    assert _warmup._decode(json.loads(json.dumps(job)))[1:3] == launch_args[1:3]
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="forked workers need os.fork")
+def test_forked_workers_compile_every_variant_once(monkeypatch, tmp_path):
+    """Every variant is compiled once, by one of the processes (this one and the forked workers),
+    and each worker also builds its variants' launchers; Triton is asked nothing of the device."""
+    log = tmp_path / "compiled"
+
+    def note(what):
+        with open(log, "a") as f:
+            f.write(f"{os.getpid()} {what}\n")
+
+    def run(self, *args, grid, warmup, **meta):
+        assert warmup
+        note(f"compile {_warmup._variant_key(self, args, meta)!r}")
+        return types.SimpleNamespace(src=None, metadata=None)
+
+    monkeypatch.setattr(type(sampling._gumbel_argmax_kernel), "run", run)  # JITFunction, or interpreted
+    driver = types.SimpleNamespace(launcher_cls=lambda src, metadata: note("launcher"), get_current_target=lambda: "sm")
+    monkeypatch.setattr(triton.runtime.driver, "_active", driver)
+    assert _warmup._compile_in_processes(_LAUNCH_ARGS, 4) == 4
+    lines = [line.split(" ", 2) for line in log.read_text().splitlines()]
+    compiled = [(line[0], line[2]) for line in lines if line[1] == "compile"]
+    keys = [_warmup._variant_key(*variant) for variant in _warmup._distinct_variants(_LAUNCH_ARGS)]
+    assert sorted(key for _, key in compiled) == sorted(repr(key) for key in keys)
+    pids = {pid for pid, _ in compiled}
+    assert len(pids) == 4 and str(os.getpid()) in pids
+    launchers = [line[0] for line in lines if line[1] == "launcher"]
+    assert sorted(launchers) == sorted(pid for pid, _ in compiled if pid != str(os.getpid()))
 
 
 def _all_kernels():

@@ -8,20 +8,18 @@ each pointer is 16-byte aligned. `warmup` runs each op's launcher on uninitialis
 given shapes under `_launch.compiling_only()`, so every launch compiles (or loads from Triton's
 cache) without running anything.
 
-With `parallel`, the distinct variants are shared out among worker processes (Python holds one
-lock a process, and Triton's front end and passes hold it while they work). Each worker replays
-the same launches, compiles only its share into Triton's on-disk cache, and exits; this process
-compiles a share of its own meanwhile, then replays every launch, now loading the variants from
-the cache. A worker that fails leaves its share to that last replay. The caller first compiles
-two variants as a probe: if the second comes from the cache, the workers are stopped.
+With `parallel`, the distinct variants are shared out among processes (Python holds one lock a
+process, and Triton's front end and passes hold it while they work): workers forked from this
+process, which start at once with its modules imported, compile their shares into Triton's on-disk
+cache without touching the GPU and exit, while this process compiles a share of its own. It then
+replays every launch, loading the variants from the cache (and compiling whatever a failed worker
+left).
 """
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
 import time
+import warnings
 from collections.abc import Sequence
 
 import torch
@@ -101,55 +99,45 @@ def _launch_all(vocab_size, dtypes, max_num_tokens, device, num_slots, index_dty
 # Kernels that take several times as long as the others to compile (top_k_top_p's selection: its
 # sort and its threshold search), weighed so when the variants are shared out among processes.
 _COMPILE_WEIGHT = {"_select_kernel": 8}
-# Below this, a variant came from Triton's cache (a compile takes a good part of a second at least;
-# the first lookup of a process also pays Triton's set-up, so the probe times the second).
-_CACHE_HIT_SECONDS = 0.15
 
 
-def _replay(launch_args, compile_new) -> None:
-    """Runs `_launch_all(*launch_args)` under `compiling_only`, numbering each distinct variant in
-    the order of its first launch (the same in every process); a first launch compiles if
-    `compile_new(index, kernel name)` says so, a repeated one never. A variant is the kernel, its
-    constants and options, and the launch cache's key of the arguments (`_launch._bind_args`:
-    what Triton specialises on). Without that key (no extension) every launch of a kernel and meta
-    counts as one variant: the final replay of `warmup` compiles what the shares miss."""
-    index: dict = {}
+def _variant_key(kernel, args, meta):
+    """What tells two launches' compiled variants apart: the kernel, its constants and options, and
+    the launch cache's key of the arguments (`_launch._bind_args`: what Triton specialises on).
+    Without that key (no extension) every launch of a kernel and meta counts as one variant: the
+    final load of `warmup` compiles what the shares miss."""
+    bound = _launch._bind_args(args)
+    fn = getattr(kernel, "fn", kernel)
+    return (fn.__module__, fn.__qualname__, repr(tuple(meta.items())), bound[0] if bound is not None else None)
+
+
+def _distinct_variants(launch_args) -> list[tuple]:
+    """(kernel, positional arguments, meta) of the first launch of each distinct variant that
+    `_launch_all(*launch_args)` makes, in launch order (the same in every process); nothing is
+    compiled or launched. The arguments hold `_launch_all`'s tensors (uninitialised)."""
+    seen: set = set()
+    variants: list[tuple] = []
 
     def first_launch(kernel, args, meta):
-        bound = _launch._bind_args(args)
-        fn = getattr(kernel, "fn", kernel)
-        key = (fn.__module__, fn.__qualname__, repr(tuple(meta.items())), bound[0] if bound is not None else None)
-        if key in index:
-            return False
-        index[key] = len(index)
-        return compile_new(index[key], fn.__name__)
+        key = _variant_key(kernel, args, meta)
+        if key not in seen:
+            seen.add(key)
+            variants.append((kernel, args, meta))
+        return False
 
     with _launch.compiling_only(first_launch):
         _launch_all(*launch_args)
+    return variants
 
 
-def _distinct_variants(launch_args) -> list[str]:
-    """The kernel name of each distinct variant `_launch_all(*launch_args)` launches, in the order
-    of their first launch (nothing is compiled)."""
-    names: list[str] = []
-
-    def record(index, name):
-        names.append(name)
-        return False
-
-    _replay(launch_args, record)
-    return names
-
-
-def _compile_share(launch_args, share: set[int]) -> None:
-    """Compiles the variants whose first-launch index is in `share`."""
-    _replay(launch_args, lambda i, name: i in share)
+def _kernel_name(kernel) -> str:
+    return getattr(getattr(kernel, "fn", kernel), "__name__", "")
 
 
 def _share_out(names: list[str], shares: int) -> list[list[int]]:
     """Variant indices split into `shares` lists of about equal compile time (weights
     _COMPILE_WEIGHT, else 1): the heaviest first, each to the lightest share so far. Share 0 is
-    the heaviest, the one this process compiles while the workers start."""
+    the heaviest, the one this process compiles while the workers compile the others."""
     loads = [0] * shares
     out = [[] for _ in range(shares)]
     for i in sorted(range(len(names)), key=lambda i: -_COMPILE_WEIGHT.get(names[i], 1)):
@@ -160,69 +148,65 @@ def _share_out(names: list[str], shares: int) -> list[list[int]]:
     return [sorted(out[j]) for j in order]
 
 
-def _encode(launch_args) -> dict:
-    (V, dtypes, max_num_tokens, device, num_slots, index_dtype, widths, max_spec_len, num_logprobs) = launch_args
-    return dict(V=V, dtypes=[str(d).removeprefix("torch.") for d in dtypes], max_num_tokens=max_num_tokens,
-                device=device.index, num_slots=num_slots, index_dtype=str(index_dtype).removeprefix("torch."),
-                widths=[list(w) for w in widths], max_spec_len=max_spec_len, num_logprobs=list(num_logprobs))
+def _compile_variants(variants: list[tuple], indices: list[int], build_launchers: bool) -> None:
+    """Compiles the variants at `indices` into Triton's on-disk cache (Triton's `run(..., warmup=True)`:
+    nothing launches, nothing is loaded on the device); with `build_launchers`, also builds each
+    one's launcher (Triton 3.6 compiles a C launcher per signature, cached on disk too)."""
+    launcher_cls = triton.runtime.driver.active.launcher_cls
+    for i in indices:
+        kernel, args, meta = variants[i]
+        compiled = kernel.run(*args, grid=(1,), warmup=True, **meta)
+        if build_launchers and compiled is not None:
+            launcher_cls(compiled.src, compiled.metadata)
 
 
-def _decode(job: dict) -> tuple:
-    return (job["V"], tuple(getattr(torch, d) for d in job["dtypes"]), job["max_num_tokens"],
-            torch.device("cuda", job["device"]), job["num_slots"], getattr(torch, job["index_dtype"]),
-            tuple(tuple(w) for w in job["widths"]), job["max_spec_len"], tuple(job["num_logprobs"]))
-
-
-def _worker_main() -> None:
-    """A worker process: the job (JSON) on stdin; compiles its share into Triton's cache."""
-    job = json.loads(sys.stdin.read())
-    launch_args = _decode(job)
-    with torch.cuda.device(launch_args[3]):
-        _compile_share(launch_args, set(job["share"]))
-
-
-def _start_worker(launch_args, share: list[int]) -> subprocess.Popen:
-    env = dict(os.environ)
-    package_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
-    cache_dir = getattr(getattr(getattr(triton, "knobs", None), "cache", None), "dir", None)
-    if cache_dir:  # the cache this process reads, wherever it was configured
-        env["TRITON_CACHE_DIR"] = cache_dir
-    worker = subprocess.Popen([sys.executable, "-c", "from torch_sampling_ops._warmup import _worker_main; _worker_main()"],
-                              stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
-                              text=True)
-    worker.stdin.write(json.dumps(dict(_encode(launch_args), share=share)))
-    worker.stdin.close()
-    return worker
+def _fork_worker(variants: list[tuple], share: list[int], device: torch.device) -> int:
+    """Forks a process that compiles `share` of `variants` into Triton's cache and exits; returns
+    its pid. The child inherits this process's modules and the variants' arguments, so it starts at
+    once (a fresh interpreter would take seconds to import torch). It must not touch the GPU (a
+    CUDA context does not survive a fork): Triton is told the device, stream and target instead of
+    asking the driver, and no module is loaded."""
+    active = triton.runtime.driver.active
+    target = active.get_current_target()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # fork of a process with threads
+        pid = os.fork()
+    if pid:
+        return pid
+    code = 1
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, 1)
+        os.dup2(devnull, 2)
+        active.get_current_device = lambda: device.index
+        active.get_current_stream = lambda *_: 0
+        active.get_current_target = lambda: target
+        _compile_variants(variants, share, build_launchers=True)
+        code = 0
+    finally:
+        os._exit(code)
 
 
 def _compile_in_processes(launch_args, workers: int) -> int:
-    """Compiles every variant, shared out among `workers` processes (this one included), unless
-    Triton's cache already holds them; returns the number of processes used."""
+    """Compiles every variant into Triton's cache, shared out among `workers` processes (this one
+    included, the others forked); returns the number of processes used. Variants already in the
+    cache come back in milliseconds, so a filled cache costs the workers next to nothing."""
     variants = _distinct_variants(launch_args)
-    if len(variants) < 3 or workers < 2:
+    workers = min(workers, len(variants))
+    if workers < 2 or not hasattr(os, "fork"):
         return 1
-    # Workers start at once (importing torch takes them seconds), with shares of the variants but
-    # the first two, which this process compiles first as a probe: the first pays Triton's one-time
-    # set-up; the second, found in the cache (an earlier warm-up of the same arguments filled it,
-    # with every variant), comes back in milliseconds: then the workers are stopped and this
-    # process loads the rest.
-    rest = _share_out(variants[2:], min(workers, len(variants) - 2))
-    shares = [[i + 2 for i in share] for share in rest]
-    started = [_start_worker(launch_args, share) for share in shares[1:]]
+    shares = _share_out([_kernel_name(kernel) for kernel, _, _ in variants], workers)
+    pids = []
     try:
-        _compile_share(launch_args, {0})
-        start = time.perf_counter()
-        _compile_share(launch_args, {1})
-        if time.perf_counter() - start < _CACHE_HIT_SECONDS:
-            for worker in started:
-                worker.kill()
-            return 1
-        _compile_share(launch_args, set(shares[0]))
+        for share in shares[1:]:
+            pids.append(_fork_worker(variants, share, launch_args[3]))
+        # Compiled, not loaded: the final replay of `warmup` loads every variant and builds its launcher.
+        _compile_variants(variants, shares[0], build_launchers=False)
     finally:
-        for worker in started:
-            worker.wait()
+        for pid in pids:
+            os.waitpid(pid, 0)
     return len(shares)
+
 
 def warmup(
     vocab_size: int,
@@ -253,11 +237,9 @@ def warmup(
         num_logprobs: the num_logprobs values of the logprobs calls to prepare (its kernel is
             compiled per power of two >= num_logprobs, and once for 0).
         max_spec_len: the drafts a request proposes at most, for rejection_sample.
-        parallel: share the variants out among worker processes (each a Python interpreter with a
-            CUDA context and the launch shapes' tensors while it runs: a few hundred MB of GPU
-            memory each); else compile them one after the other in this thread.
-        workers: processes, this one included (default: half the CPU count, at most 8: more
-            start more slowly, as they import torch side by side).
+        parallel: share the variants out among forked worker processes (where `os.fork` exists);
+            else compile them one after the other in this thread.
+        workers: processes, this one included (default: half the CPU count, at most 8).
 
     Returns ``{"seconds": wall time, "calls": op calls made, "processes": processes that compiled}``.
     On the CPU, or under the Triton interpreter (which compiles nothing), it returns at once with
