@@ -1,5 +1,7 @@
 """The eager launch cache (`torch_sampling_ops._launch`): which calls reuse a bound launcher, which
 take Triton's plain path, and (on CUDA) that both paths give the same results, in and out of graphs."""
+import subprocess
+import sys
 import threading
 
 import pytest
@@ -339,3 +341,17 @@ def test_a_call_made_while_another_is_recorded_runs_its_body(toy):
     inner.call(inner_body, (x, 100), b"inner")  # now recorded
     inner.call(inner_body, (x, 100), b"inner")
     assert len(inner_bodies) == 2 and len(inner) == 1
+
+
+def test_recording_a_call_imports_no_compiler():
+    """The first recorded call of a process pays no import of torch._dynamo (seconds): the spy's
+    dispatch mode is not wrapped in torch._disable_dynamo. Run in a fresh interpreter."""
+    code = ("import sys, torch, torch_sampling_ops\n"
+            "from torch_sampling_ops import _call_cache\n"
+            "x = torch.empty(8)\n"
+            "with _call_cache._Spy() as spy:\n"
+            "    x.new_empty((2,), dtype=torch.int64)\n"
+            "assert len(spy.allocations) == 1\n"
+            "print('torch._dynamo' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"

@@ -52,6 +52,13 @@ def state() -> tuple:
 class _Spy(TorchDispatchMode):
     """Collects the tensors a body allocates; counts every other op."""
 
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        # Else TorchDispatchMode wraps __torch_dispatch__ in torch._disable_dynamo, whose first call
+        # imports torch._dynamo: seconds of the first eager call that records an allocation. This
+        # mode only watches eager launchers; no compiled region ever runs inside it.
+        return False
+
     def __init__(self):
         super().__init__()
         self.allocations: list[torch.Tensor] = []
