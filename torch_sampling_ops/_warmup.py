@@ -8,12 +8,12 @@ each pointer is 16-byte aligned. `warmup` runs each op's launcher on uninitialis
 given shapes under `_launch.compiling_only()`, so every launch compiles (or loads from Triton's
 cache) without running anything.
 
-With `parallel`, the distinct variants are shared out among processes (Python holds one lock a
+With `parallel`, the distinct variants are compiled by several processes (Python holds one lock a
 process, and Triton's front end and passes hold it while they work): workers forked from this
-process, which start at once with its modules imported, compile their shares into Triton's on-disk
-cache without touching the GPU and exit, while this process compiles a share of its own. It then
-replays every launch, loading the variants from the cache (and compiling whatever a failed worker
-left).
+process, which start at once with its modules imported, and this process, each taking the next
+variant from one queue (the heaviest first) and compiling it into Triton's on-disk cache; the
+workers never touch the GPU. This process then replays every launch, loading the variants from
+the cache (and compiling whatever a failed worker left).
 """
 from __future__ import annotations
 
@@ -97,7 +97,7 @@ def _launch_all(vocab_size, dtypes, max_num_tokens, device, num_slots, index_dty
 
 
 # Kernels that take several times as long as the others to compile (top_k_top_p's selection: its
-# sort and its threshold search), weighed so when the variants are shared out among processes.
+# sort and its threshold search), taken first when the variants are handed out to processes.
 _COMPILE_WEIGHT = {"_select_kernel": 8}
 
 
@@ -134,38 +134,39 @@ def _kernel_name(kernel) -> str:
     return getattr(getattr(kernel, "fn", kernel), "__name__", "")
 
 
-def _share_out(names: list[str], shares: int) -> list[list[int]]:
-    """Variant indices split into `shares` lists of about equal compile time (weights
-    _COMPILE_WEIGHT, else 1): the heaviest first, each to the lightest share so far. Share 0 is
-    the heaviest, the one this process compiles while the workers compile the others."""
-    loads = [0] * shares
-    out = [[] for _ in range(shares)]
-    for i in sorted(range(len(names)), key=lambda i: -_COMPILE_WEIGHT.get(names[i], 1)):
-        j = loads.index(min(loads))
-        out[j].append(i)
-        loads[j] += _COMPILE_WEIGHT.get(names[i], 1)
-    order = sorted(range(shares), key=lambda j: -loads[j])
-    return [sorted(out[j]) for j in order]
+def _compile_order(variants: list[tuple]) -> list[int]:
+    """Variant indices, the heaviest to compile first (weights _COMPILE_WEIGHT, else 1), then in
+    launch order: processes that take the next one as they finish end close together."""
+    weights = [_COMPILE_WEIGHT.get(_kernel_name(kernel), 1) for kernel, _, _ in variants]
+    return sorted(range(len(variants)), key=lambda i: -weights[i])
 
 
-def _compile_variants(variants: list[tuple], indices: list[int], build_launchers: bool) -> None:
-    """Compiles the variants at `indices` into Triton's on-disk cache (Triton's `run(..., warmup=True)`:
-    nothing launches, nothing is loaded on the device); with `build_launchers`, also builds each
-    one's launcher (Triton 3.6 compiles a C launcher per signature, cached on disk too)."""
+def _take(queue: int):
+    """The next variant index from the queue pipe (4 bytes a message, written before any read, so
+    a read takes one whole message), None when it is empty."""
+    data = os.read(queue, 4)
+    return int.from_bytes(data, "little") if data else None
+
+
+def _compile_variants(variants: list[tuple], queue: int, build_launchers: bool) -> None:
+    """Compiles the variants whose indices it takes from `queue` into Triton's on-disk cache
+    (Triton's `run(..., warmup=True)`: nothing launches, nothing is loaded on the device); with
+    `build_launchers`, also builds each one's launcher (Triton 3.6 compiles a C launcher per
+    signature, cached on disk too)."""
     launcher_cls = triton.runtime.driver.active.launcher_cls
-    for i in indices:
+    while (i := _take(queue)) is not None:
         kernel, args, meta = variants[i]
         compiled = kernel.run(*args, grid=(1,), warmup=True, **meta)
         if build_launchers and compiled is not None:
             launcher_cls(compiled.src, compiled.metadata)
 
 
-def _fork_worker(variants: list[tuple], share: list[int], device: torch.device) -> int:
-    """Forks a process that compiles `share` of `variants` into Triton's cache and exits; returns
-    its pid. The child inherits this process's modules and the variants' arguments, so it starts at
-    once (a fresh interpreter would take seconds to import torch). It must not touch the GPU (a
-    CUDA context does not survive a fork): Triton is told the device, stream and target instead of
-    asking the driver, and no module is loaded."""
+def _fork_worker(variants: list[tuple], queue: int, device: torch.device) -> int:
+    """Forks a process that compiles the variants it takes from `queue` into Triton's cache and
+    exits; returns its pid. The child inherits this process's modules and the variants' arguments,
+    so it starts at once (a fresh interpreter would take seconds to import torch). It must not
+    touch the GPU (a CUDA context does not survive a fork): Triton is told the device, stream and
+    target instead of asking the driver, and no module is loaded."""
     active = triton.runtime.driver.active
     target = active.get_current_target()
     with warnings.catch_warnings():
@@ -181,31 +182,37 @@ def _fork_worker(variants: list[tuple], share: list[int], device: torch.device) 
         active.get_current_device = lambda: device.index
         active.get_current_stream = lambda *_: 0
         active.get_current_target = lambda: target
-        _compile_variants(variants, share, build_launchers=True)
+        _compile_variants(variants, queue, build_launchers=True)
         code = 0
     finally:
         os._exit(code)
 
 
 def _compile_in_processes(launch_args, workers: int) -> int:
-    """Compiles every variant into Triton's cache, shared out among `workers` processes (this one
-    included, the others forked); returns the number of processes used. Variants already in the
-    cache come back in milliseconds, so a filled cache costs the workers next to nothing."""
+    """Compiles every variant into Triton's cache in `workers` processes (this one included, the
+    others forked), each taking the next variant from a shared queue as it finishes one; returns
+    the number of processes used. Variants already in the cache come back in milliseconds, so a
+    filled cache costs the workers next to nothing."""
     variants = _distinct_variants(launch_args)
     workers = min(workers, len(variants))
     if workers < 2 or not hasattr(os, "fork"):
         return 1
-    shares = _share_out([_kernel_name(kernel) for kernel, _, _ in variants], workers)
+    queue, feed = os.pipe()
+    try:
+        os.write(feed, b"".join(i.to_bytes(4, "little") for i in _compile_order(variants)))
+    finally:
+        os.close(feed)
     pids = []
     try:
-        for share in shares[1:]:
-            pids.append(_fork_worker(variants, share, launch_args[3]))
+        for _ in range(workers - 1):
+            pids.append(_fork_worker(variants, queue, launch_args[3]))
         # Compiled, not loaded: the final replay of `warmup` loads every variant and builds its launcher.
-        _compile_variants(variants, shares[0], build_launchers=False)
+        _compile_variants(variants, queue, build_launchers=False)
     finally:
         for pid in pids:
             os.waitpid(pid, 0)
-    return len(shares)
+        os.close(queue)
+    return workers
 
 
 def warmup(
