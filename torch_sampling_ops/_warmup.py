@@ -96,9 +96,10 @@ def _launch_all(vocab_size, dtypes, max_num_tokens, device, num_slots, index_dty
     return calls + 1
 
 
-# Kernels that take several times as long as the others to compile (top_k_top_p's selection: its
-# sort and its threshold search), taken first when the variants are handed out to processes.
-_COMPILE_WEIGHT = {"_select_kernel": 8}
+# Seconds a variant of these kernels takes to compile, roughly (H200 host, one at a time; the
+# others take about 1 s or less): the processes take the heaviest first, so they end close together.
+_COMPILE_WEIGHT = {"_select_kernel": 9, "_logprobs_segment_kernel": 4, "_logprobs_combine_kernel": 3,
+                   "_rejection_level_kernel": 2, "_scan_segments_kernel": 2}
 
 
 def _variant_key(kernel, args, meta):
