@@ -211,6 +211,11 @@ struct LaneTop2 {
     first_j = _mm256_castps_si256(
         _mm256_blendv_ps(_mm256_castsi256_ps(first_j), _mm256_castsi256_ps(tokens), take));
   }
+  float largest() const {
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(first), _mm256_extractf128_ps(first, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    return _mm_cvtss_f32(_mm_max_ss(m, _mm_shuffle_ps(m, m, 1)));
+  }
   void merge_into(Top2& top) const {
     alignas(32) float firsts[8], seconds[8];
     alignas(32) int32_t first_js[8];
@@ -250,10 +255,27 @@ inline void gumbel_approx(const uint32_t* bits, int64_t n, float* noise) {
 constexpr int64_t kDrawBlock = 256;
 constexpr int64_t kSparseShare = 8;
 
+// The largest m = bits >> 9 (the uniform's 23 bits) below which the stream's noise, as
+// stream_gumbel computes it in float32, is certainly below g: u(m) = (m + 1/2) / 2**23 < u* =
+// exp(-exp(-g')) with g' = g - 2**-10, a margin far above the float32 logs' error (a few ulp of at
+// most 16.7). 0 when no m qualifies, 2**23 when every one does.
+inline int32_t noise_below(float g) {
+  if (!(g > -2.8f)) return 0;  // the least noise, at u = 2**-24, is -log(-log(2**-24)) = -2.81
+  if (g > kMaxGumbel) return 1 << 23;
+  const double u = std::exp(-std::exp(-(static_cast<double>(g) - 1.0 / 1024)));
+  return static_cast<int32_t>(std::max(0.0, std::floor(u * 8388608.0 - 0.5)));
+}
+
 // row_argmax's Gumbel draw over a float32 row from approximate scores certified by Top2, as the
 // CUDA draw (gumbel_argmax in sampling.py) does; -1 without a live token. A score that overflows
 // to -inf counts at -FLT_MAX. The noise is gumbel_approx's (with AVX2 computed in registers); a
 // sparse block (a filtered row) and the last tokens of a block are scored exactly.
+//
+// With AVX2, 8 tokens whose noise cannot lift them near the running best are not scored: a block's
+// largest logit xmax and the best approximate score so far B give a noise level g = B - xmax -
+// margin that the stream bits (computed anyway) show a token to be below (noise_below); the skipped
+// tokens' exact scores then stay below xmax + g, which joins the certificate as one more runner-up
+// (else the exact pass decides). The token is the same as scoring every one.
 inline int64_t gumbel_argmax_row(const float* row, int64_t V, uint32_t key, float tol) {
   constexpr float kLowest = -std::numeric_limits<float>::max();
   Top2 top;
@@ -263,6 +285,7 @@ inline int64_t gumbel_argmax_row(const float* row, int64_t V, uint32_t key, floa
 #if defined(CPU_CAPABILITY_AVX2)
   const __m256 neg_inf = _mm256_set1_ps(kNegInf), lowest = _mm256_set1_ps(kLowest);
   LaneTop2 lanes;
+  float skipped_below = kNegInf;  // above the exact score of every token not scored
 #else
   alignas(64) uint32_t bits[kDrawBlock];
   alignas(64) float noise[kDrawBlock];
@@ -271,7 +294,11 @@ inline int64_t gumbel_argmax_row(const float* row, int64_t V, uint32_t key, floa
     const int64_t n = std::min(kDrawBlock, V - j0);
     const float* x = row + j0;
     int64_t live = 0;
-    for (int64_t i = 0; i < n; ++i) live += x[i] > kNegInf;  // NaN is not
+    float xmax = kNegInf;
+    for (int64_t i = 0; i < n; ++i) {
+      live += x[i] > kNegInf;  // NaN is not
+      xmax = std::max(xmax, x[i] > kNegInf ? x[i] : kNegInf);
+    }
     if (live * kSparseShare < n) {
       for (int64_t i = 0; i < n; ++i) {
         if (x[i] > kNegInf) offer_exact(x[i], j0 + i);
@@ -279,10 +306,24 @@ inline int64_t gumbel_argmax_row(const float* row, int64_t V, uint32_t key, floa
       continue;
     }
 #if defined(CPU_CAPABILITY_AVX2)
+    // The noise a token of this block needs to come within twice the tolerance of the best so far.
+    const float best = std::max(lanes.largest(), top.first);
+    int32_t below = 0;
+    if (best > kNegInf && best < -kNegInf && xmax < -kNegInf) {
+      const float g = best - 2.0f * tol * (35.0f + std::fabs(best)) - xmax;
+      below = noise_below(g);
+      if (below > 0) skipped_below = std::max(skipped_below, xmax + g);
+    }
+    const __m256i below_v = _mm256_set1_epi32(below);
     int64_t i = 0;
     for (; i + 8 <= n; i += 8) {
+      const __m256i bits = stream_bits_x8(key, static_cast<uint32_t>(j0 + i));
+      // m >= below in some lane (m < 2**23: a signed compare)
+      const __m256i rises = _mm256_cmpgt_epi32(_mm256_srli_epi32(bits, 9), _mm256_sub_epi32(below_v,
+                                                                                           _mm256_set1_epi32(1)));
+      if (_mm256_testz_si256(rises, rises)) continue;
       const __m256 xv = _mm256_loadu_ps(x + i);
-      const __m256 g = gumbel_approx_x8(stream_bits_x8(key, static_cast<uint32_t>(j0 + i)));
+      const __m256 g = gumbel_approx_x8(bits);
       lanes.offer(_mm256_blendv_ps(neg_inf, _mm256_max_ps(_mm256_add_ps(xv, g), lowest),
                                    _mm256_cmp_ps(xv, neg_inf, _CMP_GT_OQ)),  // NaN: not live
                   tokens_x8(j0 + i));
@@ -300,6 +341,9 @@ inline int64_t gumbel_argmax_row(const float* row, int64_t V, uint32_t key, floa
   }
 #if defined(CPU_CAPABILITY_AVX2)
   lanes.merge_into(top);
+  // The skipped tokens: one more runner-up, its bound exact (no tolerance of its own).
+  const bool skipped_ok = top.first_j >= 0 && skipped_below < top.first - tol * (35.0f + std::fabs(top.first));
+  if (top.first_j >= 0 && !skipped_ok) return row_argmax(row, V, /*noise=*/true, key);
 #endif
   if (top.first_j < 0) return -1;
   return top.certified(tol) ? top.first_j : row_argmax(row, V, /*noise=*/true, key);
