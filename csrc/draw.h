@@ -211,8 +211,8 @@ struct LaneTop2 {
     first_j = _mm256_castps_si256(
         _mm256_blendv_ps(_mm256_castsi256_ps(first_j), _mm256_castsi256_ps(tokens), take));
   }
-  float largest() const {
-    __m128 m = _mm_max_ps(_mm256_castps256_ps128(first), _mm256_extractf128_ps(first, 1));
+  static float largest_of(__m256 v) {
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     m = _mm_max_ps(m, _mm_movehl_ps(m, m));
     return _mm_cvtss_f32(_mm_max_ss(m, _mm_shuffle_ps(m, m, 1)));
   }
@@ -294,11 +294,7 @@ inline int64_t gumbel_argmax_row(const float* row, int64_t V, uint32_t key, floa
     const int64_t n = std::min(kDrawBlock, V - j0);
     const float* x = row + j0;
     int64_t live = 0;
-    float xmax = kNegInf;
-    for (int64_t i = 0; i < n; ++i) {
-      live += x[i] > kNegInf;  // NaN is not
-      xmax = std::max(xmax, x[i] > kNegInf ? x[i] : kNegInf);
-    }
+    for (int64_t i = 0; i < n; ++i) live += x[i] > kNegInf;  // NaN is not
     if (live * kSparseShare < n) {
       for (int64_t i = 0; i < n; ++i) {
         if (x[i] > kNegInf) offer_exact(x[i], j0 + i);
@@ -307,7 +303,15 @@ inline int64_t gumbel_argmax_row(const float* row, int64_t V, uint32_t key, floa
     }
 #if defined(CPU_CAPABILITY_AVX2)
     // The noise a token of this block needs to come within twice the tolerance of the best so far.
-    const float best = std::max(lanes.largest(), top.first);
+    __m256 xmax_v = neg_inf;
+    for (int64_t i = 0; i + 8 <= n; i += 8) {
+      xmax_v = _mm256_max_ps(_mm256_loadu_ps(x + i), xmax_v);  // a NaN x gives the second operand
+    }
+    float xmax = LaneTop2::largest_of(xmax_v);
+    for (int64_t i = n & ~int64_t{7}; i < n; ++i) {
+      if (x[i] > xmax) xmax = x[i];
+    }
+    const float best = std::max(LaneTop2::largest_of(lanes.first), top.first);
     int32_t below = 0;
     if (best > kNegInf && best < -kNegInf && xmax < -kNegInf) {
       const float g = best - 2.0f * tol * (35.0f + std::fabs(best)) - xmax;

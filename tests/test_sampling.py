@@ -389,6 +389,42 @@ def test_approximate_gumbel_noise_is_within_its_tolerance(backend):
     assert 2.0**-17 * 35 <= gumbel.GUMBEL_APPROX_TOL * 35  # the draw's err(s) covers the noise's
 
 
+def test_cpu_draw_skips_only_tokens_whose_noise_is_below_the_level():
+    """The CPU draw skips the tokens whose uniform's 23 bits m lie below `noise_below(g)`: on all
+    2**23 uniforms, every such m has exact float32 noise below g, and the noise of the m after the
+    first one not skipped reaches g (the skip is at most one m more cautious than it must be, beyond
+    its 2**-10 margin)."""
+    m = torch.arange(0, 2**23)
+    exact, _ = _C.gumbel_noise(m << 9)
+    for g in (-3.0, -2.5, 0.0, 1.7, 5.0, 9.3, 14.0, 16.5, 17.0):
+        below = _C.noise_below(g)
+        assert bool((exact[:below] < g).all()), g
+        if 0 < below < 2**23 - 1:
+            assert exact[below + 1] > g - 2.0**-10, g
+    assert _C.noise_below(-3.0) == 0 and _C.noise_below(17.0) == 2**23
+
+
+@pytest.mark.parametrize("scale", [0.3, 3.0, 30.0])
+def test_cpu_draw_with_skipped_tokens_gives_the_exact_draw(scale):
+    """Rows where most tokens cannot come near the best (large logit spreads, the largest logits
+    first or last in the row, temperatures 1 and 0.5): the same tokens as scoring every token
+    exactly (the kernel's tolerance so large that it skips nothing and certifies nothing)."""
+    gen = torch.Generator().manual_seed(31)
+    T, V = 48, 32000
+    logits = torch.randn(T, V, generator=gen) * scale
+    logits[::3] = logits[::3].sort(dim=1).values  # the best tokens last
+    logits[1::3] = logits[1::3].sort(dim=1, descending=True).values  # ... and first
+    R = 2
+    idx_mapping = torch.arange(T, dtype=torch.int32) % R
+    temperature, top_k, top_p, min_p = torch.tensor([1.0, 0.5]), torch.zeros(R, dtype=torch.int32), torch.ones(R), \
+        torch.zeros(R)
+    seeds, output_lens = torch.tensor([5, -77]), torch.arange(T) * 13
+    args = (logits, idx_mapping, temperature, top_k, top_p, min_p, seeds, output_lens)
+    fast = _C.sample(*args)
+    assert torch.equal(fast, _C.sample(*args, tol=1e30))
+    assert bool((fast >= 0).all())
+
+
 def test_cpu_and_triton_draws_share_their_tolerance():
     assert _C.GUMBEL_APPROX_TOL == gumbel.GUMBEL_APPROX_TOL
 
