@@ -82,10 +82,9 @@ inline __m256i tokens_x8(int64_t j) {
                           _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
 }
 
-// stream_bits of tokens j0 .. j0 + 7.
-inline __m256i stream_bits_x8(uint32_t key, uint32_t j0) {
-  const __m256i h =
-      mix32_x8(_mm256_xor_si256(_mm256_set1_epi32(static_cast<int>(key)), tokens_x8(j0)));
+// stream_bits of 8 token indices.
+inline __m256i stream_bits_x8(uint32_t key, __m256i tokens) {
+  const __m256i h = mix32_x8(_mm256_xor_si256(_mm256_set1_epi32(static_cast<int>(key)), tokens));
   return mix32_x8(_mm256_add_epi32(h, _mm256_set1_epi32(0x6A09E667)));
 }
 
@@ -296,9 +295,35 @@ inline int64_t gumbel_argmax_row(const float* row, int64_t V, uint32_t key, floa
     int64_t live = 0;
     for (int64_t i = 0; i < n; ++i) live += x[i] > kNegInf;  // NaN is not
     if (live * kSparseShare < n) {
+#if defined(CPU_CAPABILITY_AVX2)
+      // The live tokens, 8 at a time (in index order: a lane keeps its lower token on ties), the
+      // lanes past the last one -inf.
+      alignas(32) int32_t tokens[kDrawBlock / kSparseShare + 8];
+      alignas(32) float xs[kDrawBlock / kSparseShare + 8];
+      int64_t m = 0;
+      for (int64_t i = 0; i < n; ++i) {
+        if (x[i] > kNegInf) {
+          tokens[m] = static_cast<int32_t>(j0 + i);
+          xs[m++] = x[i];
+        }
+      }
+      for (int64_t k = m; k < ((m + 7) & ~int64_t{7}); ++k) {
+        tokens[k] = 0;
+        xs[k] = kNegInf;
+      }
+      for (int64_t k = 0; k < m; k += 8) {
+        const __m256i tok = _mm256_load_si256(reinterpret_cast<const __m256i*>(tokens + k));
+        const __m256 g = gumbel_approx_x8(stream_bits_x8(key, tok));
+        const __m256 xv = _mm256_load_ps(xs + k);
+        lanes.offer(_mm256_blendv_ps(neg_inf, _mm256_max_ps(_mm256_add_ps(xv, g), lowest),
+                                     _mm256_cmp_ps(xv, neg_inf, _CMP_GT_OQ)),
+                    tok);
+      }
+#else
       for (int64_t i = 0; i < n; ++i) {
         if (x[i] > kNegInf) offer_exact(x[i], j0 + i);
       }
+#endif
       continue;
     }
 #if defined(CPU_CAPABILITY_AVX2)
@@ -321,7 +346,7 @@ inline int64_t gumbel_argmax_row(const float* row, int64_t V, uint32_t key, floa
     const __m256i below_v = _mm256_set1_epi32(below);
     int64_t i = 0;
     for (; i + 8 <= n; i += 8) {
-      const __m256i bits = stream_bits_x8(key, static_cast<uint32_t>(j0 + i));
+      const __m256i bits = stream_bits_x8(key, tokens_x8(j0 + i));
       // m >= below in some lane (m < 2**23: a signed compare)
       const __m256i rises = _mm256_cmpgt_epi32(_mm256_srli_epi32(bits, 9), _mm256_sub_epi32(below_v,
                                                                                            _mm256_set1_epi32(1)));

@@ -61,6 +61,7 @@ void logprobs_row(const float* x, int64_t V, int64_t tok, TopK& top, int64_t* to
     larger += xj > x_tok;
     if (top.k() > 0) top.offer(xj, j);
   }
+  top.finish();
   // A +inf logit holds all the mass: logsumexp is +inf (finite logits get -inf, +inf ones NaN).
   const float lse = m == -kNegInf ? m : (m > kNegInf ? m + std::log(sum_exp(x, V, m)) : kNegInf);
   auto logprob = [&](float v) { return lse > kNegInf ? v - lse : kNegInf; };
@@ -126,6 +127,33 @@ bool draws_from_logits(const at::Tensor& slots, const at::Tensor& temps, const a
     if (temp_p[r] != 1.0f || !filters_off) return false;
   }
   return true;
+}
+
+// A float32 copy of the rows divided by their temperature (a true division, as the temperature op:
+// the same bits as copying, then dividing in place); greedy rows and rows whose slot is out of
+// range are copied as they are.
+template <typename scalar_t>
+at::Tensor scaled_rows(const at::Tensor& logits, const int64_t* slots, const float* temps,
+                       int64_t R) {
+  const int64_t T = logits.size(0), V = logits.size(1), row_stride = logits.stride(0),
+                col_stride = logits.stride(1);
+  at::Tensor scaled = at::empty({T, V}, logits.options().dtype(at::kFloat));
+  const scalar_t* src = logits.data_ptr<scalar_t>();
+  float* dst = scaled.data_ptr<float>();
+  at::parallel_for(0, T, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      const int64_t r = slots[t];
+      const float temp = r >= 0 && r < R ? temps[r] : 0.0f;
+      const scalar_t* in = src + t * row_stride;
+      float* out = dst + t * V;
+      if (temp == 0.0f) {
+        for (int64_t j = 0; j < V; ++j) out[j] = static_cast<float>(in[j * col_stride]);
+      } else {
+        for (int64_t j = 0; j < V; ++j) out[j] = static_cast<float>(in[j * col_stride]) / temp;
+      }
+    }
+  });
+  return scaled;
 }
 
 }  // namespace
@@ -200,8 +228,9 @@ at::Tensor sample(const at::Tensor& logits, const at::Tensor& idx_mapping,
       draws_from_logits(slots, temps, top_k, top_p, min_p, logits.size(1))) {
     scaled = logits;
   } else {
-    scaled = logits.to(at::kFloat, /*non_blocking=*/false, /*copy=*/true).contiguous();
-    tso::temperature(scaled, slots, temps);
+    TSO_DISPATCH_LOGITS(logits.scalar_type(), "sample", [&] {
+      scaled = scaled_rows<scalar_t>(logits, slots.data_ptr<int64_t>(), temps.data_ptr<float>(), R);
+    });
     tso::min_p(scaled, slots, min_p);
     tso::top_k_top_p(scaled, slots, top_k, top_p);
   }

@@ -94,7 +94,7 @@ inline int64_t residual_draw_fast(const float* row, const float* probs, int64_t 
     const __m256 positive = _mm256_and_ps(live, _mm256_cmp_ps(r, zero, _CMP_GT_OQ));
     subnormal =
         _mm256_or_ps(subnormal, _mm256_and_ps(positive, _mm256_cmp_ps(r, smallest, _CMP_LT_OQ)));
-    const __m256 g = gumbel_approx_x8(stream_bits_x8(key, static_cast<uint32_t>(j)));
+    const __m256 g = gumbel_approx_x8(stream_bits_x8(key, tokens_x8(j)));
     const __m256 log_r = log_x8(_mm256_max_ps(r, smallest));
     lanes_r.offer(_mm256_blendv_ps(neg_inf, _mm256_add_ps(log_r, g), positive), tokens);
     lanes_p.offer(_mm256_blendv_ps(neg_inf, _mm256_add_ps(x, g), live), tokens);

@@ -1,7 +1,9 @@
 // The k best (value, index) pairs of a row, found in one pass over it, for the CPU kernels.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "vec.h"
@@ -13,15 +15,19 @@ inline bool ranks_before(float a, int64_t ia, float b, int64_t ib) {
   return a > b || (a == b && ia < ib);
 }
 
-// The k best (value, index) pairs of a row so far, larger first (ranks_before), and their count;
-// vals[k - 1] is then the k-th largest value, ties counted. Tokens are offered in index order, so
-// one equal to the last entry never ranks before it: only lanes above it need offering.
+// The k best (value, index) pairs of a row, larger first (ranks_before), once `finish` has run;
+// vals[k - 1] is then the k-th largest value, ties counted. Offers that may enter the list wait in
+// `pending_`, merged into it a batch at a time (a sort of the batch and a merge, where inserting
+// each one would shift half the list). Tokens are offered in index order, so one equal to the last entry never
+// ranks before it: only lanes above it need offering.
 struct TopK {
   std::vector<float> vals;
   std::vector<int64_t> ids;
-  int64_t held = 0;
+  int64_t held = 0;  // entries of vals / ids in use (all k once k tokens were offered)
 
-  explicit TopK(int64_t k) : vals(k), ids(k) {}
+  explicit TopK(int64_t k) : vals(k), ids(k), batch_(std::max<int64_t>(8, k / 4)) {
+    pending_.reserve(k);
+  }
   int64_t k() const { return static_cast<int64_t>(vals.size()); }
   // Lanes of v (tokens j0 ..) that may enter: all while the list fills, then those above its last.
   int candidates(const Vec& v) const {
@@ -30,14 +36,45 @@ struct TopK {
   }
   void offer(float x, int64_t j) {
     const int64_t k = this->k();
-    if (held == k && !ranks_before(x, j, vals[k - 1], ids[k - 1])) return;
-    int64_t i = held < k ? held++ : k - 1;
-    for (; i > 0 && ranks_before(x, j, vals[i - 1], ids[i - 1]); --i) {
-      vals[i] = vals[i - 1];
-      ids[i] = ids[i - 1];
+    if (k == 0 || (held == k && !ranks_before(x, j, vals[k - 1], ids[k - 1]))) return;
+    pending_.emplace_back(x, j);
+    if (static_cast<int64_t>(pending_.size()) == (held < k ? k : batch_)) merge();
+  }
+  // Merges what is pending: call before reading vals, ids and held.
+  void finish() {
+    if (!pending_.empty()) merge();
+  }
+
+ private:
+  // Offers merged at once once the list is full: small enough that the list's last entry, which
+  // decides what is offered, stays close to the current k-th value.
+  int64_t batch_;
+  std::vector<std::pair<float, int64_t>> pending_, merged_;
+
+  void merge() {
+    auto before = [](const std::pair<float, int64_t>& a, const std::pair<float, int64_t>& b) {
+      return ranks_before(a.first, a.second, b.first, b.second);
+    };
+    std::sort(pending_.begin(), pending_.end(), before);
+    merged_.clear();
+    const int64_t k = this->k();
+    int64_t a = 0;
+    size_t b = 0;
+    while (static_cast<int64_t>(merged_.size()) < k && (a < held || b < pending_.size())) {
+      if (b == pending_.size() ||
+          (a < held && ranks_before(vals[a], ids[a], pending_[b].first, pending_[b].second))) {
+        merged_.emplace_back(vals[a], ids[a]);
+        ++a;
+      } else {
+        merged_.push_back(pending_[b++]);
+      }
     }
-    vals[i] = x;
-    ids[i] = j;
+    held = static_cast<int64_t>(merged_.size());
+    for (int64_t i = 0; i < held; ++i) {
+      vals[i] = merged_[i].first;
+      ids[i] = merged_[i].second;
+    }
+    pending_.clear();
   }
 };
 

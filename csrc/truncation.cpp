@@ -64,6 +64,7 @@ float kth_largest(const float* x, int64_t V, int64_t k, std::vector<float>& scra
     }
   }
   for (; j < V; ++j) top.offer(x[j], j);
+  top.finish();
   const float kth = top.vals[k - 1];
   largest.swap(top.vals);
   return kth;
