@@ -21,8 +21,11 @@ constexpr uint32_t kAcceptToken = 0x7FFFFFFFu;
 
 // The max of the row and the sum of exp(x - max); (-inf, 0) without a logit above -inf.
 void row_max_sum(const float* row, int64_t V, float& m, float& s) {
-  m = kNegInf;
-  for (int64_t j = 0; j < V; ++j) m = std::max(m, logit_at(row, j));
+  Vec v_max(kNegInf);
+  int64_t i = 0;
+  for (; i + Vec::size() <= V; i += Vec::size()) v_max = at::vec::maximum(v_max, load_logits(row + i));
+  m = max_lane(v_max);
+  for (; i < V; ++i) m = std::max(m, logit_at(row, i));
   s = 0.0f;
   if (m == kNegInf) return;
   const Vec vm(m);
@@ -69,13 +72,14 @@ int64_t residual_draw(const float* row, const float* probs, int64_t draft, float
 }
 
 // residual_draw over a float32 row from approximate scores (log_x8 of r, gumbel_approx_x8)
-// certified by Top2, with AVX2; the exact pass when neither draw certifies, when a positive r is
-// subnormal (log_x8 takes normal floats), and without AVX2.
+// certified by Top2, with AVX2; the exact pass when the draw does not certify, when a positive r is
+// subnormal (log_x8 takes normal floats), and without AVX2. Without a positive r it is the draw
+// from p, argmax_k x_k + g_k: gumbel_argmax_row's token (the same scores, the same noise).
 inline int64_t residual_draw_fast(const float* row, const float* probs, int64_t draft, float m,
                                   float s, uint32_t key, int64_t V, float tol) {
 #if defined(CPU_CAPABILITY_AVX2)
-  Top2 top_r, top_p;
-  LaneTop2 lanes_r, lanes_p;
+  Top2 top_r;
+  LaneTop2 lanes_r;
   const __m256 neg_inf = _mm256_set1_ps(kNegInf), zero = _mm256_setzero_ps();
   const __m256 smallest = _mm256_set1_ps(std::numeric_limits<float>::min());
   const __m256i draft_x8 = _mm256_set1_epi32(static_cast<int>(std::clamp<int64_t>(draft, -1, V)));
@@ -92,26 +96,23 @@ inline int64_t residual_draw_fast(const float* row, const float* probs, int64_t 
                                          _mm256_set1_ps(1.0f));
     const __m256 r = _mm256_sub_ps(p, q);
     const __m256 positive = _mm256_and_ps(live, _mm256_cmp_ps(r, zero, _CMP_GT_OQ));
+    if (_mm256_movemask_ps(positive) == 0) continue;
     subnormal =
         _mm256_or_ps(subnormal, _mm256_and_ps(positive, _mm256_cmp_ps(r, smallest, _CMP_LT_OQ)));
-    const __m256 g = gumbel_approx_x8(stream_bits_x8(key, tokens_x8(j)));
+    const __m256 g = gumbel_approx_x8(stream_bits_x8(key, tokens));
     const __m256 log_r = log_x8(_mm256_max_ps(r, smallest));
     lanes_r.offer(_mm256_blendv_ps(neg_inf, _mm256_add_ps(log_r, g), positive), tokens);
-    lanes_p.offer(_mm256_blendv_ps(neg_inf, _mm256_add_ps(x, g), live), tokens);
   }
   for (; j < V; ++j) {  // the last tokens exactly, as residual_draw scores them
     const float x = logit_at(row, j);
     if (!(x > kNegInf)) continue;
     const float r = residual_at(x, j, probs, draft, m, s);
-    const float g = stream_gumbel(stream_bits(key, static_cast<uint32_t>(j)));
-    if (r > 0.0f) top_r.offer(std::log(r) + g, j);
-    top_p.offer(x + g, j);
+    if (r > 0.0f) top_r.offer(std::log(r) + stream_gumbel(stream_bits(key, static_cast<uint32_t>(j))), j);
   }
   lanes_r.merge_into(top_r);
-  lanes_p.merge_into(top_p);
   if (_mm256_movemask_ps(subnormal) == 0) {
     if (top_r.first_j >= 0 && top_r.certified(tol)) return top_r.first_j;
-    if (top_r.first_j < 0 && (top_p.first_j < 0 || top_p.certified(tol))) return top_p.first_j;
+    if (top_r.first_j < 0) return gumbel_argmax_row(row, V, key, tol);
   }
 #endif
   return residual_draw(row, probs, draft, m, s, key, V);
