@@ -22,8 +22,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("bad_words", &tso::bad_words);
   m.def("random_stream", &tso::random_stream);
   m.def("gumbel_noise", &tso::gumbel_noise);
-  m.def("noise_below", &tso::noise_below,
-        "The m = bits >> 9 below which the stream's float32 noise is below g (the CPU draw's skip).");
+  m.def(
+      "noise_below", &tso::noise_below,
+      "The m = bits >> 9 below which the stream's float32 noise is below g (the CPU draw's skip).");
   m.def("logprobs", &tso::logprobs);
   namespace py = pybind11;
   m.def("sample", &tso::sample, py::arg("logits"), py::arg("idx_mapping"), py::arg("temperature"),

@@ -265,6 +265,43 @@ inline int32_t noise_below(float g) {
   return static_cast<int32_t>(std::max(0.0, std::floor(u * 8388608.0 - 0.5)));
 }
 
+#if defined(CPU_CAPABILITY_AVX2)
+// The tokens a certified draw leaves unscored, block by block: those whose noise lies below the
+// level at which their score, at most `bound` + noise, could come within twice the tolerance of the
+// best approximate score so far. `exact_bound` keeps the largest exact score a skipped token may
+// have: one more runner-up of the certificate, its bound exact (no tolerance of its own).
+struct Skips {
+  float exact_bound = kNegInf;
+  // The m = bits >> 9 below which the block's tokens are skipped (0: none). bound: at least every
+  // exact score of the block minus its token's noise.
+  int32_t level(float best, float bound, float tol) {
+    if (!(best > kNegInf && best < -kNegInf && bound > kNegInf && bound < -kNegInf)) return 0;
+    const float g = best - 2.0f * tol * (35.0f + std::fabs(best)) - bound;
+    const int32_t below = noise_below(g);
+    if (below > 0) exact_bound = std::max(exact_bound, bound + g);
+    return below;
+  }
+  // Whether every skipped token loses to the certified winner of `top`.
+  bool lose_to(const Top2& top, float tol) const {
+    return exact_bound == kNegInf || exact_bound < top.first - tol * (35.0f + std::fabs(top.first));
+  }
+};
+
+// The largest of x[0:n], n a multiple of 8, NaN ignored (-inf for none).
+inline float max_x8(const float* x, int64_t n) {
+  __m256 v = _mm256_set1_ps(kNegInf);
+  for (int64_t i = 0; i < n; i += 8) v = _mm256_max_ps(_mm256_loadu_ps(x + i), v);  // NaN: v
+  return LaneTop2::largest_of(v);
+}
+
+// Whether some lane of 8 stream bits has m = bits >> 9 >= below (m < 2**23: a signed compare).
+inline bool any_at_or_above(__m256i bits, int32_t below) {
+  const __m256i rises =
+      _mm256_cmpgt_epi32(_mm256_srli_epi32(bits, 9), _mm256_set1_epi32(below - 1));
+  return !_mm256_testz_si256(rises, rises);
+}
+#endif
+
 // row_argmax's Gumbel draw over a float32 row from approximate scores certified by Top2, as the
 // CUDA draw (gumbel_argmax in sampling.py) does; -1 without a live token. A score that overflows
 // to -inf counts at -FLT_MAX. The noise is gumbel_approx's (with AVX2 computed in registers); a
@@ -284,7 +321,7 @@ inline int64_t gumbel_argmax_row(const float* row, int64_t V, uint32_t key, floa
 #if defined(CPU_CAPABILITY_AVX2)
   const __m256 neg_inf = _mm256_set1_ps(kNegInf), lowest = _mm256_set1_ps(kLowest);
   LaneTop2 lanes;
-  float skipped_below = kNegInf;  // above the exact score of every token not scored
+  Skips skips;
 #else
   alignas(64) uint32_t bits[kDrawBlock];
   alignas(64) float noise[kDrawBlock];
@@ -327,30 +364,17 @@ inline int64_t gumbel_argmax_row(const float* row, int64_t V, uint32_t key, floa
       continue;
     }
 #if defined(CPU_CAPABILITY_AVX2)
-    // The noise a token of this block needs to come within twice the tolerance of the best so far.
-    __m256 xmax_v = neg_inf;
-    for (int64_t i = 0; i + 8 <= n; i += 8) {
-      xmax_v = _mm256_max_ps(_mm256_loadu_ps(x + i), xmax_v);  // a NaN x gives the second operand
-    }
-    float xmax = LaneTop2::largest_of(xmax_v);
+    // The block's largest logit bounds its scores, less the noise.
+    float xmax = max_x8(x, n & ~int64_t{7});
     for (int64_t i = n & ~int64_t{7}; i < n; ++i) {
       if (x[i] > xmax) xmax = x[i];
     }
-    const float best = std::max(LaneTop2::largest_of(lanes.first), top.first);
-    int32_t below = 0;
-    if (best > kNegInf && best < -kNegInf && xmax < -kNegInf) {
-      const float g = best - 2.0f * tol * (35.0f + std::fabs(best)) - xmax;
-      below = noise_below(g);
-      if (below > 0) skipped_below = std::max(skipped_below, xmax + g);
-    }
-    const __m256i below_v = _mm256_set1_epi32(below);
+    const int32_t below =
+        skips.level(std::max(LaneTop2::largest_of(lanes.first), top.first), xmax, tol);
     int64_t i = 0;
     for (; i + 8 <= n; i += 8) {
       const __m256i bits = stream_bits_x8(key, tokens_x8(j0 + i));
-      // m >= below in some lane (m < 2**23: a signed compare)
-      const __m256i rises = _mm256_cmpgt_epi32(_mm256_srli_epi32(bits, 9), _mm256_sub_epi32(below_v,
-                                                                                           _mm256_set1_epi32(1)));
-      if (_mm256_testz_si256(rises, rises)) continue;
+      if (!any_at_or_above(bits, below)) continue;
       const __m256 xv = _mm256_loadu_ps(x + i);
       const __m256 g = gumbel_approx_x8(bits);
       lanes.offer(_mm256_blendv_ps(neg_inf, _mm256_max_ps(_mm256_add_ps(xv, g), lowest),
@@ -370,9 +394,7 @@ inline int64_t gumbel_argmax_row(const float* row, int64_t V, uint32_t key, floa
   }
 #if defined(CPU_CAPABILITY_AVX2)
   lanes.merge_into(top);
-  // The skipped tokens: one more runner-up, its bound exact (no tolerance of its own).
-  const bool skipped_ok = top.first_j >= 0 && skipped_below < top.first - tol * (35.0f + std::fabs(top.first));
-  if (top.first_j >= 0 && !skipped_ok) return row_argmax(row, V, /*noise=*/true, key);
+  if (top.first_j >= 0 && !skips.lose_to(top, tol)) return row_argmax(row, V, /*noise=*/true, key);
 #endif
   if (top.first_j < 0) return -1;
   return top.certified(tol) ? top.first_j : row_argmax(row, V, /*noise=*/true, key);

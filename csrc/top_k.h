@@ -18,8 +18,8 @@ inline bool ranks_before(float a, int64_t ia, float b, int64_t ib) {
 // The k best (value, index) pairs of a row, larger first (ranks_before), once `finish` has run;
 // vals[k - 1] is then the k-th largest value, ties counted. Offers that may enter the list wait in
 // `pending_`, merged into it a batch at a time (a sort of the batch and a merge, where inserting
-// each one would shift half the list). Tokens are offered in index order, so one equal to the last entry never
-// ranks before it: only lanes above it need offering.
+// each one would shift half the list). Tokens are offered in index order, so one equal to the last
+// entry never ranks before it: only lanes above it need offering.
 struct TopK {
   std::vector<float> vals;
   std::vector<int64_t> ids;

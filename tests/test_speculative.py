@@ -206,6 +206,26 @@ def test_exact_rescoring_gives_the_exact_draws(backend, with_probs, monkeypatch)
             assert torch.equal(fast[0], exact[0]) and torch.equal(fast[1], exact[1])
 
 
+@pytest.mark.parametrize("scale", [0.3, 3.0, 30.0])
+@pytest.mark.parametrize("draft", ["random", "near_p", "one_hot"])
+def test_cpu_residual_draw_with_skipped_tokens_gives_the_exact_draws(scale, draft):
+    """The C++ residual draw skips tokens whose noise cannot bring them near the best (its bound
+    log r <= log p): the same tokens as scoring every token exactly, on rows of small and large
+    logit spreads, with draft distributions far from p, close to it (few positive residuals), and
+    without draft probabilities."""
+    gen = torch.Generator().manual_seed(41)
+    counts, V = [3, 1, 2, 3] * 6, 32000
+    args = spec_args(counts, V, gen, "cpu", with_probs=draft != "one_hot", temperature=torch.ones(len(counts)),
+                     match=0.2)
+    args[0] = args[0] * scale
+    if draft == "near_p":
+        N, cu = len(args[1]), args[3]
+        rows = torch.cat([torch.arange(int(cu[i]) + i, int(cu[i + 1]) + i) for i in range(len(counts))])
+        args[2] = torch.softmax(args[0][rows] + 0.01 * torch.randn(N, V, generator=gen), dim=1)
+    fast, exact = _C.rejection_sample(*args), _C.rejection_sample(*args, tol=1e30)
+    assert torch.equal(fast[0], exact[0]) and torch.equal(fast[1], exact[1])
+
+
 # ----------------------------------------------------------------------------------------------
 # Greedy and zero-draft requests by hand
 
