@@ -106,7 +106,7 @@ def _variant_key(kernel, args, meta):
     """What tells two launches' compiled variants apart: the kernel, its constants and options, and
     the launch cache's key of the arguments (`_launch._bind_args`: what Triton specialises on).
     Without that key (no extension) every launch of a kernel and meta counts as one variant: the
-    final load of `warmup` compiles what the shares miss."""
+    final load of `warmup` compiles what the processes miss."""
     bound = _launch._bind_args(args)
     fn = getattr(kernel, "fn", kernel)
     return (fn.__module__, fn.__qualname__, repr(tuple(meta.items())), bound[0] if bound is not None else None)
@@ -245,7 +245,7 @@ def warmup(
         num_logprobs: the num_logprobs values of the logprobs calls to prepare (its kernel is
             compiled per power of two >= num_logprobs, and once for 0).
         max_spec_len: the drafts a request proposes at most, for rejection_sample.
-        parallel: share the variants out among forked worker processes (where `os.fork` exists);
+        parallel: compile the variants in forked worker processes too (where `os.fork` exists);
             else compile them one after the other in this thread.
         workers: processes, this one included (default: half the CPU count, at most 8).
 
