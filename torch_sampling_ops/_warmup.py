@@ -18,6 +18,7 @@ the cache (and compiling whatever a failed worker left).
 from __future__ import annotations
 
 import os
+import signal
 import time
 import warnings
 from collections.abc import Sequence
@@ -210,10 +211,26 @@ def _compile_in_processes(launch_args, workers: int) -> int:
         # Compiled, not loaded: the final replay of `warmup` loads every variant and builds its launcher.
         _compile_variants(variants, queue, build_launchers=False)
     finally:
-        for pid in pids:
-            os.waitpid(pid, 0)
+        _reap(pids, time.monotonic() + _WORKER_TIMEOUT_S)
         os.close(queue)
     return workers
+
+
+# Seconds a worker may take in all. One that takes longer is killed (a lock that another thread held
+# at the fork, which the child can never take, would otherwise hang the warm-up): the final replay
+# of `warmup` compiles what it left.
+_WORKER_TIMEOUT_S = 600.0
+
+
+def _reap(pids: list[int], deadline: float) -> None:
+    """Waits for the workers until `deadline` (time.monotonic()), then kills those still running."""
+    for pid in pids:
+        while os.waitpid(pid, os.WNOHANG)[0] == 0:
+            if time.monotonic() > deadline:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+                break
+            time.sleep(0.005)
 
 
 def warmup(
