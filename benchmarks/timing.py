@@ -71,6 +71,23 @@ def bench_cpu(fn: Callable, input_sets: Sequence, *, repeats: int = 15) -> float
     return statistics.median(times) * 1e6
 
 
+def bench_cpu_difference(fn: Callable, base: Callable, input_sets: Sequence, *, repeats: int = 15) -> float:
+    """Median µs of `fn(*inputs)` minus `base(*inputs)` on the CPU, the two timed back to back in each
+    repeat (a drift of the VM's speed cancels out), after one warm-up each."""
+    for inputs in input_sets:
+        fn(*inputs)
+        base(*inputs)
+    differences = []
+    for i in range(repeats):
+        inputs = input_sets[i % len(input_sets)]
+        start = time.perf_counter()
+        fn(*inputs)
+        middle = time.perf_counter()
+        base(*inputs)
+        differences.append((middle - start) - (time.perf_counter() - middle))
+    return statistics.median(differences) * 1e6
+
+
 def copy_bandwidth_gbps(nbytes: int = 2 << 30) -> float:
     """Measured device-to-device copy bandwidth in GB/s, counting bytes read plus bytes written."""
     src = torch.empty(nbytes // 4, dtype=torch.float32, device="cuda").uniform_()
@@ -187,9 +204,10 @@ class Case:
     fresh_logits: bool = False
 
 
-def _time_ours(case: Case, sets: list, timer: Callable) -> float:
+def _time_ours(case: Case, sets: list, timer: Callable, difference: Callable | None = None) -> float:
     """µs of one call of case.ours by `timer(fn, sets)`; with fresh_logits, each call first copies the
-    original logits into a work buffer, and the copy's own time is subtracted."""
+    original logits into a work buffer, and the copy's own time is subtracted (by
+    `difference(fn, copy, sets)` if given: the two timed together)."""
     if not case.fresh_logits:
         return timer(case.ours, sets)
     work = [[torch.empty_like(s[0])] + list(s) for s in sets]
@@ -201,6 +219,8 @@ def _time_ours(case: Case, sets: list, timer: Callable) -> float:
         work_logits.copy_(src)
         case.ours(work_logits, *rest)
 
+    if difference is not None:
+        return difference(copy_and_run, copy, work)
     return timer(copy_and_run, work) - timer(copy, work)
 
 
