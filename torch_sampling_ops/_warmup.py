@@ -205,13 +205,16 @@ def _compile_in_processes(launch_args, workers: int) -> int:
     finally:
         os.close(feed)
     pids = []
+    finished = False
     try:
         for _ in range(workers - 1):
             pids.append(_fork_worker(variants, queue, launch_args[3]))
         # Compiled, not loaded: the final replay of `warmup` loads every variant and builds its launcher.
         _compile_variants(variants, queue, build_launchers=False)
+        finished = True
     finally:
-        _reap(pids, time.monotonic() + _WORKER_TIMEOUT_S)
+        # After an error here (an interrupt included) the workers are killed at once.
+        _reap(pids, time.monotonic() + (_WORKER_TIMEOUT_S if finished else 0.0))
         os.close(queue)
     return workers
 
