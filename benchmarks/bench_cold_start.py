@@ -2,6 +2,7 @@
 
     python benchmarks/bench_cold_start.py [--V 151936] [--max-num-tokens 256] [--out results.md]
     python benchmarks/bench_cold_start.py --runs 0,1,4   # a subset of the processes below (by index)
+    python benchmarks/bench_cold_start.py --offline [--arch 90]   # per-variant compile times, no GPU
 
 Every measurement runs in a fresh subprocess with its own TRITON_CACHE_DIR: empty ("cold") or
 filled by an earlier subprocess ("cache filled"). Measured:
@@ -9,6 +10,10 @@ filled by an earlier subprocess ("cache filled"). Measured:
 - warmup(V, (fp32,)) serial and shared out among processes, then the same first calls (now loading nothing);
 - warmup(V, (fp32, bf16)) shared out among processes;
 - with the cache filled: warmup() and the first calls without warmup.
+
+With --offline, every fp32 variant that warmup(V) compiles is compiled one after the other for the
+given CUDA architecture, with an empty cache and no GPU (Triton is handed the target instead of
+asking the driver), and timed: which kernels set the cold start, on any machine.
 """
 from __future__ import annotations
 
@@ -87,6 +92,49 @@ def run(V: int, max_num_tokens: int, warmup: str, cache_dir: str, workers: int |
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def offline_compile_times(V: int, max_num_tokens: int, arch: int) -> list[list]:
+    """[kernel, its constexprs that differ between variants, seconds] of each fp32 variant of
+    warmup(V), compiled one after the other for sm_<arch> in a fresh Triton cache, without a GPU."""
+    os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp()
+    import time
+
+    import torch
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.backends.nvidia.driver import CudaDriver
+
+    from torch_sampling_ops import _warmup
+
+    target = GPUTarget("cuda", arch, 32)
+
+    class TargetOnly(CudaDriver):  # what Triton's JIT asks of the driver to compile, nothing else
+        def __init__(self):
+            self.get_current_device = lambda: 0
+            self.get_current_stream = lambda *_: 0
+            self.get_current_target = lambda: target
+
+        @classmethod
+        def is_active(cls):
+            return True
+
+    triton.runtime.driver.set_active(TargetOnly())
+    # the launch plans of a GPU of this architecture (programmatic dependent launches from sm_90)
+    from torch_sampling_ops.truncation import op as truncation_op
+    from torch_sampling_ops.truncation import plan as truncation_plan
+
+    truncation_op._uses_pdl = truncation_plan._uses_pdl = lambda device, settings=None: arch >= 90
+    launch_args = (V, (torch.float32,), max_num_tokens, torch.device("cpu"), max_num_tokens, torch.int32,
+                   (LOGIT_BIAS_WIDTHS,), 4, (0, 20))
+    variants = _warmup._distinct_variants(launch_args)
+    rows = []
+    for kernel, args, meta in variants:
+        start = time.perf_counter()
+        kernel.run(*args, grid=(1,), warmup=True, **meta)
+        flags = {k: v for k, v in meta.items() if k.isupper() and isinstance(v, bool)}
+        rows.append([_warmup._kernel_name(kernel), str(flags), time.perf_counter() - start])
+    return rows
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--V", type=int, default=151936)
@@ -95,8 +143,21 @@ def main():
     parser.add_argument("--worker", action="store_true")
     parser.add_argument("--workers", type=int, help="warm-up processes (default: warmup's)")
     parser.add_argument("--runs", help="comma-separated indices of the processes to run (default: all)")
+    parser.add_argument("--offline", action="store_true", help="per-variant compile times, no GPU needed")
+    parser.add_argument("--arch", type=int, default=90, help="CUDA architecture of --offline")
     parser.add_argument("--out")
     args = parser.parse_args()
+    if args.offline:
+        from timing import print_table
+
+        rows = offline_compile_times(args.V, args.max_num_tokens, args.arch)
+        rows.append(["all, one after the other", "", sum(r[2] for r in rows)])
+        table = print_table(f"Compile time of each fp32 variant of warmup({args.V}), sm_{args.arch}, seconds",
+                            ["kernel", "boolean constants", "s"], rows)
+        if args.out:
+            with open(args.out, "w") as f:
+                f.write(table + "\n")
+        return
     if args.worker:
         print(json.dumps(worker(args.V, args.max_num_tokens, args.warmup, args.workers)))
         return
