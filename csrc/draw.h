@@ -304,8 +304,9 @@ inline bool any_at_or_above(__m256i bits, int32_t below) {
 
 // row_argmax's Gumbel draw over a float32 row from approximate scores certified by Top2, as the
 // CUDA draw (gumbel_argmax in sampling.py) does; -1 without a live token. A score that overflows
-// to -inf counts at -FLT_MAX. The noise is gumbel_approx's (with AVX2 computed in registers); a
-// sparse block (a filtered row) and the last tokens of a block are scored exactly.
+// to -inf counts at -FLT_MAX. The noise is gumbel_approx's (with AVX2 computed in registers); the
+// last tokens of a block are scored exactly, and so, without AVX2, are the live tokens of a sparse
+// block (a filtered row); with AVX2 those are scored 8 at a time.
 //
 // With AVX2, 8 tokens whose noise cannot lift them near the running best are not scored: a block's
 // largest logit xmax and the best approximate score so far B give a noise level g = B - xmax -
