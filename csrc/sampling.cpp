@@ -90,12 +90,14 @@ void logprobs_kernel(const at::Tensor& logits, const int64_t* tokens, int64_t k,
 }
 
 // The token of each row: argmax of the (temperature-scaled, filtered) row plus the Gumbel noise of
-// its stream; the plain argmax for greedy rows; -1 for rows without a logit above -inf.
-void gumbel_argmax(const at::Tensor& scaled, const int64_t* slots, const float* temps,
-                   const int64_t* seeds, const int64_t* positions, int64_t R, float tol,
-                   int64_t* out) {
-  const int64_t T = scaled.size(0), V = scaled.size(1), row_stride = scaled.stride(0);
-  const float* base = scaled.data_ptr<float>();
+// its stream; the plain argmax for greedy rows; -1 for rows without a logit above -inf. A row with
+// processed[t] >= 0 is read from `scaled`, any other row in range from the float32 `logits`.
+void gumbel_argmax(const at::Tensor& logits, const at::Tensor& scaled, const int64_t* processed,
+                   const int64_t* slots, const float* temps, const int64_t* seeds,
+                   const int64_t* positions, int64_t R, float tol, int64_t* out) {
+  const int64_t T = logits.size(0), V = logits.size(1), row_stride = logits.stride(0);
+  const float* raw = logits.scalar_type() == at::kFloat ? logits.data_ptr<float>() : nullptr;
+  const float* done = scaled.defined() ? scaled.data_ptr<float>() : nullptr;
   at::parallel_for(0, T, 1, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
       const int64_t r = slots[t];
@@ -103,35 +105,43 @@ void gumbel_argmax(const at::Tensor& scaled, const int64_t* slots, const float* 
         out[t] = -1;
         continue;
       }
-      const float* row = base + t * row_stride;
+      const float* row = processed[t] >= 0 ? done + t * V : raw + t * row_stride;
       out[t] = temps[r] != 0.0f ? gumbel_argmax_row(row, V, stream_key(seeds[r], positions[t]), tol)
                                 : argmax_row(row, V);
     }
   });
 }
 
-// Whether every row in range is greedy (temperature 0) or plain (temperature 1, every filter off):
-// then the draw needs no processed copy of the rows.
-bool draws_from_logits(const at::Tensor& slots, const at::Tensor& temps, const at::Tensor& top_k,
-                       const at::Tensor& top_p, const at::Tensor& min_p, int64_t V) {
+// Per row, its slot if its draw needs a processed float32 row, else -1: a row in range is drawn
+// straight from float32 logits (unit column stride) when it is greedy (the filters always keep the
+// argmax, the lowest index among ties) or plain (temperature 1, every filter off: x / 1 is x).
+// Returns how many rows need one.
+int64_t rows_to_process(const at::Tensor& logits, const int64_t* slots, const at::Tensor& temps,
+                        const at::Tensor& top_k, const at::Tensor& top_p, const at::Tensor& min_p,
+                        int64_t* processed) {
   const at::Tensor k = top_k.contiguous(), p = top_p.contiguous(), mp = min_p.contiguous();
-  const int64_t* slot_p = slots.data_ptr<int64_t>();
   const float *temp_p = temps.data_ptr<float>(), *p_p = p.data_ptr<float>(),
               *min_p_p = mp.data_ptr<float>();
   const int32_t* k_p = k.data_ptr<int32_t>();
-  const int64_t R = temps.size(0);
-  for (int64_t t = 0; t < slots.numel(); ++t) {
-    const int64_t r = slot_p[t];
-    if (r < 0 || r >= R || temp_p[r] == 0.0f) continue;
-    const bool filters_off = !top_k_on(k_p[r], V) && !top_p_on(p_p[r]) && !min_p_on(min_p_p[r]);
-    if (temp_p[r] != 1.0f || !filters_off) return false;
+  const int64_t T = logits.size(0), V = logits.size(1), R = temps.size(0);
+  const bool raw_ok = logits.scalar_type() == at::kFloat && logits.stride(1) == 1;
+  int64_t n = 0;
+  for (int64_t t = 0; t < T; ++t) {
+    const int64_t r = slots[t];
+    bool from_logits = r < 0 || r >= R;  // drawn as -1, nothing read
+    if (!from_logits && raw_ok) {
+      const bool filters_off = !top_k_on(k_p[r], V) && !top_p_on(p_p[r]) && !min_p_on(min_p_p[r]);
+      from_logits = temp_p[r] == 0.0f || (temp_p[r] == 1.0f && filters_off);
+    }
+    processed[t] = from_logits ? -1 : r;
+    n += !from_logits;
   }
-  return true;
+  return n;
 }
 
-// A float32 copy of the rows divided by their temperature (a true division, as the temperature op:
-// the same bits as copying, then dividing in place); greedy rows and rows whose slot is out of
-// range are copied as they are.
+// A float32 copy of the rows with a slot in range (the others are left unwritten) divided by their
+// temperature (a true division, as the temperature op: the same bits as copying, then dividing in
+// place); greedy rows are copied as they are.
 template <typename scalar_t>
 at::Tensor scaled_rows(const at::Tensor& logits, const int64_t* slots, const float* temps,
                        int64_t R) {
@@ -143,7 +153,8 @@ at::Tensor scaled_rows(const at::Tensor& logits, const int64_t* slots, const flo
   at::parallel_for(0, T, 1, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
       const int64_t r = slots[t];
-      const float temp = r >= 0 && r < R ? temps[r] : 0.0f;
+      if (r < 0 || r >= R) continue;
+      const float temp = temps[r];
       const scalar_t* in = src + t * row_stride;
       float* out = dst + t * V;
       if (temp == 0.0f) {
@@ -219,25 +230,25 @@ at::Tensor sample(const at::Tensor& logits, const at::Tensor& idx_mapping,
                    seed = as_int64(seeds);
   const at::Tensor temps = temperature.contiguous();
   const int64_t R = temps.size(0);
-  // A float32 workspace: the rows divided by their temperature (a true division, as the temperature
-  // op), then min_p and top_k_top_p in place; greedy rows stay as they are (the filters always keep
-  // the argmax). Float32 logits whose rows are all greedy or plain (temperature 1, every filter
-  // off: x / 1 is x) are drawn from in place.
+  // A float32 workspace for the rows that need processing: divided by their temperature (a true
+  // division, as the temperature op), then min_p and top_k_top_p in place, which leave the other
+  // rows (slot -1 there) alone. Greedy and plain rows of float32 logits are drawn from in place.
+  at::Tensor processed = at::empty({T}, slots.options());
+  const int64_t n = rows_to_process(logits, slots.data_ptr<int64_t>(), temps, top_k, top_p, min_p,
+                                    processed.data_ptr<int64_t>());
   at::Tensor scaled;
-  if (logits.scalar_type() == at::kFloat && logits.stride(1) == 1 &&
-      draws_from_logits(slots, temps, top_k, top_p, min_p, logits.size(1))) {
-    scaled = logits;
-  } else {
+  if (n > 0) {
     TSO_DISPATCH_LOGITS(logits.scalar_type(), "sample", [&] {
-      scaled = scaled_rows<scalar_t>(logits, slots.data_ptr<int64_t>(), temps.data_ptr<float>(), R);
+      scaled =
+          scaled_rows<scalar_t>(logits, processed.data_ptr<int64_t>(), temps.data_ptr<float>(), R);
     });
-    tso::min_p(scaled, slots, min_p);
-    tso::top_k_top_p(scaled, slots, top_k, top_p);
+    tso::min_p(scaled, processed, min_p);
+    tso::top_k_top_p(scaled, processed, top_k, top_p);
   }
   at::Tensor out = at::empty({T}, logits.options().dtype(at::kLong));
-  gumbel_argmax(scaled, slots.data_ptr<int64_t>(), temps.data_ptr<float>(),
-                seed.data_ptr<int64_t>(), positions.data_ptr<int64_t>(), R, static_cast<float>(tol),
-                out.data_ptr<int64_t>());
+  gumbel_argmax(logits, scaled, processed.data_ptr<int64_t>(), slots.data_ptr<int64_t>(),
+                temps.data_ptr<float>(), seed.data_ptr<int64_t>(), positions.data_ptr<int64_t>(), R,
+                static_cast<float>(tol), out.data_ptr<int64_t>());
   return out;
 }
 
