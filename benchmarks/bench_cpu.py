@@ -20,7 +20,7 @@ import bench_speculative
 import bench_truncation
 import torch
 
-from timing import N_SETS, _time_ours, bench_cpu, bench_cpu_difference, environment, print_table
+from timing import N_SETS, _time_ours, bench_cpu, environment, print_table
 
 CASES = (bench_filtering.CASES + bench_truncation.CASES + bench_logit_bias.CASES + bench_history.CASES
          + bench_sample.CASES + bench_speculative.CASES)
@@ -34,8 +34,7 @@ def ops_table(T: int, V: int, threads: int, repeats: int) -> str:
         def timer(fn, s):
             return bench_cpu(fn, s, repeats=repeats)
 
-        ours = _time_ours(case, sets, timer,
-                          lambda fn, base, s: bench_cpu_difference(fn, base, s, repeats=repeats))
+        ours = _time_ours(case, sets, timer, lambda fn, base, s: bench_cpu(fn, s, repeats=repeats, base=base))
         base = timer(case.baseline, [[s[0].clone()] + list(s[1:]) for s in sets])
         rows.append([case.name, ours, base, base / ours])
     return print_table(f"CPU, T = {T}, V = {V}, fp32, {threads} thread(s), µs (median of {repeats})",

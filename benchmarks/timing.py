@@ -58,34 +58,24 @@ def bench_gpu(fn: Callable, input_sets: Sequence, *, graph: bool = False, warmup
     return triton.testing.do_bench(call, warmup=warmup_ms, rep=rep_ms, return_mode="median") * 1e3
 
 
-def bench_cpu(fn: Callable, input_sets: Sequence, *, repeats: int = 15) -> float:
-    """Median µs of one `fn(*inputs)` call on the CPU, rotating over `input_sets`, after one warm-up each."""
+def bench_cpu(fn: Callable, input_sets: Sequence, *, repeats: int = 15, base: Callable | None = None) -> float:
+    """Median µs of one `fn(*inputs)` call on the CPU, rotating over `input_sets`, after one warm-up each;
+    with `base`, the median of fn's time minus base's, the two timed back to back in each repeat (a
+    drift of the VM's speed cancels out)."""
+    calls = (fn,) if base is None else (fn, base)
     for inputs in input_sets:
-        fn(*inputs)
+        for call in calls:
+            call(*inputs)
     times = []
     for i in range(repeats):
         inputs = input_sets[i % len(input_sets)]
         start = time.perf_counter()
         fn(*inputs)
-        times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1e6
-
-
-def bench_cpu_difference(fn: Callable, base: Callable, input_sets: Sequence, *, repeats: int = 15) -> float:
-    """Median µs of `fn(*inputs)` minus `base(*inputs)` on the CPU, the two timed back to back in each
-    repeat (a drift of the VM's speed cancels out), after one warm-up each."""
-    for inputs in input_sets:
-        fn(*inputs)
-        base(*inputs)
-    differences = []
-    for i in range(repeats):
-        inputs = input_sets[i % len(input_sets)]
-        start = time.perf_counter()
-        fn(*inputs)
         middle = time.perf_counter()
-        base(*inputs)
-        differences.append((middle - start) - (time.perf_counter() - middle))
-    return statistics.median(differences) * 1e6
+        if base is not None:
+            base(*inputs)
+        times.append((middle - start) - (time.perf_counter() - middle if base is not None else 0.0))
+    return statistics.median(times) * 1e6
 
 
 def copy_bandwidth_gbps(nbytes: int = 2 << 30) -> float:
