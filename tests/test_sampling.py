@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from torch_sampling_ops import _C, gumbel, reference, sampling
-from torch_sampling_ops.truncation import use_settings
+from torch_sampling_ops.truncation import current_settings, use_settings
 
 from conftest import BACKENDS, DTYPES, device_of, make_logits, run_op
 
@@ -456,7 +456,7 @@ def test_sample_exact_rescoring_gives_the_exact_draw(backend, monkeypatch):
 def test_sample_exact_rescoring_at_the_edges(backend, monkeypatch):
     """Rows the certificate must get right or leave to the exact pass: one live token in a segment,
     none, a scaled logit overflowing to -inf or +inf, ties of equal logits: the exact scores' tokens."""
-    V = 3 * sampling._SEGMENT + 5
+    V = 3 * current_settings().draw_segment + 5
     logits = torch.full((6, V), NEG_INF)
     logits[0, 7] = 2.0  # one live token in the row: its segments hold it alone or nothing
     logits[2, :] = -3e38  # divided by 0.01: -inf, no longer a live token ...
@@ -474,8 +474,8 @@ def test_sample_exact_rescoring_at_the_edges(backend, monkeypatch):
     assert torch.equal(fast, exact)
     assert fast.tolist()[:4] == [7, -1, V - 3, 0]  # row 3: +inf scores, the lowest index
     if backend != "cpu":
-        monkeypatch.setattr(sampling, "_SPLIT_MAX_T", 0)  # whole rows in one program
-        assert torch.equal(run_op(backend, "sample", *args).cpu(), exact)
+        with use_settings(split_draw_max_t=0):  # whole rows in one program
+            assert torch.equal(run_op(backend, "sample", *args).cpu(), exact)
 
 
 @pytest.mark.parametrize("backend", ["interpret", pytest.param("cuda", marks=pytest.mark.cuda)])
@@ -524,14 +524,14 @@ def test_sample_filtered_rows_listed_and_general_paths(backend, params, gather_i
 
 
 @pytest.mark.interpret
-def test_sample_row_split_gives_the_same_tokens(monkeypatch):
+def test_sample_row_split_gives_the_same_tokens():
     """The draw splits rows into segments at small T; with or without the split, the same tokens."""
     gen = torch.Generator().manual_seed(13)
     args = sample_args(6, 5000, gen, torch.device("cpu"), R=6)
     args[1] = torch.tensor([0, 1, 2, 3, -1, 1])
     split = run_op("interpret", "sample", *args)
-    monkeypatch.setattr(sampling, "_SPLIT_MAX_T", 0)
-    whole = run_op("interpret", "sample", *args)
+    with use_settings(split_draw_max_t=0):
+        whole = run_op("interpret", "sample", *args)
     assert torch.equal(split, whole)
     assert split[4] == -1
     assert (split == torch.ops.sampling.sample(*args)).sum() >= 5

@@ -37,9 +37,8 @@ def test_warmup_covers_every_top_k_top_p_variant(monkeypatch):
     kernels = {kernel for kernel, _ in launched}
     for module in (constraints, filtering, history, sampling, speculative, scan, select):
         for name, obj in vars(module).items():
-            if name in ("_random_stream_kernel", "_gumbel_noise_kernel",
-                        "_reduce_segments_kernel" if V <= sampling._SEGMENT else ""):
-                continue  # kernels of the tests only; a reduction of split rows, which V = 1000 never has
+            if name in ("_random_stream_kernel", "_gumbel_noise_kernel"):
+                continue  # kernels of the tests only
             if name.endswith("_kernel") and hasattr(obj, "run"):
                 assert obj in kernels, f"warmup never launches {name}"
 
@@ -107,7 +106,7 @@ def test_forked_workers_compile_every_variant_once(monkeypatch, tmp_path):
         time.sleep(0.02)  # a compile
         return types.SimpleNamespace(src=None, metadata=None)
 
-    monkeypatch.setattr(type(sampling._gumbel_argmax_kernel), "run", run)  # JITFunction, or interpreted
+    monkeypatch.setattr(type(sampling._draw_kernel), "run", run)  # JITFunction, or interpreted
     driver = types.SimpleNamespace(launcher_cls=lambda src, metadata: note("launcher"), get_current_target=lambda: "sm")
     monkeypatch.setattr(triton.runtime.driver, "_active", driver)
     assert _warmup._compile_in_processes(_LAUNCH_ARGS, 4) == 4
@@ -133,7 +132,7 @@ def test_a_stuck_worker_is_killed_and_its_variants_left_to_the_caller(monkeypatc
             time.sleep(60)
         return None
 
-    monkeypatch.setattr(type(sampling._gumbel_argmax_kernel), "run", run)
+    monkeypatch.setattr(type(sampling._draw_kernel), "run", run)
     monkeypatch.setattr(triton.runtime.driver, "_active", types.SimpleNamespace(
         launcher_cls=lambda src, metadata: None, get_current_target=lambda: "sm"))
     monkeypatch.setattr(_warmup, "_WORKER_TIMEOUT_S", 1.0)

@@ -26,9 +26,10 @@ from collections.abc import Sequence
 import torch
 import triton
 
-from . import _launch, _registry, sampling
+from . import _launch, _registry
 from .filtering import _GROUP_MIN_T
 from .truncation import plan as truncation_plan
+from .truncation import settings as truncation_settings
 
 
 def _truncation_row_counts(vocab_size: int, max_num_tokens: int, pdl: bool) -> list[int]:
@@ -38,7 +39,7 @@ def _truncation_row_counts(vocab_size: int, max_num_tokens: int, pdl: bool) -> l
     for T in range(1, max_num_tokens + 1):
         plan = tuple((kernel, tuple(sorted(meta.items()))) for for_sample in (False, True) for kernel, _, meta in
                      truncation_plan._launch_plan(T, vocab_size, pdl, group_scan=for_sample, draw=for_sample))
-        plan += (T >= sampling._SPLIT_MAX_T,)
+        plan += (T >= truncation_settings.current_settings().split_draw_max_t,)
         if plan not in seen:
             seen.add(plan)
             rows.append(T)

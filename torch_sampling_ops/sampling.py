@@ -1,11 +1,12 @@
 """Drawing tokens: `sample` and `logprobs` (the random stream and the Gumbel draw: `gumbel`).
 
-`sample` on CUDA: the rows without a filter and the greedy rows are drawn by one launch reading
-each row once (below 128 rows, one program a row and 8192-token segment, with a second launch
-reducing the segments in order): the argmax of logits / temperature + Gumbel noise over the tokens
+`sample` on CUDA: the rows without a filter and the greedy rows are drawn by the first launch,
+reading each row once (below 128 rows, one program a row and 8192-token segment, whose pairs the
+next launch reduces in order): the argmax of logits / temperature + Gumbel noise over the tokens
 above -inf, ties to the lower index (`gumbel.gumbel_argmax`), or for a greedy row the plain argmax
 (the filters always keep it). The rows with min_p, top_k or top_p on take `top_k_top_p`'s launches
-in their DRAW form (`truncation.draw_filtered_rows`): the scan lists each row's candidates from
+in their DRAW form (`truncation.filtered_draw_launches`), whose first step, the rows' bounds from a
+sample of their tokens, the first launch takes too: the scan lists each row's candidates from
 the logits as they are, the list is gathered (by a launch of its own below 128 rows, else by the
 selection's program), the selection finds the filters' threshold on y = logits / temperature
 (IEEE division, as the `temperature` op) among them and draws the token from the kept
@@ -36,16 +37,12 @@ from ._launch import cdiv, next_power_of_2
 from ._registry import define_op, launch
 from ._triton_helpers import load_slot
 from .gumbel import argmax_tokens, gumbel_argmax, stream_key
-from .truncation.op import draw_filtered_rows
-from .truncation.workspace import drawn_by_truncation
+from .truncation.op import filtered_draw_launches
+from .truncation.scan import _store_row_bound
+from .truncation.workspace import _row_settings, store_draw_pair
 
-# The draw splits each row into segments of this many tokens, one program each, below
-# _SPLIT_MAX_T rows (a row alone would otherwise be streamed by one SM); a second launch reduces the
-# segments' (score, index) pairs in order. The argmax is exact whatever the split, so a row's token
-# does not depend on it.
-_SEGMENT = 8192 if os.environ.get("TRITON_INTERPRET") != "1" else 1024
-_SPLIT_MAX_T = 128
-# The draw's programs walk their tokens in tiles of _DRAW_BLOCK_V over _DRAW_WARPS warps.
+# The full-row draw's programs walk their tokens in tiles of _DRAW_BLOCK_V over _DRAW_WARPS warps (below
+# `split_draw_max_t` rows, `draw_segment` tokens a program: truncation.settings).
 _DRAW_BLOCK_V = 4096
 _DRAW_WARPS = 8
 _MAX_TOPK = 1024  # largest num_logprobs: the Triton kernels hold K-key lists in registers; more is rejected
@@ -299,65 +296,45 @@ def logprobs(logits: torch.Tensor, token_ids: torch.Tensor,
 
 
 @triton.jit
-def _gumbel_argmax_kernel(logits_ptr, logits_stride, idx_mapping_ptr, temperature_ptr, min_p_ptr, top_k_ptr,
-                          top_p_ptr, seeds_ptr, output_lens_ptr, out_ptr, part_score_ptr, part_token_ptr, num_slots,
-                          vocab_size, tol, SEGMENT: tl.constexpr, SPLIT: tl.constexpr, BLOCK_V: tl.constexpr):
-    """The rows without a filter, and greedy rows: out[t] = argmax_j of logits[t, j] / temperature +
-    gumbel(seed, position, j) over the tokens above -inf, the plain argmax of the logits for greedy
-    rows (the filters always keep it); -1 without such a token or slot. Rows with a filter on and a
-    temperature != 0 are left to draw_filtered_rows. With SPLIT, program (t, s) takes segment s and
-    stores its (score, token) pair for _reduce_segments_kernel."""
+def _draw_kernel(logits_ptr, logits_stride, idx_mapping_ptr, top_k_ptr, top_p_ptr, ws_ptr, ws_stride, num_slots,
+                 vocab_size, num_segments, temperature_ptr, min_p_ptr, seeds_ptr, output_lens_ptr, out_ptr, tol,
+                 DRAW_SEGMENT: tl.constexpr, SPLIT: tl.constexpr, BLOCK_V: tl.constexpr, SAMPLE: tl.constexpr,
+                 SEG_CAP: tl.constexpr, PDL: tl.constexpr):
+    """`sample`'s first launch, with the truncation launches' arguments. A row with a filter on and a
+    temperature != 0 is drawn by those launches: program (t, 0) stores its bounds, which their
+    first launch would (`_store_row_bound`). Every other row: out[t] = argmax_j of logits[t, j] /
+    temperature + gumbel(seed, position, j) over the tokens above -inf, the plain argmax of the
+    logits for greedy rows (the filters always keep it); -1 without such a token or slot. With
+    SPLIT, program (t, s) takes the DRAW_SEGMENT tokens of segment s and stores its (score, token)
+    pair in the row's workspace (`store_draw_pair`), and the scan launch writes out[t]."""
     t = tl.program_id(0)
+    k, _, k_on, _, filtered, temp, min_p = _row_settings(idx_mapping_ptr, top_k_ptr, top_p_ptr, temperature_ptr,
+                                                          min_p_ptr, t, num_slots, vocab_size, PDL, True)
+    logits_row = logits_ptr + t.to(tl.int64) * logits_stride
+    ws_row = ws_ptr + t.to(tl.int64) * ws_stride
     slot = load_slot(idx_mapping_ptr, t, num_slots)
-    if slot < 0:
+    if filtered:
+        if tl.program_id(1) == 0:
+            _store_row_bound(logits_row, ws_row, vocab_size, num_segments, k, k_on, temp, min_p, SAMPLE, SEG_CAP)
+    elif slot < 0:
         if not SPLIT:
             tl.store(out_ptr + t, -1)
-        return
-    if drawn_by_truncation(idx_mapping_ptr, top_k_ptr, top_p_ptr, temperature_ptr, min_p_ptr, t, num_slots,
-                           vocab_size):
-        return
-    temp = tl.load(temperature_ptr + slot)
-    if SPLIT:
-        begin = tl.program_id(1) * SEGMENT
-        end = tl.minimum(begin + SEGMENT, vocab_size)
     else:
-        begin = 0
-        end = vocab_size
-    key = stream_key(tl.load(seeds_ptr + slot).to(tl.int64), tl.load(output_lens_ptr + t).to(tl.int64))
-    logits_row = logits_ptr + t.to(tl.int64) * logits_stride
-    if temp == 0.0:
-        score, token = argmax_tokens(logits_row, begin, end, BLOCK_V)
-    else:
-        score, token = gumbel_argmax(logits_row, begin, end, key, temp, tol, True, BLOCK_V)
-    if SPLIT:
-        part = t.to(tl.int64) * tl.num_programs(1) + tl.program_id(1)
-        tl.store(part_score_ptr + part, score)
-        tl.store(part_token_ptr + part, tl.where(token >= 0, token, vocab_size))
-    else:
-        tl.store(out_ptr + t, token.to(tl.int64))
-
-
-@triton.jit
-def _reduce_segments_kernel(idx_mapping_ptr, temperature_ptr, min_p_ptr, top_k_ptr, top_p_ptr, part_score_ptr,
-                            part_token_ptr, out_ptr, num_slots, vocab_size, num_segments, SEGMENTS_P2: tl.constexpr):
-    """out[t] = the token of the best segment pair of row t (ties: the lower token), -1 if none; rows
-    that draw_filtered_rows draws are left alone."""
-    t = tl.program_id(0)
-    slot = load_slot(idx_mapping_ptr, t, num_slots)
-    if slot < 0:
-        tl.store(out_ptr + t, -1)
-        return
-    if drawn_by_truncation(idx_mapping_ptr, top_k_ptr, top_p_ptr, temperature_ptr, min_p_ptr, t, num_slots,
-                           vocab_size):
-        return
-    s = tl.arange(0, SEGMENTS_P2)
-    part = t.to(tl.int64) * num_segments + s
-    score = tl.load(part_score_ptr + part, mask=s < num_segments, other=float("-inf"))
-    token = tl.load(part_token_ptr + part, mask=s < num_segments, other=vocab_size)
-    live = token < vocab_size
-    top = tl.max(tl.where(live, score, float("-inf")), axis=0)
-    best = tl.min(tl.where(live & (score == top), token, vocab_size), axis=0)
-    tl.store(out_ptr + t, tl.where(best < vocab_size, best, -1).to(tl.int64))
+        if SPLIT:
+            begin = tl.program_id(1) * DRAW_SEGMENT
+            end = tl.minimum(begin + DRAW_SEGMENT, vocab_size)
+        else:
+            begin = 0
+            end = vocab_size
+        key = stream_key(tl.load(seeds_ptr + slot).to(tl.int64), tl.load(output_lens_ptr + t).to(tl.int64))
+        if temp == 0.0:
+            score, token = argmax_tokens(logits_row, begin, end, BLOCK_V)
+        else:
+            score, token = gumbel_argmax(logits_row, begin, end, key, temp, tol, True, BLOCK_V)
+        if SPLIT:
+            store_draw_pair(ws_row, tl.program_id(1), tl.num_programs(1), score, token)
+        else:
+            tl.store(out_ptr + t, token.to(tl.int64))
 
 
 def _check_sample(logits, idx_mapping, temperature, top_k, top_p, min_p, seeds, output_lens) -> None:
@@ -389,21 +366,14 @@ def _sample_triton(logits, idx_mapping, temperature, top_k, top_p, min_p, seeds,
     out = logits.new_empty((T,), dtype=torch.int64)
     if T == 0:
         return out
-    R = temperature.shape[0]
-    params = (idx_mapping, temperature, min_p, top_k, top_p, seeds, output_lens, out)
-    tol = gumbel.GUMBEL_APPROX_TOL
-    segments = cdiv(V, _SEGMENT) if T < _SPLIT_MAX_T else 1
-    if segments == 1:
-        launch(_gumbel_argmax_kernel, (T, 1), logits, logits.stride()[0], *params, out, out, R, V, tol,
-               SEGMENT=_SEGMENT, SPLIT=False, BLOCK_V=_DRAW_BLOCK_V, num_warps=_DRAW_WARPS)
-    else:
-        part_score = logits.new_empty((T, segments), dtype=torch.float32)
-        part_token = logits.new_empty((T, segments), dtype=torch.int32)
-        launch(_gumbel_argmax_kernel, (T, segments), logits, logits.stride()[0], *params, part_score, part_token, R,
-               V, tol, SEGMENT=_SEGMENT, SPLIT=True, BLOCK_V=min(_DRAW_BLOCK_V, _SEGMENT), num_warps=_DRAW_WARPS)
-        launch(_reduce_segments_kernel, (T,), *params[:5], part_score, part_token, out, R, V, segments,
-               SEGMENTS_P2=next_power_of_2(segments), num_warps=1)
-    draw_filtered_rows(logits, idx_mapping, temperature, top_k, top_p, min_p, seeds, output_lens, out, tol)
+    args, plan, settings, pdl = filtered_draw_launches(logits, idx_mapping, temperature, top_k, top_p, min_p, seeds,
+                                                       output_lens, out, gumbel.GUMBEL_APPROX_TOL)
+    split = T < settings.split_draw_max_t
+    launch(_draw_kernel, (T, cdiv(V, settings.draw_segment) if split else 1), *args, DRAW_SEGMENT=settings.draw_segment,
+           SPLIT=split, BLOCK_V=min(_DRAW_BLOCK_V, settings.draw_segment), SAMPLE=settings.sample,
+           SEG_CAP=settings.seg_cap, PDL=pdl, num_warps=_DRAW_WARPS)
+    for kernel, grid, meta in plan:
+        launch(kernel, grid, *args, **meta)
     return out
 
 

@@ -48,8 +48,9 @@ not depend on the batch it is in. A row with both filters off is not read. Masse
 sums, so a token's membership may differ from the exact answer only where the exact mass above it
 is within float32 rounding of top_p.
 
-`sample` draws its filtered rows with the same launches in their DRAW form (`draw_filtered_rows`):
-the bound, the scan, then (below `gather_in_draw_min_t` rows after the settle and gather launches)
+`sample` draws its filtered rows with the same launches in their DRAW form (`filtered_draw_launches`):
+the bound (`_store_row_bound`, in `sample`'s own first launch, which draws the other rows), the
+scan, then (below `gather_in_draw_min_t` rows after the settle and gather launches)
 one program a row that settles the row, gathers its list and finds the thresholds as above on
 y = logits / temperature (the scan reads the logits as they are: a bound on
 them is one on y), with min_p's threshold folded in, and draws the token from the kept candidates;

@@ -40,36 +40,44 @@ def _launch_setup(T: int, V: int, pdl: bool, settings: TruncationSettings, group
     return num_segments, words, _launch_plan(T, V, pdl, settings, group_scan, draw)
 
 
-def _launch_truncation(logits, idx_mapping, top_k, top_p, group_scan: bool, draw_args: tuple | None = None) -> None:
-    """The launches of the op, or with draw_args (temperature, min_p, seeds, output_lens, out, the
-    draw's tolerance) those of `sample`'s filtered rows (DRAW)."""
+def _truncation_launches(logits, idx_mapping, top_k, top_p, group_scan: bool, draw_args: tuple | None = None):
+    """(the arguments every launch takes, the launch plan, the settings, whether the launches are
+    programmatic dependent ones) of the op on a [T, V] batch, T > 0, or with draw_args (temperature,
+    min_p, seeds, output_lens, out, the draw's tolerance) of `sample`'s filtered rows (DRAW)."""
     T, V = logits.shape
-    if T == 0:
-        return
     settings = current_settings()
     draw = draw_args is not None
+    pdl = _uses_pdl(logits.device, settings)
     setup = _launch_setup if type(T) is int and type(V) is int else _launch_setup.__wrapped__  # SymInts: no cache
-    num_segments, ws_stride, plan = setup(T, V, _uses_pdl(logits.device, settings), settings, group_scan, draw)
+    num_segments, ws_stride, plan = setup(T, V, pdl, settings, group_scan, draw)
     ws = logits.new_empty((T, ws_stride), dtype=torch.float32)
     extra = draw_args if draw else (top_p, top_p, top_k, top_k, top_k, 0.0)  # read only with DRAW
     args = (logits, logits.stride()[0], idx_mapping, top_k, top_p, ws, ws_stride, top_k.shape[0], V, num_segments,
             *extra)
-    for kernel, grid, meta in plan:
-        launch(kernel, grid, *args, **meta)
+    return args, plan, settings, pdl
 
 
 def _top_k_top_p_triton(logits, idx_mapping, top_k, top_p, group_scan: bool = False) -> None:
     """The op's CUDA/Triton body; `group_scan` as `_launch_plan` takes it."""
-    _launch_truncation(logits, idx_mapping, top_k, top_p, group_scan)
+    if logits.shape[0] == 0:
+        return
+    args, plan, _, _ = _truncation_launches(logits, idx_mapping, top_k, top_p, group_scan)
+    for kernel, grid, meta in plan:
+        launch(kernel, grid, *args, **meta)
 
 
-def draw_filtered_rows(logits, idx_mapping, temperature, top_k, top_p, min_p, seeds, output_lens, out,
-                       tol: float) -> None:
-    """`sample` on the rows with temperature != 0 and a filter on (min_p, top_k or top_p): out[t] =
-    the token drawn from the tokens the filters keep of logits[t] / temperature, -1 without one;
-    other rows' out is not written, the logits never are. Scans grouped (most rows usually have their
-    filters off). tol: the approximate Gumbel scores' tolerance (gumbel.GUMBEL_APPROX_TOL)."""
-    _launch_truncation(logits, idx_mapping, top_k, top_p, True, (temperature, min_p, seeds, output_lens, out, tol))
+def filtered_draw_launches(logits, idx_mapping, temperature, top_k, top_p, min_p, seeds, output_lens, out,
+                           tol: float):
+    """`sample`'s launches for the rows with temperature != 0 and a filter on (min_p, top_k or top_p),
+    which set out[t] to the token drawn from the tokens the filters keep of logits[t] / temperature
+    (-1 without one), leave other rows' out to the caller and never write the logits: (the
+    arguments every launch takes, the launch plan, the settings, PDL), for T > 0. The caller launches
+    first a kernel of the same arguments that stores each such row's bounds (`_store_row_bound`) and
+    draws the other rows, splitting them below `split_draw_max_t` rows (`store_draw_pair`: the scan
+    writes their tokens then), then the plan. Scans grouped (most rows usually have their filters
+    off). tol: the approximate Gumbel scores' tolerance (gumbel.GUMBEL_APPROX_TOL)."""
+    return _truncation_launches(logits, idx_mapping, top_k, top_p, True,
+                                (temperature, min_p, seeds, output_lens, out, tol))
 
 
 @define_op(

@@ -29,7 +29,8 @@ def _launch_plan(T: int, V: int, pdl: bool, settings: TruncationSettings | None 
     both filters off, as `sample`'s: the op itself does not). draw: `sample`'s launches (DRAW): the
     bound, the scan, below `gather_in_draw_min_t` rows the settle and gather launches, and the
     selection (from that batch size settling and gathering its row itself), which draws the token;
-    nothing is filled."""
+    nothing is filled. `sample`'s own first launch stores the rows' bounds (draw: no bound launch here)
+    and splits its full-row draw below `split_draw_max_t` rows: the scan then reduces the pairs."""
     s = settings or current_settings()
     num_segments = cdiv(V, s.segment)
     segments_p2 = next_power_of_2(num_segments)
@@ -54,13 +55,16 @@ def _launch_plan(T: int, V: int, pdl: bool, settings: TruncationSettings | None 
                    MASK_BLOCK=s.mask_block, FILL=fill_in_select, CHUNK=s.chunk, SEGMENTS=s.chunk // s.segment,
                    SEGMENTS_P2=segments_p2, GATHER_IN_DRAW_MIN_T=s.gather_in_draw_min_t, DRAW=draw,
                    num_warps=s.select_warps, maxnreg=128, **follow))
+    bound = [(_sample_bound_kernel, (T,), dict(SAMPLE=s.sample, SEG_CAP=s.seg_cap, PDL=pdl, DRAW=draw,
+                                               num_warps=4 if T >= s.few_sample_warps_min_t else s.sample_warps))]
+    draw_pairs = dict(DRAW_SEGMENT=s.draw_segment, DRAW_SEGMENTS_P2=next_power_of_2(cdiv(V, s.draw_segment)),
+                      SPLIT_DRAW_MAX_T=s.split_draw_max_t) if draw else {}
     return [
-        (_sample_bound_kernel, (T,), dict(SAMPLE=s.sample, SEG_CAP=s.seg_cap, PDL=pdl, DRAW=draw,
-                                          num_warps=4 if T >= s.few_sample_warps_min_t else s.sample_warps)),
+        *([] if draw else bound),
         # 64 registers: 32 one-warp programs an SM
         (_scan_segments_kernel, (T, cdiv(num_segments, scan_group)),
-         dict(SEGMENT=s.segment, SEG_CAP=s.seg_cap, STAGES=s.scan_stages, GROUP=scan_group, DRAW=draw, num_warps=1,
-              maxnreg=64, **follow)),
+         dict(SEGMENT=s.segment, SEG_CAP=s.seg_cap, STAGES=s.scan_stages, GROUP=scan_group, DRAW=draw, **draw_pairs,
+              num_warps=1, maxnreg=64, **follow)),
         # Otherwise the selection settles and gathers its row itself.
         *(settle if settle_launch and gathered else []),
         *(gather if gathered else []),

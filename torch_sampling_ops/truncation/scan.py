@@ -4,7 +4,7 @@ settle step, the gather of a settled row's candidate list, and the fill of a top
 import triton
 import triton.language as tl
 
-from .._triton_helpers import program_range
+from .._triton_helpers import load_slot, program_range
 from .keys import _float_key, _is_finite, _key_value
 from .workspace import (
     _FLAG,
@@ -28,6 +28,7 @@ from .workspace import (
     _segment_total_ptr,
     _values_ptr,
     _weighs_row,
+    reduce_draw_pairs,
 )
 
 _FLT_MAX = tl.constexpr(3.4028234663852886e38)  # the sample stores lo >= -_FLT_MAX: -inf is never a candidate
@@ -40,52 +41,59 @@ def _sample_bound_kernel(
     num_segments, temperature_ptr, min_p_ptr, seeds_ptr, output_lens_ptr, out_ptr, tol,
     SAMPLE: tl.constexpr, SEG_CAP: tl.constexpr, PDL: tl.constexpr, DRAW: tl.constexpr,
 ):
-    """A row's lower bound `lo` from a sample of its tokens, its exp reference, and for top-p alone a
-    second bound above `lo`. With min_p on and top-k off (`sample` only), `lo` lies just below what
-    min_p keeps of the sample (its max divided by temp, plus log(min_p)): the row's max is at least
-    the sample's, so every token min_p keeps is listed."""
+    """Launch 1 of top_k_top_p: each active row's bounds (_store_row_bound). (`sample` computes them
+    in its first launch, beside its full-row draws.)"""
     t = tl.program_id(0)
     k, p, k_on, p_on, active, temp, min_p = _row_settings(idx_mapping_ptr, top_k_ptr, top_p_ptr, temperature_ptr,
                                                               min_p_ptr, t, num_slots, vocab_size, PDL, DRAW)
     if active:
-        i = tl.arange(0, SAMPLE)
-        run = SAMPLE // 32
-        offs = tl.where(vocab_size <= SAMPLE, i, (i // run) * (vocab_size // 32) + i % run)
-        x = tl.load(logits_ptr + t.to(tl.int64) * logits_stride + offs, mask=offs < vocab_size,
-                    other=float("-inf")).to(tl.float32)
-        x = tl.where(x == x, x, float("-inf"))
-        n_sample = tl.minimum(vocab_size, SAMPLE)
-        if k_on:  # top-p, if on, runs inside the top-k set
-            expected = k.to(tl.float32) * n_sample / vocab_size
-            rank = tl.where(vocab_size <= SAMPLE, k, (expected + 4.0 * tl.sqrt(expected) + 4.0).to(tl.int32))
-        else:  # top-p alone: where half the candidate capacity is expected above it
-            budget = 0.5 * SEG_CAP * num_segments
-            rank = (budget * n_sample / vocab_size).to(tl.int32)
-        rank = tl.minimum(tl.maximum(rank, 1), n_sample)
-        # lo: at least `rank` sampled values are >= lo. In a long row with rank <= 32, the rank-th
-        # largest of the 32 runs' maxima (each of those runs holds a value >= it): on logits without
-        # runs of large values, within a sample rank or two of the rank-th largest value. Else (and
-        # always for top-p alone) the low end of a key interval at most 2^16 wide holding that value,
-        # from two histograms of the keys (_rank_bounds).
-        run_max = tl.max(tl.reshape(x, [32, SAMPLE // 32]), axis=1)
-        runs_above = tl.sum((run_max[None, :] >= run_max[:, None]).to(tl.int32), axis=1)
-        low = _float_key(tl.max(tl.where(runs_above >= rank, run_max, float("-inf"))))
-        # Top-p alone: also a second bound, where a quarter of the capacity is expected above it. The
-        # scan counts the mass above it too; when that holds top_p, only the candidates above it are kept.
-        high_low = low
-        minp_bound = (k_on == 0) & (min_p != 0.0)
-        if ((k_on == 0) | (rank > 32) | (vocab_size <= SAMPLE)) & (minp_bound == 0):
-            low, high_low = _rank_bounds(x, offs < vocab_size, low, rank, tl.where(k_on, rank, (rank + 1) // 2))
-        ws_row = ws_ptr + t.to(tl.int64) * ws_stride
-        lo = tl.maximum(_key_value(low), -_FLT_MAX)  # -inf is never a candidate
-        if minp_bound:  # a margin far above the roundings of the quotient; the settle step checks it
-            kept_floor = tl.math.div_rn(tl.max(x), temp) + tl.log(tl.where(minp_bound, min_p, 1.0))
-            lo = tl.maximum((kept_floor - 2.0**-12 * (1.0 + tl.abs(kept_floor))) * temp, -_FLT_MAX)
-        tl.store(ws_row + _LO, lo)
-        high_bound = tl.where(k_on, float("inf"), tl.maximum(_key_value(high_low), lo))
-        tl.store(ws_row + _SECOND_BOUND, high_bound)
-        # The scan's exp reference; a row whose max is far above it is left to the general path.
-        tl.store(ws_row + _REF, tl.max(x))
+        _store_row_bound(logits_ptr + t.to(tl.int64) * logits_stride, ws_ptr + t.to(tl.int64) * ws_stride,
+                         vocab_size, num_segments, k, k_on, temp, min_p, SAMPLE, SEG_CAP)
+
+
+@triton.jit
+def _store_row_bound(row_ptr, ws_row, vocab_size, num_segments, k, k_on, temp, min_p, SAMPLE: tl.constexpr,
+                     SEG_CAP: tl.constexpr):
+    """An active row's lower bound `lo` from a sample of its tokens, its exp reference, and for top-p
+    alone a second bound above `lo`, into its workspace header. With min_p on and top-k off
+    (`sample` only), `lo` lies just below what min_p keeps of the sample (its max divided by temp,
+    plus log(min_p)): the row's max is at least the sample's, so every token min_p keeps is listed."""
+    i = tl.arange(0, SAMPLE)
+    run = SAMPLE // 32
+    offs = tl.where(vocab_size <= SAMPLE, i, (i // run) * (vocab_size // 32) + i % run)
+    x = tl.load(row_ptr + offs, mask=offs < vocab_size, other=float("-inf")).to(tl.float32)
+    x = tl.where(x == x, x, float("-inf"))
+    n_sample = tl.minimum(vocab_size, SAMPLE)
+    if k_on:  # top-p, if on, runs inside the top-k set
+        expected = k.to(tl.float32) * n_sample / vocab_size
+        rank = tl.where(vocab_size <= SAMPLE, k, (expected + 4.0 * tl.sqrt(expected) + 4.0).to(tl.int32))
+    else:  # top-p alone: where half the candidate capacity is expected above it
+        budget = 0.5 * SEG_CAP * num_segments
+        rank = (budget * n_sample / vocab_size).to(tl.int32)
+    rank = tl.minimum(tl.maximum(rank, 1), n_sample)
+    # lo: at least `rank` sampled values are >= lo. In a long row with rank <= 32, the rank-th
+    # largest of the 32 runs' maxima (each of those runs holds a value >= it): on logits without
+    # runs of large values, within a sample rank or two of the rank-th largest value. Else (and
+    # always for top-p alone) the low end of a key interval at most 2^16 wide holding that value,
+    # from two histograms of the keys (_rank_bounds).
+    run_max = tl.max(tl.reshape(x, [32, SAMPLE // 32]), axis=1)
+    runs_above = tl.sum((run_max[None, :] >= run_max[:, None]).to(tl.int32), axis=1)
+    low = _float_key(tl.max(tl.where(runs_above >= rank, run_max, float("-inf"))))
+    # Top-p alone: also a second bound, where a quarter of the capacity is expected above it. The
+    # scan counts the mass above it too; when that holds top_p, only the candidates above it are kept.
+    high_low = low
+    minp_bound = (k_on == 0) & (min_p != 0.0)
+    if ((k_on == 0) | (rank > 32) | (vocab_size <= SAMPLE)) & (minp_bound == 0):
+        low, high_low = _rank_bounds(x, offs < vocab_size, low, rank, tl.where(k_on, rank, (rank + 1) // 2))
+    lo = tl.maximum(_key_value(low), -_FLT_MAX)  # -inf is never a candidate
+    if minp_bound:  # a margin far above the roundings of the quotient; the settle step checks it
+        kept_floor = tl.math.div_rn(tl.max(x), temp) + tl.log(tl.where(minp_bound, min_p, 1.0))
+        lo = tl.maximum((kept_floor - 2.0**-12 * (1.0 + tl.abs(kept_floor))) * temp, -_FLT_MAX)
+    tl.store(ws_row + _LO, lo)
+    high_bound = tl.where(k_on, float("inf"), tl.maximum(_key_value(high_low), lo))
+    tl.store(ws_row + _SECOND_BOUND, high_bound)
+    # The scan's exp reference; a row whose max is far above it is left to the general path.
+    tl.store(ws_row + _REF, tl.max(x))
 
 
 @triton.jit
@@ -268,16 +276,27 @@ def _scan_segments_kernel(
     logits_ptr, logits_stride, idx_mapping_ptr, top_k_ptr, top_p_ptr, ws_ptr, ws_stride, num_slots, vocab_size,
     num_segments, temperature_ptr, min_p_ptr, seeds_ptr, output_lens_ptr, out_ptr, tol,
     SEGMENT: tl.constexpr, SEG_CAP: tl.constexpr, STAGES: tl.constexpr, GROUP: tl.constexpr,
-    PDL: tl.constexpr, DRAW: tl.constexpr,
+    PDL: tl.constexpr, DRAW: tl.constexpr, DRAW_SEGMENT: tl.constexpr = 1, DRAW_SEGMENTS_P2: tl.constexpr = 1,
+    SPLIT_DRAW_MAX_T: tl.constexpr = 0,
 ):
     """Statistics and candidates of GROUP consecutive segments in turn, in one warp: each one's max,
     normaliser and candidate mass (only for a row it weighs, `_weighs_row`: otherwise the selection
     weighs its own candidates), and its candidates (_scan_segment). A tile is 4 consecutive tokens a lane; with one
     warp a program, a tile's prefix sums never wait on a block-wide barrier (with several warps,
-    Triton 3.6 spread a tile's lanes over warps)."""
+    Triton 3.6 spread a tile's lanes over warps).
+    With DRAW (`sample`), below SPLIT_DRAW_MAX_T rows the first program of a row the truncation
+    leaves alone writes its token: the best of the pairs its split full-row draw (DRAW_SEGMENT
+    tokens a program) left in its workspace; -1 for a slot out of range."""
     t = tl.program_id(0)
     k, p, k_on, p_on, active, temp, min_p = _row_settings(idx_mapping_ptr, top_k_ptr, top_p_ptr, temperature_ptr,
                                                               min_p_ptr, t, num_slots, vocab_size, PDL, DRAW)
+    if DRAW:
+        if (active == 0) & (tl.program_id(1) == 0) & (tl.num_programs(0) < SPLIT_DRAW_MAX_T):
+            token = tl.full([], -1, tl.int32)
+            if load_slot(idx_mapping_ptr, t, num_slots) >= 0:
+                token = reduce_draw_pairs(ws_ptr + t.to(tl.int64) * ws_stride,
+                                          tl.cdiv(vocab_size, DRAW_SEGMENT), DRAW_SEGMENTS_P2)
+            tl.store(out_ptr + t, token.to(tl.int64))
     if active:
         ws_row = ws_ptr + t.to(tl.int64) * ws_stride
         lo = tl.load(ws_row + _LO)

@@ -63,6 +63,13 @@ class TruncationSettings:
     scan_group_min_t: int = 64
     """From this batch size such callers' scans group their segments; below it one program a
     segment keeps the few rows spread over the GPU."""
+    draw_segment: int = 8192
+    """For `sample`: tokens a program of its full-row draw takes below `split_draw_max_t` rows (a
+    row alone would otherwise be streamed by one SM). The argmax is exact whatever the split, so a
+    row's token does not depend on it."""
+    split_draw_max_t: int = 128
+    """For `sample`: below this batch size the full-row draw splits each row into `draw_segment`
+    programs, whose (score, token) pairs the scan launch reduces; from it one program a row."""
     gather_in_draw_min_t: int = 128
     """For `sample`, from this batch size the program that draws a row settles and gathers it itself
     (two launches fewer); below it the settle and gather launches do, a row's chunks spread over
@@ -88,7 +95,8 @@ class TruncationSettings:
     under the interpreter); False: plain launches. The results are the same bits either way."""
 
     def __post_init__(self):
-        sizes = ("segment", "seg_cap", "chunk", "sample", "tile", "small", "block", "mask_block", "pivots", "cap")
+        sizes = ("segment", "seg_cap", "chunk", "sample", "tile", "small", "block", "mask_block", "pivots", "cap",
+                 "draw_segment")
         for name in sizes:  # tl.arange extents
             value = getattr(self, name)
             if value <= 0 or value & (value - 1):
@@ -105,7 +113,7 @@ class TruncationSettings:
 
 GPU_SETTINGS = TruncationSettings()
 INTERPRETER_SETTINGS = TruncationSettings(segment=256, seg_cap=32, chunk=1024, sample=256, tile=256, small=32,
-                                          cap=256)
+                                          cap=256, draw_segment=1024)
 DEFAULT_SETTINGS = INTERPRETER_SETTINGS if _INTERPRET else GPU_SETTINGS
 
 # The selection's sweeps keep per-thread statistics over groups of this many consecutive candidates

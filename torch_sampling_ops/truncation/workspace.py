@@ -16,6 +16,8 @@ The row workspace, in 4-byte words, S = number of segments, C = SEG_CAP:
 - scratch [max(TILE, CAP)]
 - for `sample` (DRAW) only, a copy of the row [V] (float32): the general path's row, divided by the
   temperature and with min_p applied, which it masks and draws from (the logits are read-only there)
+- for `sample`'s rows the truncation launches leave alone, when its full-row draw splits them: the
+  segments' (score, token) pairs in the first words (`store_draw_pair`); nothing else
 
 _workspace_words gives the size, the region functions below the pointers: keep them together.
 """
@@ -132,13 +134,26 @@ def _search_floor(ws_row, flag):
 
 
 @triton.jit
-def drawn_by_truncation(idx_mapping_ptr, top_k_ptr, top_p_ptr, temperature_ptr, min_p_ptr, t, num_slots,
-                        vocab_size):
-    """Whether `sample`'s row t is one its truncation launches draw (DRAW: a slot in range, a
-    temperature != 0, a filter on); the full-row draw leaves exactly these rows to them."""
-    _, _, _, _, active, _, _ = _row_settings(idx_mapping_ptr, top_k_ptr, top_p_ptr, temperature_ptr, min_p_ptr, t,
-                                             num_slots, vocab_size, False, True)
-    return active
+def store_draw_pair(ws_row, segment, num_draw_segments, score, token):
+    """`sample`'s split full-row draw: segment `segment`'s (score, token) pair (token -1: none) in the
+    row's workspace, scores in words [0, D), tokens in [D, 2 D) for D = num_draw_segments. Only a
+    row the truncation launches leave alone is split, so nothing else of its workspace is used."""
+    tl.store(ws_row + segment, score)
+    tl.store(_header_int(ws_row, num_draw_segments + segment), token)
+
+
+@triton.jit
+def reduce_draw_pairs(ws_row, num_draw_segments, SEGMENTS_P2: tl.constexpr):
+    """The token of the best of a row's `store_draw_pair` pairs, the lower token among equal
+    scores; -1 without one."""
+    s = tl.arange(0, SEGMENTS_P2)
+    in_row = s < num_draw_segments
+    score = tl.load(ws_row + s, mask=in_row, other=float("-inf"))
+    token = tl.load(_header_int(ws_row, num_draw_segments + s), mask=in_row, other=-1)
+    live = token >= 0
+    top = tl.max(tl.where(live, score, float("-inf")), axis=0)
+    best = tl.min(tl.where(live & (score == top), token, 2147483647), axis=0)
+    return tl.where(best < 2147483647, best, -1)
 
 
 @triton.jit
