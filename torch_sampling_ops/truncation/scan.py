@@ -276,8 +276,8 @@ def _scan_segments_kernel(
     logits_ptr, logits_stride, idx_mapping_ptr, top_k_ptr, top_p_ptr, ws_ptr, ws_stride, num_slots, vocab_size,
     num_segments, temperature_ptr, min_p_ptr, seeds_ptr, output_lens_ptr, out_ptr, tol,
     SEGMENT: tl.constexpr, SEG_CAP: tl.constexpr, STAGES: tl.constexpr, GROUP: tl.constexpr,
-    PDL: tl.constexpr, DRAW: tl.constexpr, DRAW_SEGMENT: tl.constexpr = 1, DRAW_SEGMENTS_P2: tl.constexpr = 1,
-    SPLIT_DRAW_MAX_T: tl.constexpr = 0,
+    PDL: tl.constexpr, DRAW: tl.constexpr, DRAW_SEGMENT: tl.constexpr, DRAW_SEGMENTS_P2: tl.constexpr,
+    SPLIT_DRAW_MAX_T: tl.constexpr,
 ):
     """Statistics and candidates of GROUP consecutive segments in turn, in one warp: each one's max,
     normaliser and candidate mass (only for a row it weighs, `_weighs_row`: otherwise the selection
