@@ -41,9 +41,14 @@ from .truncation.op import filtered_draw_launches
 from .truncation.scan import _store_row_bound
 from .truncation.workspace import _row_settings, store_draw_pair
 
-# The full-row draw's programs walk their tokens in tiles of _DRAW_BLOCK_V over _DRAW_WARPS warps (below
-# `split_draw_max_t` rows, `draw_segment` tokens a program: truncation.settings).
+# The full-row draw's programs walk their tokens over _DRAW_WARPS warps: a whole row in tiles of
+# _DRAW_BLOCK_V, one at a time (more in flight measured slower); below `split_draw_max_t` rows, the
+# `draw_segment` tokens of a program (truncation.settings) in tiles of _SPLIT_DRAW_BLOCK_V, with
+# _SPLIT_DRAW_STAGES tiles in flight (a segment is only a few tiles: their loads would otherwise wait
+# on each other). The token is the exact argmax whatever the tiles.
 _DRAW_BLOCK_V = 4096
+_SPLIT_DRAW_BLOCK_V = 2048
+_SPLIT_DRAW_STAGES = 3
 _DRAW_WARPS = 8
 _MAX_TOPK = 1024  # largest num_logprobs: the Triton kernels hold K-key lists in registers; more is rejected
 # logprobs splits each row into segments of _LOGPROBS_SEGMENT tokens, one program of _LOGPROBS_WARPS
@@ -299,7 +304,7 @@ def logprobs(logits: torch.Tensor, token_ids: torch.Tensor,
 def _draw_kernel(logits_ptr, logits_stride, idx_mapping_ptr, top_k_ptr, top_p_ptr, ws_ptr, ws_stride, num_slots,
                  vocab_size, num_segments, temperature_ptr, min_p_ptr, seeds_ptr, output_lens_ptr, out_ptr, tol,
                  DRAW_SEGMENT: tl.constexpr, SPLIT: tl.constexpr, BLOCK_V: tl.constexpr, SAMPLE: tl.constexpr,
-                 SEG_CAP: tl.constexpr, PDL: tl.constexpr):
+                 SEG_CAP: tl.constexpr, PDL: tl.constexpr, STAGES: tl.constexpr):
     """`sample`'s first launch, with the truncation launches' arguments. A row with a filter on and a
     temperature != 0 is drawn by those launches: program (t, 0) stores its bounds, which their
     first launch would (`_store_row_bound`). Every other row: out[t] = argmax_j of logits[t, j] /
@@ -328,9 +333,9 @@ def _draw_kernel(logits_ptr, logits_stride, idx_mapping_ptr, top_k_ptr, top_p_pt
             end = vocab_size
         key = stream_key(tl.load(seeds_ptr + slot).to(tl.int64), tl.load(output_lens_ptr + t).to(tl.int64))
         if temp == 0.0:
-            score, token = argmax_tokens(logits_row, begin, end, BLOCK_V)
+            score, token = argmax_tokens(logits_row, begin, end, BLOCK_V, STAGES)
         else:
-            score, token = gumbel_argmax(logits_row, begin, end, key, temp, tol, True, BLOCK_V)
+            score, token = gumbel_argmax(logits_row, begin, end, key, temp, tol, True, BLOCK_V, STAGES)
         if SPLIT:
             store_draw_pair(ws_row, tl.program_id(1), tl.num_programs(1), score, token)
         else:
@@ -369,9 +374,13 @@ def _sample_triton(logits, idx_mapping, temperature, top_k, top_p, min_p, seeds,
     args, plan, settings, pdl = filtered_draw_launches(logits, idx_mapping, temperature, top_k, top_p, min_p, seeds,
                                                        output_lens, out, gumbel.GUMBEL_APPROX_TOL)
     split = T < settings.split_draw_max_t
-    launch(_draw_kernel, (T, cdiv(V, settings.draw_segment) if split else 1), *args, DRAW_SEGMENT=settings.draw_segment,
-           SPLIT=split, BLOCK_V=min(_DRAW_BLOCK_V, settings.draw_segment), SAMPLE=settings.sample,
-           SEG_CAP=settings.seg_cap, PDL=pdl, num_warps=_DRAW_WARPS)
+    if split:
+        grid, block, stages = (T, cdiv(V, settings.draw_segment)), _SPLIT_DRAW_BLOCK_V, _SPLIT_DRAW_STAGES
+    else:
+        grid, block, stages = (T, 1), _DRAW_BLOCK_V, 1
+    launch(_draw_kernel, grid, *args, DRAW_SEGMENT=settings.draw_segment, SPLIT=split,
+           BLOCK_V=min(block, settings.draw_segment), SAMPLE=settings.sample, SEG_CAP=settings.seg_cap, PDL=pdl,
+           STAGES=stages, num_warps=_DRAW_WARPS)
     for kernel, grid, meta in plan:
         launch(kernel, grid, *args, **meta)
     return out
