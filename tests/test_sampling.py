@@ -523,6 +523,29 @@ def test_sample_filtered_rows_listed_and_general_paths(backend, params, gather_i
     assert torch.equal(args[0], before)
 
 
+@pytest.mark.parametrize("T, kernels", [
+    (1, ["_draw_kernel", "_scan_segments_kernel", "_gather_chunks_kernel", "_select_kernel"]),
+    (32, ["_draw_kernel", "_scan_segments_kernel", "_settle_kernel", "_gather_chunks_kernel", "_select_kernel"]),
+    (256, ["_draw_kernel", "_scan_segments_kernel", "_select_kernel"]),
+])
+def test_sample_launches(monkeypatch, T, kernels):
+    """sample's launches on CUDA (recorded, not run): the first both draws the rows without a filter
+    and stores the filtered rows' bounds, and the scan reduces a split draw, so no launch of their
+    own; the split is below split_draw_max_t rows (one program a draw segment)."""
+    from torch_sampling_ops.truncation import op as truncation_op
+    launched = []
+
+    def record(kernel, grid, *args, **meta):
+        launched.append((getattr(getattr(kernel, "fn", kernel), "__name__", ""), grid))
+
+    monkeypatch.setattr(sampling, "launch", record)
+    monkeypatch.setattr(truncation_op, "launch", record)
+    V = 3 * current_settings().draw_segment + 1
+    sampling._sample_triton(*sample_args(T, V, torch.Generator().manual_seed(5), torch.device("cpu")))
+    assert [name for name, _ in launched] == kernels
+    assert launched[0][1] == ((T, 4) if T < current_settings().split_draw_max_t else (T, 1))
+
+
 @pytest.mark.interpret
 def test_sample_row_split_gives_the_same_tokens():
     """The draw splits rows into segments at small T; with or without the split, the same tokens."""
