@@ -1,7 +1,8 @@
 // CPU kernel of top_k_top_p (torch_sampling_ops/truncation/), in place.
 //
-// Per row, over the row as float32 (NaN read as -inf): the k-th largest value from one vectorized
-// pass that offers a sorted list only the lanes above its last value (nth_element for large k).
+// Per row, over the row as float32 (NaN read as -inf): the k-th largest value by nth_element over
+// the values at least the k-th largest of about 2k group maxima (one vectorized pass each), else
+// from one pass that offers a sorted list only the lanes above its last value.
 // The top-p boundary, with top-k on: by sorting only the kept tokens within a window below the
 // maximum that already holds the target mass (the window grows until it does); top-p alone: from
 // the masses of value buckets below the maximum, sorting only the boundary bucket. Masses are
@@ -21,7 +22,8 @@ namespace tso {
 namespace {
 
 constexpr float kInf = std::numeric_limits<float>::infinity();
-// Largest k found by a TopK list; larger k use nth_element over a copy of the row.
+// Largest k whose k largest values top_p_threshold_sorted walks; larger k use the windows of
+// top_p_threshold.
 constexpr int64_t kListMaxK = 256;
 
 // x[0:V] = the row as float32, NaN read as -inf; returns the row max.
@@ -45,10 +47,10 @@ float load_row(const scalar_t* row, int64_t V, float* x) {
   return m;
 }
 
-// The k-th largest of x[0:V] (counting ties), 0 < k < V; up to kListMaxK, `largest` then holds
-// the k largest values, larger first (else it is left empty).
-float kth_largest(const float* x, int64_t V, int64_t k, std::vector<float>& scratch,
-                  std::vector<float>& largest) {
+// kth_largest by a TopK list fed the row in one pass (offered only the lanes above its last
+// value): for rows where the group maxima below bound the k-th value poorly (ties, -inf).
+float kth_largest_by_list(const float* x, int64_t V, int64_t k, std::vector<float>& scratch,
+                          std::vector<float>& largest) {
   largest.clear();
   if (k > kListMaxK) {
     scratch.assign(x, x + V);
@@ -68,6 +70,62 @@ float kth_largest(const float* x, int64_t V, int64_t k, std::vector<float>& scra
   const float kth = top.vals[k - 1];
   largest.swap(top.vals);
   return kth;
+}
+
+// The k-th largest of x[0:V] (counting ties), 0 < k < V, x without NaN. `candidates` then holds
+// the values at least a lower bound of it, in index order (every kept token's value), or nothing
+// (x holds them); up to kListMaxK, `largest` the k largest values, larger first (else it is left
+// empty). The bound is the k-th largest of the maxima of disjoint groups of tokens (k of them hold
+// a value at least it), about 2k groups: lanes of runs of vectors, 4 running maxima a run.
+float kth_largest(const float* x, int64_t V, int64_t k, std::vector<float>& candidates,
+                  std::vector<float>& scratch, std::vector<float>& largest) {
+  constexpr int64_t kPhases = 4;
+  const int64_t vectors = V / Vec::size();
+  const int64_t runs = std::max<int64_t>(1, std::min(vectors, (2 * k + 31) / 32));
+  const int64_t run = std::max<int64_t>(1, (vectors + runs - 1) / runs);
+  scratch.clear();
+  for (int64_t v0 = 0; v0 < vectors; v0 += run) {
+    Vec maxima[kPhases] = {Vec(kNegInf), Vec(kNegInf), Vec(kNegInf), Vec(kNegInf)};
+    for (int64_t v = v0; v < std::min(v0 + run, vectors); ++v) {
+      maxima[v % kPhases] = at::vec::maximum(maxima[v % kPhases], Vec::loadu(x + v * Vec::size()));
+    }
+    float lanes[kPhases * Vec::size()];
+    for (int64_t i = 0; i < kPhases; ++i) maxima[i].store(lanes + i * Vec::size());
+    scratch.insert(scratch.end(), lanes, lanes + kPhases * Vec::size());
+  }
+  candidates.clear();
+  float lower = kNegInf;
+  if (static_cast<int64_t>(scratch.size()) >= k) {
+    std::nth_element(scratch.begin(), scratch.begin() + (k - 1), scratch.end(),
+                     std::greater<float>());
+    lower = scratch[k - 1];
+  }
+  // A bound at -inf (fewer than k groups with a live token) or one that lets through many more
+  // than k values: the list.
+  const int64_t most = 4 * k + 256;
+  if (lower == kNegInf) return kth_largest_by_list(x, V, k, scratch, largest);
+  int64_t j = 0;
+  for (; j + Vec::size() <= V; j += Vec::size()) {
+    for (int mask = lanes_above<true>(Vec::loadu(x + j), lower); mask; mask &= mask - 1) {
+      candidates.push_back(x[j + __builtin_ctz(mask)]);
+    }
+    if (static_cast<int64_t>(candidates.size()) > most) {
+      candidates.clear();
+      return kth_largest_by_list(x, V, k, scratch, largest);
+    }
+  }
+  for (; j < V; ++j) {
+    if (x[j] >= lower) candidates.push_back(x[j]);
+  }
+  scratch.assign(candidates.begin(), candidates.end());
+  std::nth_element(scratch.begin(), scratch.begin() + (k - 1), scratch.end(),
+                   std::greater<float>());
+  largest.clear();
+  if (k <= kListMaxK) {
+    largest.assign(scratch.begin(), scratch.begin() + k);
+    std::sort(largest.begin(), largest.end(), std::greater<float>());
+  }
+  return scratch[k - 1];
 }
 
 // sum of exp(v - row_max) over the values v >= floor_value of x, in double; with `window`, those
@@ -232,7 +290,7 @@ void top_k_top_p_kernel(at::Tensor& logits, const int64_t* slot_p, const int32_t
   scalar_t* base = logits.data_ptr<scalar_t>();
 
   at::parallel_for(0, T, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> x(V), scratch, window, largest;
+    std::vector<float> x(V), candidates, scratch, window, largest;
     std::vector<double> masses;
     for (int64_t t = begin; t < end; ++t) {
       const int64_t r = slot_p[t];
@@ -245,13 +303,17 @@ void top_k_top_p_kernel(at::Tensor& logits, const int64_t* slot_p, const int32_t
       const float row_max = load_row(row, V, x.data());
       if (row_max == kNegInf) continue;
 
-      float threshold = k_on ? kth_largest(x.data(), V, k, scratch, largest) : kNegInf;
+      float threshold = k_on ? kth_largest(x.data(), V, k, candidates, scratch, largest) : kNegInf;
       if (p_on && row_max == kInf) {
         threshold = kInf;  // all the mass lies on the +inf logits
       } else if (p_on) {
         TopPBoundary top_p{0., std::numeric_limits<float>::quiet_NaN()};
         if (k_on) {
-          const double kept_mass = mass_at_least(x.data(), V, threshold, row_max, nullptr);
+          // The kept tokens are candidates, in index order, when there are any: the same sum.
+          const bool listed = !candidates.empty();
+          const double kept_mass = mass_at_least(
+              listed ? candidates.data() : x.data(),
+              listed ? static_cast<int64_t>(candidates.size()) : V, threshold, row_max, nullptr);
           top_p.target = top_p_target(p, kept_mass);
           if (!largest.empty()) {
             top_p.boundary = top_p_threshold_sorted(largest, threshold, row_max, top_p.target);
