@@ -189,16 +189,27 @@ float top_p_threshold_sorted(const std::vector<float>& largest, float lower, flo
   return lower;  // only ties of the k-th value are left: the boundary is at it
 }
 
-// Top-p alone over a whole row, from one pass: the row's mass (summed as mass_at_least sums it, so
-// the target is the same) and the masses of value buckets below the maximum. The tokens within
-// kBucketRange of the maximum fall in buckets of 1 / kBucketsPerUnit by their distance to it; the
-// masses of the buckets, from the largest down, find the bucket where the cumulative mass reaches
-// the target, and only its tokens are sorted. A vector whose lanes all lie over kNoMass below the
-// maximum is skipped: their exponentials are exactly 0 (at::vec's exp flushes below -104).
+// Top-p alone over a whole row: the row's mass (summed as mass_at_least sums it, so the target is
+// the same) and the masses of value buckets below the maximum. The tokens within kBucketRange of
+// the maximum fall in buckets of 1 / kBucketsPerUnit by their distance to it; the masses of the
+// buckets, from the largest down, find the bucket where the cumulative mass reaches the target,
+// and only its tokens are sorted. A vector whose lanes all lie over kNoMass below the maximum is
+// skipped: their exponentials are exactly 0 (at::vec's exp flushes below -104).
+//
+// The row's mass is first summed in Vec::size() independent sums, within (2V + 16) * 2**-53 of
+// its sum in index order (each within (V - 1) * 2**-53 of the exact one): a comparison with the
+// target that this leaves open is made again with the sum in index order. The buckets of a first
+// band are filled with the exponentials, the others when the walk from the largest reaches them;
+// a bucket's sum is still in index order.
 constexpr int kBucketsPerUnit = 8;
 constexpr int kBucketRange = 64;
 constexpr int kBuckets = kBucketsPerUnit * kBucketRange;
 constexpr float kNoMass = 110.f;
+// The first band: the buckets within 6 of the maximum, every bucket in rows of more than
+// kOneBandRow tokens (their boundary lies further below the maximum, and a second pass over a
+// long row costs more than scattering every bucket in the first).
+constexpr int kFirstBand = 6 * kBucketsPerUnit;
+constexpr int64_t kOneBandRow = 8192;
 
 // The top-p target: p times the kept mass (at least the smallest normal float, so that top_p <= 0
 // keeps the most probable token(s)).
@@ -207,64 +218,134 @@ inline double top_p_target(float p, double kept_mass) {
 }
 
 struct TopPBoundary {
-  double target;   // p times the row's mass
+  double target;   // p times the row's mass (set when boundary is NaN)
   float boundary;  // NaN when it lies below the buckets (top_p near 1)
 };
 
-TopPBoundary top_p_alone_boundary(const float* x, int64_t V, float row_max, float p,
-                                  std::vector<double>& bucket_mass, std::vector<float>& window) {
-  bucket_mass.assign(kBuckets, 0.);
-  const Vec vm(row_max), vscale = Vec(static_cast<float>(kBucketsPerUnit));
-  const Vec vbuckets = Vec(static_cast<float>(kBuckets));
-  float lanes_b[Vec::size()], lanes_e[Vec::size()];
-  double mass = 0.;
+// Adds e[i] to bucket b[i] for the lanes of 8 tokens (b = their distance to the maximum times
+// kBucketsPerUnit) in buckets [lo, hi).
+inline void add_to_buckets(const Vec& b, const float* e, int lo, int hi, double* bucket_mass) {
+  int in = lanes_above<true>(b, static_cast<float>(lo)) &
+           lanes_above(Vec(static_cast<float>(hi)) - b, 0.f);
+  if (in == 0) return;
+  float lanes_b[Vec::size()];
+  b.store(lanes_b);
+  for (; in; in &= in - 1) {
+    const int i = __builtin_ctz(in);
+    bucket_mass[static_cast<int>(lanes_b[i])] += e[i];
+  }
+}
+
+// Adds the exponentials `exps` of the tokens in buckets [lo, hi) to their buckets, in index order.
+void fill_buckets(const float* x, const float* exps, int64_t V, float row_max, int lo, int hi,
+                  double* bucket_mass) {
+  const Vec vm(row_max), vscale(static_cast<float>(kBucketsPerUnit));
   int64_t j = 0;
   for (; j + Vec::size() <= V; j += Vec::size()) {
-    const Vec v = Vec::loadu(x + j);
-    const Vec d = vm - v;  // >= 0, +inf for -inf logits
-    if (lanes_above(d, kNoMass) == (1 << Vec::size()) - 1) continue;
-    (v - vm).exp().store(lanes_e);
-    for (int i = 0; i < Vec::size(); ++i) mass += lanes_e[i];
-    const Vec b = d * vscale;  // exact: a power of two
-    b.store(lanes_b);
-    for (int in_range = lanes_above(vbuckets - b, 0.f); in_range; in_range &= in_range - 1) {
-      const int i = __builtin_ctz(in_range);
-      bucket_mass[static_cast<int>(lanes_b[i])] += lanes_e[i];
-    }
-  }
-  for (; j < V; ++j) {
-    const float d = row_max - x[j], e = std::exp(x[j] - row_max);
-    mass += e;
-    if (d * kBucketsPerUnit < kBuckets) bucket_mass[static_cast<int>(d * kBucketsPerUnit)] += e;
-  }
-  const double target = top_p_target(p, mass);
-  double above = 0.;
-  int bucket = 0;
-  for (; bucket < kBuckets && above + bucket_mass[bucket] < target; ++bucket) {
-    above += bucket_mass[bucket];
-  }
-  if (bucket == kBuckets) return {target, std::numeric_limits<float>::quiet_NaN()};
-  // The bucket's tokens: b = d * kBucketsPerUnit in [bucket, bucket + 1).
-  window.clear();
-  const float lo = static_cast<float>(bucket), hi = static_cast<float>(bucket + 1);
-  j = 0;
-  for (; j + Vec::size() <= V; j += Vec::size()) {
-    const Vec b = (vm - Vec::loadu(x + j)) * vscale;
-    for (int in = lanes_above<true>(b, lo) & lanes_above(Vec(hi) - b, 0.f); in; in &= in - 1) {
-      window.push_back(x[j + __builtin_ctz(in)]);
-    }
+    add_to_buckets((vm - Vec::loadu(x + j)) * vscale, exps + j, lo, hi, bucket_mass);
   }
   for (; j < V; ++j) {
     const float b = (row_max - x[j]) * kBucketsPerUnit;
-    if (b >= lo && b < hi) window.push_back(x[j]);
+    if (b >= lo && b < hi) bucket_mass[static_cast<int>(b)] += exps[j];
   }
-  std::sort(window.begin(), window.end(), std::greater<float>());
-  for (float v : window) {
-    above += std::exp(v - row_max);
-    if (above >= target) return {target, v};
+}
+
+TopPBoundary top_p_alone_boundary(const float* x, int64_t V, float row_max, float p,
+                                  std::vector<double>& bucket_mass, std::vector<float>& exps,
+                                  std::vector<float>& window) {
+  bucket_mass.assign(kBuckets, 0.);
+  // Long rows: every bucket and the mass in index order in one pass (the scatter hides the sum's
+  // latency); short rows: the first band, and the mass in Vec::size() sums certified below.
+  const bool banded = V <= kOneBandRow;
+  const int first_band = banded ? kFirstBand : kBuckets;
+  if (banded) exps.resize(V);
+  const Vec vm(row_max), vscale(static_cast<float>(kBucketsPerUnit));
+  double sums[Vec::size()] = {}, mass = 0.;
+  float lanes[Vec::size()];
+  int64_t j = 0;
+  for (; j + Vec::size() <= V; j += Vec::size()) {
+    const Vec v = Vec::loadu(x + j);
+    if (lanes_above(vm - v, kNoMass) == (1 << Vec::size()) - 1) {
+      if (banded) Vec(0.f).store(exps.data() + j);
+      continue;
+    }
+    const Vec e = (v - vm).exp();
+    e.store(lanes);  // read from a local copy: a vector store read back lane by lane stalls
+    if (banded) {
+      e.store(exps.data() + j);
+      for (int i = 0; i < Vec::size(); ++i) sums[i] += lanes[i];
+    } else {
+      for (int i = 0; i < Vec::size(); ++i) mass += lanes[i];
+    }
+    add_to_buckets((vm - v) * vscale, lanes, 0, first_band, bucket_mass.data());
   }
-  // The bucket's own sum reached target: rounding of the last addition.
-  return {target, window.back()};
+  for (int i = 0; i < Vec::size(); ++i) mass += sums[i];  // the 8 sums: 0 for long rows
+  for (; j < V; ++j) {
+    const float e = std::exp(x[j] - row_max), b = (row_max - x[j]) * kBucketsPerUnit;
+    if (banded) exps[j] = e;
+    mass += e;
+    if (b < first_band) bucket_mass[static_cast<int>(b)] += e;
+  }
+  auto exact_mass = [&] {
+    double sum = 0.;
+    for (int64_t i = 0; i < V; ++i) sum += exps[i];  // 0 for skipped vectors: no change
+    return sum;
+  };
+  const double slack = banded ? mass * (2.0 * static_cast<double>(V) + 16.0) * 0x1p-53 : 0.;
+  double target_lo = top_p_target(p, mass - slack), target_hi = top_p_target(p, mass + slack);
+  if (target_lo > target_hi) std::swap(target_lo, target_hi);
+  int filled = first_band;
+  for (;;) {  // at most twice: with the target's bounds, then with the target itself
+    const bool exact = target_lo == target_hi;
+    double above = 0.;
+    int bucket = 0;
+    bool open = false;
+    for (; bucket < kBuckets; ++bucket) {
+      if (bucket == filled) {  // the other buckets
+        fill_buckets(x, exps.data(), V, row_max, filled, kBuckets, bucket_mass.data());
+        filled = kBuckets;
+      }
+      const double next = above + bucket_mass[bucket];
+      if (next >= target_lo) {
+        open = next < target_hi;
+        break;
+      }
+      above = next;
+    }
+    if (!open && bucket == kBuckets) {
+      if (exact) return {target_lo, std::numeric_limits<float>::quiet_NaN()};
+      open = true;  // the window search needs the target itself
+    }
+    if (!open) {
+      // The bucket's tokens: b = d * kBucketsPerUnit in [bucket, bucket + 1).
+      window.clear();
+      const float lo = static_cast<float>(bucket), hi = static_cast<float>(bucket + 1);
+      int64_t i = 0;
+      for (; i + Vec::size() <= V; i += Vec::size()) {
+        const Vec b = (vm - Vec::loadu(x + i)) * vscale;
+        for (int in = lanes_above<true>(b, lo) & lanes_above(Vec(hi) - b, 0.f); in; in &= in - 1) {
+          window.push_back(x[i + __builtin_ctz(in)]);
+        }
+      }
+      for (; i < V; ++i) {
+        const float b = (row_max - x[i]) * kBucketsPerUnit;
+        if (b >= lo && b < hi) window.push_back(x[i]);
+      }
+      std::sort(window.begin(), window.end(), std::greater<float>());
+      for (float v : window) {
+        above += std::exp(v - row_max);
+        if (above >= target_hi) return {target_hi, v};
+        if (above >= target_lo) {
+          open = true;
+          break;
+        }
+      }
+      // The bucket's own sum reached target: rounding of the last addition.
+      if (!open) return {target_lo, window.back()};
+    }
+    // Open: again with the target itself, which decides every comparison.
+    target_lo = target_hi = top_p_target(p, exact_mass());
+  }
 }
 
 // Sets row[j] to -inf where !(row[j] >= threshold) (NaN included).
@@ -290,7 +371,7 @@ void top_k_top_p_kernel(at::Tensor& logits, const int64_t* slot_p, const int32_t
   scalar_t* base = logits.data_ptr<scalar_t>();
 
   at::parallel_for(0, T, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> x(V), candidates, scratch, window, largest;
+    std::vector<float> x(V), candidates, scratch, window, largest, exps;
     std::vector<double> masses;
     for (int64_t t = begin; t < end; ++t) {
       const int64_t r = slot_p[t];
@@ -319,7 +400,7 @@ void top_k_top_p_kernel(at::Tensor& logits, const int64_t* slot_p, const int32_t
             top_p.boundary = top_p_threshold_sorted(largest, threshold, row_max, top_p.target);
           }
         } else {
-          top_p = top_p_alone_boundary(x.data(), V, row_max, p, masses, window);
+          top_p = top_p_alone_boundary(x.data(), V, row_max, p, masses, exps, window);
         }
         const float boundary =
             top_p.boundary == top_p.boundary
