@@ -364,6 +364,12 @@ void mask_below(scalar_t* row, int64_t V, float threshold) {
   }
 }
 
+// The work buffers of a thread's rows (x: the row as float32).
+struct RowBuffers {
+  std::vector<float> x, candidates, scratch, window, largest, exps;
+  std::vector<double> masses;
+};
+
 template <typename scalar_t>
 void top_k_top_p_kernel(at::Tensor& logits, const int64_t* slot_p, const int32_t* top_k_p,
                         const float* top_p_p, int64_t num_slots) {
@@ -371,8 +377,10 @@ void top_k_top_p_kernel(at::Tensor& logits, const int64_t* slot_p, const int32_t
   scalar_t* base = logits.data_ptr<scalar_t>();
 
   at::parallel_for(0, T, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> x(V), candidates, scratch, window, largest, exps;
-    std::vector<double> masses;
+    // A thread's buffers are kept from call to call: no allocation once it has seen a row as long.
+    thread_local RowBuffers buffers;
+    auto& [x, candidates, scratch, window, largest, exps, masses] = buffers;
+    if (static_cast<int64_t>(x.size()) < V) x.resize(V);
     for (int64_t t = begin; t < end; ++t) {
       const int64_t r = slot_p[t];
       if (r < 0 || r >= num_slots) continue;
