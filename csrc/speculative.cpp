@@ -22,11 +22,18 @@ constexpr uint32_t kAcceptToken = 0x7FFFFFFFu;
 // The max of the row and the sum of exp(x - max), the sum through at::vec's exp_u20 (about 20 ulp a
 // term, as logprobs' sum_exp: the sum within about 1e-6); (-inf, 0) without a logit above -inf.
 void row_max_sum(const float* row, int64_t V, float& m, float& s) {
-  Vec v_max(kNegInf);
+  // 4 running maxima (the max does not depend on the order), NaN read as -inf.
+  Vec v_max[4] = {Vec(kNegInf), Vec(kNegInf), Vec(kNegInf), Vec(kNegInf)};
   int64_t i = 0;
+  for (; i + 4 * Vec::size() <= V; i += 4 * Vec::size()) {
+    for (int k = 0; k < 4; ++k) {
+      v_max[k] = at::vec::maximum(v_max[k], load_logits(row + i + k * Vec::size()));
+    }
+  }
   for (; i + Vec::size() <= V; i += Vec::size())
-    v_max = at::vec::maximum(v_max, load_logits(row + i));
-  m = max_lane(v_max);
+    v_max[0] = at::vec::maximum(v_max[0], load_logits(row + i));
+  m = max_lane(
+      at::vec::maximum(at::vec::maximum(v_max[0], v_max[1]), at::vec::maximum(v_max[2], v_max[3])));
   for (; i < V; ++i) m = std::max(m, logit_at(row, i));
   s = 0.0f;
   if (m == kNegInf) return;
