@@ -250,6 +250,21 @@ void fill_buckets(const float* x, const float* exps, int64_t V, float row_max, i
   }
 }
 
+#if defined(CPU_CAPABILITY_AVX2)
+// Per-lane double sums of 8 float lanes (lane i sums the i-th lanes in order).
+struct LaneSums {
+  __m256d low = _mm256_setzero_pd(), high = _mm256_setzero_pd();
+  void add(__m256 v) {
+    low = _mm256_add_pd(low, _mm256_cvtps_pd(_mm256_castps256_ps128(v)));
+    high = _mm256_add_pd(high, _mm256_cvtps_pd(_mm256_extractf128_ps(v, 1)));
+  }
+  void store(double* sums) const {
+    _mm256_storeu_pd(sums, low);
+    _mm256_storeu_pd(sums + 4, high);
+  }
+};
+#endif
+
 TopPBoundary top_p_alone_boundary(const float* x, int64_t V, float row_max, float p,
                                   std::vector<double>& bucket_mass, std::vector<float>& exps,
                                   std::vector<float>& window) {
@@ -261,6 +276,9 @@ TopPBoundary top_p_alone_boundary(const float* x, int64_t V, float row_max, floa
   if (banded) exps.resize(V);
   const Vec vm(row_max), vscale(static_cast<float>(kBucketsPerUnit));
   double sums[Vec::size()] = {}, mass = 0.;
+#if defined(CPU_CAPABILITY_AVX2)
+  LaneSums sums_x8;
+#endif
   float lanes[Vec::size()];
   int64_t j = 0;
   for (; j + Vec::size() <= V; j += Vec::size()) {
@@ -273,12 +291,19 @@ TopPBoundary top_p_alone_boundary(const float* x, int64_t V, float row_max, floa
     e.store(lanes);  // read from a local copy: a vector store read back lane by lane stalls
     if (banded) {
       e.store(exps.data() + j);
+#if defined(CPU_CAPABILITY_AVX2)
+      sums_x8.add(e);
+#else
       for (int i = 0; i < Vec::size(); ++i) sums[i] += lanes[i];
+#endif
     } else {
       for (int i = 0; i < Vec::size(); ++i) mass += lanes[i];
     }
     add_to_buckets((vm - v) * vscale, lanes, 0, first_band, bucket_mass.data());
   }
+#if defined(CPU_CAPABILITY_AVX2)
+  sums_x8.store(sums);
+#endif
   for (int i = 0; i < Vec::size(); ++i) mass += sums[i];  // the 8 sums: 0 for long rows
   for (; j < V; ++j) {
     const float e = std::exp(x[j] - row_max), b = (row_max - x[j]) * kBucketsPerUnit;
