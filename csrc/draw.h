@@ -250,56 +250,55 @@ inline void gumbel_approx(const uint32_t* bits, int64_t n, float* noise) {
 }
 
 // Tokens whose noise one step of `gumbel_argmax_row` computes together (stack arrays). A block
-// with fewer than one token in kSparseShare above -inf scores its live tokens one by one, exactly.
+// with fewer than one token in kSparseShare above -inf scores its live tokens only (without AVX2
+// one by one, exactly).
 constexpr int64_t kDrawBlock = 256;
 constexpr int64_t kSparseShare = 8;
 
-// The largest m = bits >> 9 (the uniform's 23 bits) below which the stream's noise, as
-// stream_gumbel computes it in float32, is certainly below g: u(m) = (m + 1/2) / 2**23 < u* =
-// exp(-exp(-g')) with g' = g - 2**-10, a margin far above the float32 logs' error (a few ulp of at
-// most 16.7). 0 when no m qualifies, 2**23 when every one does.
-inline int32_t noise_below(float g) {
-  if (!(g > -2.8f)) return 0;  // the least noise, at u = 2**-24, is -log(-log(2**-24)) = -2.81
-  if (g > kMaxGumbel) return 1 << 23;
-  const double u = std::exp(-std::exp(-(static_cast<double>(g) - 1.0 / 1024)));
-  return static_cast<int32_t>(std::max(0.0, std::floor(u * 8388608.0 - 0.5)));
+#if defined(CPU_CAPABILITY_AVX2)
+// Upper bounds of the stream's noise, as stream_gumbel computes it in float32, of 8 lanes of stream
+// bits: -log(-log u) <= -log w for w = 1 - u = k / 2**24, k = 2**24 - 1 - 2m (exact), and log2 k is
+// at least the bits of float(k) read as an integer, / 2**23 - 127 (log2(1 + f) >= f); plus 2**-10,
+// far above the float32 logs' error (a few ulp of at most 16.7) and this bound's own roundings.
+inline __m256 noise_upper_x8(__m256i bits) {
+  const __m256i k = _mm256_sub_epi32(_mm256_set1_epi32((1 << 24) - 1),
+                                     _mm256_slli_epi32(_mm256_srli_epi32(bits, 9), 1));
+  const __m256i k_bits = _mm256_castps_si256(_mm256_cvtepi32_ps(k));  // exact: k < 2**24
+  const __m256 steps = _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_set1_epi32(151 << 23), k_bits));
+  return _mm256_add_ps(_mm256_mul_ps(steps, _mm256_set1_ps(0.693147181f / 8388608.0f)),
+                       _mm256_set1_ps(1.0f / 1024));
 }
+#endif
 
 #if defined(CPU_CAPABILITY_AVX2)
-// The tokens a certified draw leaves unscored, block by block: those whose noise lies below the
-// level at which their score, at most `bound` + noise, could come within twice the tolerance of the
-// best approximate score so far. `exact_bound` keeps the largest exact score a skipped token may
-// have: one more runner-up of the certificate, its bound exact (no tolerance of its own).
+// The tokens a certified draw leaves unscored, 8 at a time: those whose exact scores, at most a
+// bound of the lane (bound + noise_upper_x8), all stay below the best approximate score so
+// far less twice its tolerance. `exact_bound` keeps the largest of those bounds: one more runner-up
+// of the certificate, exact (no tolerance of its own).
 struct Skips {
-  float exact_bound = kNegInf;
-  // The m = bits >> 9 below which the block's tokens are skipped (0: none). bound: at least every
-  // exact score of the block minus its token's noise.
-  int32_t level(float best, float bound, float tol) {
-    if (!(best > kNegInf && best < -kNegInf && bound > kNegInf && bound < -kNegInf)) return 0;
-    const float g = best - 2.0f * tol * (35.0f + std::fabs(best)) - bound;
-    const int32_t below = noise_below(g);
-    if (below > 0) exact_bound = std::max(exact_bound, bound + g);
-    return below;
+  __m256 exact_bound = _mm256_set1_ps(kNegInf);
+  float level = kNegInf;  // lanes below it are skipped; -inf: none
+  // best: the best approximate score so far (-inf for none).
+  void update(float best, float tol) {
+    level =
+        best > kNegInf && best < -kNegInf ? best - 2.0f * tol * (35.0f + std::fabs(best)) : kNegInf;
+  }
+  // Whether the 8 tokens with stream bits `bits` are skipped; bound: at least each lane's exact
+  // score less its noise (NaN: the lane is scored).
+  bool skip(__m256 bound, __m256i bits) {
+    const __m256 reach = _mm256_add_ps(bound, noise_upper_x8(bits));
+    if (_mm256_movemask_ps(_mm256_cmp_ps(reach, _mm256_set1_ps(level), _CMP_LT_OQ)) != 0xFF) {
+      return false;
+    }
+    exact_bound = _mm256_max_ps(exact_bound, reach);
+    return true;
   }
   // Whether every skipped token loses to the certified winner of `top`.
   bool lose_to(const Top2& top, float tol) const {
-    return exact_bound == kNegInf || exact_bound < top.first - tol * (35.0f + std::fabs(top.first));
+    const float bound = LaneTop2::largest_of(exact_bound);
+    return bound == kNegInf || bound < top.first - tol * (35.0f + std::fabs(top.first));
   }
 };
-
-// The largest of x[0:n], n a multiple of 8, NaN ignored (-inf for none).
-inline float max_x8(const float* x, int64_t n) {
-  __m256 v = _mm256_set1_ps(kNegInf);
-  for (int64_t i = 0; i < n; i += 8) v = _mm256_max_ps(_mm256_loadu_ps(x + i), v);  // NaN: v
-  return LaneTop2::largest_of(v);
-}
-
-// Whether some lane of 8 stream bits has m = bits >> 9 >= below (m < 2**23: a signed compare).
-inline bool any_at_or_above(__m256i bits, int32_t below) {
-  const __m256i rises =
-      _mm256_cmpgt_epi32(_mm256_srli_epi32(bits, 9), _mm256_set1_epi32(below - 1));
-  return !_mm256_testz_si256(rises, rises);
-}
 #endif
 
 // row_argmax's Gumbel draw over a float32 row from approximate scores certified by Top2, as the
@@ -308,11 +307,10 @@ inline bool any_at_or_above(__m256i bits, int32_t below) {
 // last tokens of a block are scored exactly, and so, without AVX2, are the live tokens of a sparse
 // block (a filtered row); with AVX2 those are scored 8 at a time.
 //
-// With AVX2, 8 tokens whose noise cannot lift them near the running best are not scored: a block's
-// largest logit xmax and the best approximate score so far B give a noise level g = B - xmax -
-// margin that the stream bits (computed anyway) show a token to be below (noise_below); the skipped
-// tokens' exact scores then stay below xmax + g, which joins the certificate as one more runner-up
-// (else the exact pass decides). The token is the same as scoring every one.
+// With AVX2, 8 tokens whose noise cannot lift them near the running best are not scored (Skips:
+// the stream bits, computed anyway, bound each lane's noise); the skipped tokens' exact scores then
+// stay below their bounds, the largest of which joins the certificate as one more runner-up (else
+// the exact pass decides). The token is the same as scoring every one.
 inline int64_t gumbel_argmax_row(const float* row, int64_t V, uint32_t key, float tol) {
   constexpr float kLowest = -std::numeric_limits<float>::max();
   Top2 top;
@@ -323,23 +321,44 @@ inline int64_t gumbel_argmax_row(const float* row, int64_t V, uint32_t key, floa
   const __m256 neg_inf = _mm256_set1_ps(kNegInf), lowest = _mm256_set1_ps(kLowest);
   LaneTop2 lanes;
   Skips skips;
+  // Offers the approximate scores of 8 tokens, the lanes not above -inf (NaN included) at -inf.
+  auto score = [&](__m256 xv, __m256i tokens, __m256i bits) {
+    lanes.offer(
+        _mm256_blendv_ps(neg_inf, _mm256_max_ps(_mm256_add_ps(xv, gumbel_approx_x8(bits)), lowest),
+                         _mm256_cmp_ps(xv, neg_inf, _CMP_GT_OQ)),
+        tokens);
+  };
 #else
   alignas(64) uint32_t bits[kDrawBlock];
   alignas(64) float noise[kDrawBlock];
 #endif
   for (int64_t j0 = 0; j0 < V; j0 += kDrawBlock) {
-    const int64_t n = std::min(kDrawBlock, V - j0);
+    const int64_t n = std::min(kDrawBlock, V - j0), full = n & ~int64_t{7};
     const float* x = row + j0;
-    int64_t live = 0;
-    for (int64_t i = 0; i < n; ++i) live += x[i] > kNegInf;  // NaN is not
-    if (live * kSparseShare < n) {
 #if defined(CPU_CAPABILITY_AVX2)
+    // The live lanes of each 8 tokens (NaN is not live).
+    uint8_t live_lanes[kDrawBlock / 8];
+    int64_t live = 0;
+    for (int64_t i = 0; i < full; i += 8) {
+      live_lanes[i / 8] = static_cast<uint8_t>(
+          _mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(x + i), neg_inf, _CMP_GT_OQ)));
+      live += __builtin_popcount(live_lanes[i / 8]);
+    }
+    for (int64_t i = full; i < n; ++i) live += x[i] > kNegInf;
+    if (live * kSparseShare < n) {
       // The live tokens, 8 at a time (in index order: a lane keeps its lower token on ties), the
       // lanes past the last one -inf.
       alignas(32) int32_t tokens[kDrawBlock / kSparseShare + 8];
       alignas(32) float xs[kDrawBlock / kSparseShare + 8];
       int64_t m = 0;
-      for (int64_t i = 0; i < n; ++i) {
+      for (int64_t i = 0; i < full; i += 8) {
+        for (int mask = live_lanes[i / 8]; mask; mask &= mask - 1) {
+          const int64_t k = i + __builtin_ctz(mask);
+          tokens[m] = static_cast<int32_t>(j0 + k);
+          xs[m++] = x[k];
+        }
+      }
+      for (int64_t i = full; i < n; ++i) {
         if (x[i] > kNegInf) {
           tokens[m] = static_cast<int32_t>(j0 + i);
           xs[m++] = x[i];
@@ -351,41 +370,30 @@ inline int64_t gumbel_argmax_row(const float* row, int64_t V, uint32_t key, floa
       }
       for (int64_t k = 0; k < m; k += 8) {
         const __m256i tok = _mm256_load_si256(reinterpret_cast<const __m256i*>(tokens + k));
-        const __m256 g = gumbel_approx_x8(stream_bits_x8(key, tok));
-        const __m256 xv = _mm256_load_ps(xs + k);
-        lanes.offer(_mm256_blendv_ps(neg_inf, _mm256_max_ps(_mm256_add_ps(xv, g), lowest),
-                                     _mm256_cmp_ps(xv, neg_inf, _CMP_GT_OQ)),
-                    tok);
+        score(_mm256_load_ps(xs + k), tok, stream_bits_x8(key, tok));
       }
-#else
-      for (int64_t i = 0; i < n; ++i) {
-        if (x[i] > kNegInf) offer_exact(x[i], j0 + i);
-      }
-#endif
       continue;
     }
-#if defined(CPU_CAPABILITY_AVX2)
-    // The block's largest logit bounds its scores, less the noise.
-    float xmax = max_x8(x, n & ~int64_t{7});
-    for (int64_t i = n & ~int64_t{7}; i < n; ++i) {
-      if (x[i] > xmax) xmax = x[i];
-    }
-    const int32_t below =
-        skips.level(std::max(LaneTop2::largest_of(lanes.first), top.first), xmax, tol);
     int64_t i = 0;
-    for (; i + 8 <= n; i += 8) {
-      const __m256i bits = stream_bits_x8(key, tokens_x8(j0 + i));
-      if (!any_at_or_above(bits, below)) continue;
+    for (; i < full; i += 8) {
+      if (i % 64 == 0) skips.update(std::max(LaneTop2::largest_of(lanes.first), top.first), tol);
+      const __m256i tok = tokens_x8(j0 + i);
+      const __m256i bits = stream_bits_x8(key, tok);
       const __m256 xv = _mm256_loadu_ps(x + i);
-      const __m256 g = gumbel_approx_x8(bits);
-      lanes.offer(_mm256_blendv_ps(neg_inf, _mm256_max_ps(_mm256_add_ps(xv, g), lowest),
-                                   _mm256_cmp_ps(xv, neg_inf, _CMP_GT_OQ)),  // NaN: not live
-                  tokens_x8(j0 + i));
+      if (!skips.skip(xv, bits)) score(xv, tok, bits);
     }
     for (; i < n; ++i) {
       if (x[i] > kNegInf) offer_exact(x[i], j0 + i);
     }
 #else
+    int64_t live = 0;
+    for (int64_t i = 0; i < n; ++i) live += x[i] > kNegInf;  // NaN is not
+    if (live * kSparseShare < n) {
+      for (int64_t i = 0; i < n; ++i) {
+        if (x[i] > kNegInf) offer_exact(x[i], j0 + i);
+      }
+      continue;
+    }
     for (int64_t i = 0; i < n; ++i) bits[i] = stream_bits(key, static_cast<uint32_t>(j0 + i));
     gumbel_approx(bits, n, noise);
     for (int64_t i = 0; i < n; ++i) {

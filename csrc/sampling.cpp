@@ -141,7 +141,7 @@ int64_t rows_to_process(const at::Tensor& logits, const int64_t* slots, const at
 
 // A float32 copy of the rows with a slot in range (the others are left unwritten) divided by their
 // temperature (a true division, as the temperature op: the same bits as copying, then dividing in
-// place); greedy rows are copied as they are.
+// place); greedy rows and rows at temperature 1 are copied as they are.
 template <typename scalar_t>
 at::Tensor scaled_rows(const at::Tensor& logits, const int64_t* slots, const float* temps,
                        int64_t R) {
@@ -157,7 +157,7 @@ at::Tensor scaled_rows(const at::Tensor& logits, const int64_t* slots, const flo
       const float temp = temps[r];
       const scalar_t* in = src + t * row_stride;
       float* out = dst + t * V;
-      if (temp == 0.0f) {
+      if (temp == 0.0f || temp == 1.0f) {  // x / 1 is x (NaN stays NaN)
         for (int64_t j = 0; j < V; ++j) out[j] = static_cast<float>(in[j * col_stride]);
       } else {
         for (int64_t j = 0; j < V; ++j) out[j] = static_cast<float>(in[j * col_stride]) / temp;

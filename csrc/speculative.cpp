@@ -22,11 +22,18 @@ constexpr uint32_t kAcceptToken = 0x7FFFFFFFu;
 // The max of the row and the sum of exp(x - max), the sum through at::vec's exp_u20 (about 20 ulp a
 // term, as logprobs' sum_exp: the sum within about 1e-6); (-inf, 0) without a logit above -inf.
 void row_max_sum(const float* row, int64_t V, float& m, float& s) {
-  Vec v_max(kNegInf);
+  // 4 running maxima (the max does not depend on the order), NaN read as -inf.
+  Vec v_max[4] = {Vec(kNegInf), Vec(kNegInf), Vec(kNegInf), Vec(kNegInf)};
   int64_t i = 0;
+  for (; i + 4 * Vec::size() <= V; i += 4 * Vec::size()) {
+    for (int k = 0; k < 4; ++k) {
+      v_max[k] = at::vec::maximum(v_max[k], load_logits(row + i + k * Vec::size()));
+    }
+  }
   for (; i + Vec::size() <= V; i += Vec::size())
-    v_max = at::vec::maximum(v_max, load_logits(row + i));
-  m = max_lane(v_max);
+    v_max[0] = at::vec::maximum(v_max[0], load_logits(row + i));
+  m = max_lane(
+      at::vec::maximum(at::vec::maximum(v_max[0], v_max[1]), at::vec::maximum(v_max[2], v_max[3])));
   for (; i < V; ++i) m = std::max(m, logit_at(row, i));
   s = 0.0f;
   if (m == kNegInf) return;
@@ -88,44 +95,40 @@ inline int64_t residual_draw_fast(const float* row, const float* probs, int64_t 
   __m256 subnormal = zero;
   // Tokens whose noise cannot bring them near the best score so far are not scored, as in
   // gumbel_argmax_row: with q >= 0, log r <= log p = (x - m) - log s, within a margin of 1e-4 +
-  // 1e-6 |bound| for the roundings of exp, the division and the logs, so a block's largest logit
-  // bounds its scores.
+  // 1e-6 |bound| for the roundings of exp, the division and the logs.
   const float log_s = static_cast<float>(std::log(static_cast<double>(s)));
+  const __m256 largest = _mm256_set1_ps(std::numeric_limits<float>::max());
   Skips skips;
   int64_t j = 0;
-  for (int64_t j0 = 0; j0 + 8 <= V; j0 += kDrawBlock) {
-    const int64_t block_end = std::min(j0 + kDrawBlock, V) & ~int64_t{7};
-    const float xmax = max_x8(row + j0, block_end - j0);
-    const float bound = (xmax - m) - log_s;
-    const int32_t below = skips.level(std::max(LaneTop2::largest_of(lanes_r.first), top_r.first),
-                                      bound + (1e-4f + 1e-6f * std::fabs(bound)), tol);
-    for (j = j0; j < block_end; j += 8) {
-      const __m256i tokens = tokens_x8(j);
-      const __m256i bits = stream_bits_x8(key, tokens);
-      const __m256 q =
-          probs != nullptr
-              ? _mm256_loadu_ps(probs + j)
-              : _mm256_and_ps(_mm256_castsi256_ps(_mm256_cmpeq_epi32(tokens, draft_x8)),
-                              _mm256_set1_ps(1.0f));
-      // Scored: lanes with m >= below, and any lane of a q that is not >= 0 (NaN, negative: no
-      // bound).
-      if (!any_at_or_above(bits, below) &&
-          _mm256_movemask_ps(_mm256_cmp_ps(q, zero, _CMP_GE_OQ)) == 0xFF) {
-        continue;
-      }
-      const __m256 x = load_logits(row + j);
-      const __m256 live = _mm256_cmp_ps(x, neg_inf, _CMP_GT_OQ);
-      const __m256 p = Vec(_mm256_sub_ps(x, _mm256_set1_ps(m))).exp() / Vec(s);
-      const __m256 r = _mm256_sub_ps(p, q);
-      const __m256 positive = _mm256_and_ps(live, _mm256_cmp_ps(r, zero, _CMP_GT_OQ));
-      if (_mm256_movemask_ps(positive) == 0) continue;
-      subnormal =
-          _mm256_or_ps(subnormal, _mm256_and_ps(positive, _mm256_cmp_ps(r, smallest, _CMP_LT_OQ)));
-      const __m256 log_r = log_x8(_mm256_max_ps(r, smallest));
-      lanes_r.offer(
-          _mm256_blendv_ps(neg_inf, _mm256_add_ps(log_r, gumbel_approx_x8(bits)), positive),
-          tokens);
-    }
+  for (; j + 8 <= V; j += 8) {
+    if (j % 64 == 0) skips.update(std::max(LaneTop2::largest_of(lanes_r.first), top_r.first), tol);
+    const __m256i tokens = tokens_x8(j);
+    const __m256i bits = stream_bits_x8(key, tokens);
+    const __m256 q = probs != nullptr
+                         ? _mm256_loadu_ps(probs + j)
+                         : _mm256_and_ps(_mm256_castsi256_ps(_mm256_cmpeq_epi32(tokens, draft_x8)),
+                                         _mm256_set1_ps(1.0f));
+    const __m256 x = load_logits(row + j);
+    // The bound of log r (-inf for a logit at -inf: |b| is clamped); none (NaN: scored) for a q
+    // that is not >= 0 (NaN, negative).
+    const __m256 b = _mm256_sub_ps(_mm256_sub_ps(x, _mm256_set1_ps(m)), _mm256_set1_ps(log_s));
+    const __m256 margin =
+        _mm256_add_ps(_mm256_set1_ps(1e-4f),
+                      _mm256_mul_ps(_mm256_set1_ps(1e-6f), _mm256_min_ps(Vec(b).abs(), largest)));
+    const __m256 bound =
+        _mm256_blendv_ps(_mm256_set1_ps(std::numeric_limits<float>::quiet_NaN()),
+                         _mm256_add_ps(b, margin), _mm256_cmp_ps(q, zero, _CMP_GE_OQ));
+    if (skips.skip(bound, bits)) continue;
+    const __m256 live = _mm256_cmp_ps(x, neg_inf, _CMP_GT_OQ);
+    const __m256 p = Vec(_mm256_sub_ps(x, _mm256_set1_ps(m))).exp() / Vec(s);
+    const __m256 r = _mm256_sub_ps(p, q);
+    const __m256 positive = _mm256_and_ps(live, _mm256_cmp_ps(r, zero, _CMP_GT_OQ));
+    if (_mm256_movemask_ps(positive) == 0) continue;
+    subnormal =
+        _mm256_or_ps(subnormal, _mm256_and_ps(positive, _mm256_cmp_ps(r, smallest, _CMP_LT_OQ)));
+    const __m256 log_r = log_x8(_mm256_max_ps(r, smallest));
+    lanes_r.offer(_mm256_blendv_ps(neg_inf, _mm256_add_ps(log_r, gumbel_approx_x8(bits)), positive),
+                  tokens);
   }
   for (; j < V; ++j) {  // the last tokens exactly, as residual_draw scores them
     const float x = logit_at(row, j);

@@ -1,7 +1,8 @@
 // CPU kernel of top_k_top_p (torch_sampling_ops/truncation/), in place.
 //
-// Per row, over the row as float32 (NaN read as -inf): the k-th largest value from one vectorized
-// pass that offers a sorted list only the lanes above its last value (nth_element for large k).
+// Per row, over the row as float32 (NaN read as -inf): the k-th largest value by nth_element over
+// the values at least the k-th largest of about 2k group maxima (one vectorized pass each), else
+// from one pass that offers a sorted list only the lanes above its last value.
 // The top-p boundary, with top-k on: by sorting only the kept tokens within a window below the
 // maximum that already holds the target mass (the window grows until it does); top-p alone: from
 // the masses of value buckets below the maximum, sorting only the boundary bucket. Masses are
@@ -21,7 +22,8 @@ namespace tso {
 namespace {
 
 constexpr float kInf = std::numeric_limits<float>::infinity();
-// Largest k found by a TopK list; larger k use nth_element over a copy of the row.
+// Largest k whose k largest values top_p_threshold_sorted walks; larger k use the windows of
+// top_p_threshold.
 constexpr int64_t kListMaxK = 256;
 
 // x[0:V] = the row as float32, NaN read as -inf; returns the row max.
@@ -45,10 +47,10 @@ float load_row(const scalar_t* row, int64_t V, float* x) {
   return m;
 }
 
-// The k-th largest of x[0:V] (counting ties), 0 < k < V; up to kListMaxK, `largest` then holds
-// the k largest values, larger first (else it is left empty).
-float kth_largest(const float* x, int64_t V, int64_t k, std::vector<float>& scratch,
-                  std::vector<float>& largest) {
+// kth_largest by a TopK list fed the row in one pass (offered only the lanes above its last
+// value): for rows where the group maxima below bound the k-th value poorly (ties, -inf).
+float kth_largest_by_list(const float* x, int64_t V, int64_t k, std::vector<float>& scratch,
+                          std::vector<float>& largest) {
   largest.clear();
   if (k > kListMaxK) {
     scratch.assign(x, x + V);
@@ -68,6 +70,62 @@ float kth_largest(const float* x, int64_t V, int64_t k, std::vector<float>& scra
   const float kth = top.vals[k - 1];
   largest.swap(top.vals);
   return kth;
+}
+
+// The k-th largest of x[0:V] (counting ties), 0 < k < V, x without NaN. `candidates` then holds
+// the values at least a lower bound of it, in index order (every kept token's value), or nothing
+// (x holds them); up to kListMaxK, `largest` the k largest values, larger first (else it is left
+// empty). The bound is the k-th largest of the maxima of disjoint groups of tokens (k of them hold
+// a value at least it), about 2k groups: lanes of runs of vectors, 4 running maxima a run.
+float kth_largest(const float* x, int64_t V, int64_t k, std::vector<float>& candidates,
+                  std::vector<float>& scratch, std::vector<float>& largest) {
+  constexpr int64_t kPhases = 4;
+  const int64_t vectors = V / Vec::size();
+  const int64_t runs = std::max<int64_t>(1, std::min(vectors, (2 * k + 31) / 32));
+  const int64_t run = std::max<int64_t>(1, (vectors + runs - 1) / runs);
+  scratch.clear();
+  for (int64_t v0 = 0; v0 < vectors; v0 += run) {
+    Vec maxima[kPhases] = {Vec(kNegInf), Vec(kNegInf), Vec(kNegInf), Vec(kNegInf)};
+    for (int64_t v = v0; v < std::min(v0 + run, vectors); ++v) {
+      maxima[v % kPhases] = at::vec::maximum(maxima[v % kPhases], Vec::loadu(x + v * Vec::size()));
+    }
+    float lanes[kPhases * Vec::size()];
+    for (int64_t i = 0; i < kPhases; ++i) maxima[i].store(lanes + i * Vec::size());
+    scratch.insert(scratch.end(), lanes, lanes + kPhases * Vec::size());
+  }
+  candidates.clear();
+  float lower = kNegInf;
+  if (static_cast<int64_t>(scratch.size()) >= k) {
+    std::nth_element(scratch.begin(), scratch.begin() + (k - 1), scratch.end(),
+                     std::greater<float>());
+    lower = scratch[k - 1];
+  }
+  // A bound at -inf (fewer than k groups with a live token) or one that lets through many more
+  // than k values: the list.
+  const int64_t most = 4 * k + 256;
+  if (lower == kNegInf) return kth_largest_by_list(x, V, k, scratch, largest);
+  int64_t j = 0;
+  for (; j + Vec::size() <= V; j += Vec::size()) {
+    for (int mask = lanes_above<true>(Vec::loadu(x + j), lower); mask; mask &= mask - 1) {
+      candidates.push_back(x[j + __builtin_ctz(mask)]);
+    }
+    if (static_cast<int64_t>(candidates.size()) > most) {
+      candidates.clear();
+      return kth_largest_by_list(x, V, k, scratch, largest);
+    }
+  }
+  for (; j < V; ++j) {
+    if (x[j] >= lower) candidates.push_back(x[j]);
+  }
+  scratch.assign(candidates.begin(), candidates.end());
+  std::nth_element(scratch.begin(), scratch.begin() + (k - 1), scratch.end(),
+                   std::greater<float>());
+  largest.clear();
+  if (k <= kListMaxK) {
+    largest.assign(scratch.begin(), scratch.begin() + k);
+    std::sort(largest.begin(), largest.end(), std::greater<float>());
+  }
+  return scratch[k - 1];
 }
 
 // sum of exp(v - row_max) over the values v >= floor_value of x, in double; with `window`, those
@@ -131,16 +189,27 @@ float top_p_threshold_sorted(const std::vector<float>& largest, float lower, flo
   return lower;  // only ties of the k-th value are left: the boundary is at it
 }
 
-// Top-p alone over a whole row, from one pass: the row's mass (summed as mass_at_least sums it, so
-// the target is the same) and the masses of value buckets below the maximum. The tokens within
-// kBucketRange of the maximum fall in buckets of 1 / kBucketsPerUnit by their distance to it; the
-// masses of the buckets, from the largest down, find the bucket where the cumulative mass reaches
-// the target, and only its tokens are sorted. A vector whose lanes all lie over kNoMass below the
-// maximum is skipped: their exponentials are exactly 0 (at::vec's exp flushes below -104).
+// Top-p alone over a whole row: the row's mass (summed as mass_at_least sums it, so the target is
+// the same) and the masses of value buckets below the maximum. The tokens within kBucketRange of
+// the maximum fall in buckets of 1 / kBucketsPerUnit by their distance to it; the masses of the
+// buckets, from the largest down, find the bucket where the cumulative mass reaches the target,
+// and only its tokens are sorted. A vector whose lanes all lie over kNoMass below the maximum is
+// skipped: their exponentials are exactly 0 (at::vec's exp flushes below -104).
+//
+// The row's mass is first summed in Vec::size() independent sums, within (2V + 16) * 2**-53 of
+// its sum in index order (each within (V - 1) * 2**-53 of the exact one): a comparison with the
+// target that this leaves open is made again with the sum in index order. The buckets of a first
+// band are filled with the exponentials, the others when the walk from the largest reaches them;
+// a bucket's sum is still in index order.
 constexpr int kBucketsPerUnit = 8;
 constexpr int kBucketRange = 64;
 constexpr int kBuckets = kBucketsPerUnit * kBucketRange;
 constexpr float kNoMass = 110.f;
+// The first band: the buckets within 6 of the maximum, every bucket in rows of more than
+// kOneBandRow tokens (their boundary lies further below the maximum, and a second pass over a
+// long row costs more than scattering every bucket in the first).
+constexpr int kFirstBand = 6 * kBucketsPerUnit;
+constexpr int64_t kOneBandRow = 8192;
 
 // The top-p target: p times the kept mass (at least the smallest normal float, so that top_p <= 0
 // keeps the most probable token(s)).
@@ -149,64 +218,159 @@ inline double top_p_target(float p, double kept_mass) {
 }
 
 struct TopPBoundary {
-  double target;   // p times the row's mass
+  double target;   // p times the row's mass (set when boundary is NaN)
   float boundary;  // NaN when it lies below the buckets (top_p near 1)
 };
 
-TopPBoundary top_p_alone_boundary(const float* x, int64_t V, float row_max, float p,
-                                  std::vector<double>& bucket_mass, std::vector<float>& window) {
-  bucket_mass.assign(kBuckets, 0.);
-  const Vec vm(row_max), vscale = Vec(static_cast<float>(kBucketsPerUnit));
-  const Vec vbuckets = Vec(static_cast<float>(kBuckets));
-  float lanes_b[Vec::size()], lanes_e[Vec::size()];
-  double mass = 0.;
+// Adds e[i] to bucket b[i] for the lanes of 8 tokens (b = their distance to the maximum times
+// kBucketsPerUnit) in buckets [lo, hi).
+inline void add_to_buckets(const Vec& b, const float* e, int lo, int hi, double* bucket_mass) {
+  int in = lanes_above<true>(b, static_cast<float>(lo)) &
+           lanes_above(Vec(static_cast<float>(hi)) - b, 0.f);
+  if (in == 0) return;
+  float lanes_b[Vec::size()];
+  b.store(lanes_b);
+  for (; in; in &= in - 1) {
+    const int i = __builtin_ctz(in);
+    bucket_mass[static_cast<int>(lanes_b[i])] += e[i];
+  }
+}
+
+// Adds the exponentials `exps` of the tokens in buckets [lo, hi) to their buckets, in index order.
+void fill_buckets(const float* x, const float* exps, int64_t V, float row_max, int lo, int hi,
+                  double* bucket_mass) {
+  const Vec vm(row_max), vscale(static_cast<float>(kBucketsPerUnit));
   int64_t j = 0;
   for (; j + Vec::size() <= V; j += Vec::size()) {
-    const Vec v = Vec::loadu(x + j);
-    const Vec d = vm - v;  // >= 0, +inf for -inf logits
-    if (lanes_above(d, kNoMass) == (1 << Vec::size()) - 1) continue;
-    (v - vm).exp().store(lanes_e);
-    for (int i = 0; i < Vec::size(); ++i) mass += lanes_e[i];
-    const Vec b = d * vscale;  // exact: a power of two
-    b.store(lanes_b);
-    for (int in_range = lanes_above(vbuckets - b, 0.f); in_range; in_range &= in_range - 1) {
-      const int i = __builtin_ctz(in_range);
-      bucket_mass[static_cast<int>(lanes_b[i])] += lanes_e[i];
-    }
-  }
-  for (; j < V; ++j) {
-    const float d = row_max - x[j], e = std::exp(x[j] - row_max);
-    mass += e;
-    if (d * kBucketsPerUnit < kBuckets) bucket_mass[static_cast<int>(d * kBucketsPerUnit)] += e;
-  }
-  const double target = top_p_target(p, mass);
-  double above = 0.;
-  int bucket = 0;
-  for (; bucket < kBuckets && above + bucket_mass[bucket] < target; ++bucket) {
-    above += bucket_mass[bucket];
-  }
-  if (bucket == kBuckets) return {target, std::numeric_limits<float>::quiet_NaN()};
-  // The bucket's tokens: b = d * kBucketsPerUnit in [bucket, bucket + 1).
-  window.clear();
-  const float lo = static_cast<float>(bucket), hi = static_cast<float>(bucket + 1);
-  j = 0;
-  for (; j + Vec::size() <= V; j += Vec::size()) {
-    const Vec b = (vm - Vec::loadu(x + j)) * vscale;
-    for (int in = lanes_above<true>(b, lo) & lanes_above(Vec(hi) - b, 0.f); in; in &= in - 1) {
-      window.push_back(x[j + __builtin_ctz(in)]);
-    }
+    add_to_buckets((vm - Vec::loadu(x + j)) * vscale, exps + j, lo, hi, bucket_mass);
   }
   for (; j < V; ++j) {
     const float b = (row_max - x[j]) * kBucketsPerUnit;
-    if (b >= lo && b < hi) window.push_back(x[j]);
+    if (b >= lo && b < hi) bucket_mass[static_cast<int>(b)] += exps[j];
   }
-  std::sort(window.begin(), window.end(), std::greater<float>());
-  for (float v : window) {
-    above += std::exp(v - row_max);
-    if (above >= target) return {target, v};
+}
+
+#if defined(CPU_CAPABILITY_AVX2)
+// Per-lane double sums of 8 float lanes (lane i sums the i-th lanes in order).
+struct LaneSums {
+  __m256d low = _mm256_setzero_pd(), high = _mm256_setzero_pd();
+  void add(__m256 v) {
+    low = _mm256_add_pd(low, _mm256_cvtps_pd(_mm256_castps256_ps128(v)));
+    high = _mm256_add_pd(high, _mm256_cvtps_pd(_mm256_extractf128_ps(v, 1)));
   }
-  // The bucket's own sum reached target: rounding of the last addition.
-  return {target, window.back()};
+  void store(double* sums) const {
+    _mm256_storeu_pd(sums, low);
+    _mm256_storeu_pd(sums + 4, high);
+  }
+};
+#endif
+
+TopPBoundary top_p_alone_boundary(const float* x, int64_t V, float row_max, float p,
+                                  std::vector<double>& bucket_mass, std::vector<float>& exps,
+                                  std::vector<float>& window) {
+  bucket_mass.assign(kBuckets, 0.);
+  // Long rows: every bucket and the mass in index order in one pass (the scatter hides the sum's
+  // latency); short rows: the first band, and the mass in Vec::size() sums certified below.
+  const bool banded = V <= kOneBandRow;
+  const int first_band = banded ? kFirstBand : kBuckets;
+  if (banded) exps.resize(V);
+  const Vec vm(row_max), vscale(static_cast<float>(kBucketsPerUnit));
+  double sums[Vec::size()] = {}, mass = 0.;
+#if defined(CPU_CAPABILITY_AVX2)
+  LaneSums sums_x8;
+#endif
+  float lanes[Vec::size()];
+  int64_t j = 0;
+  for (; j + Vec::size() <= V; j += Vec::size()) {
+    const Vec v = Vec::loadu(x + j);
+    if (lanes_above(vm - v, kNoMass) == (1 << Vec::size()) - 1) {
+      if (banded) Vec(0.f).store(exps.data() + j);
+      continue;
+    }
+    const Vec e = (v - vm).exp();
+    e.store(lanes);  // read from a local copy: a vector store read back lane by lane stalls
+    if (banded) {
+      e.store(exps.data() + j);
+#if defined(CPU_CAPABILITY_AVX2)
+      sums_x8.add(e);
+#else
+      for (int i = 0; i < Vec::size(); ++i) sums[i] += lanes[i];
+#endif
+    } else {
+      for (int i = 0; i < Vec::size(); ++i) mass += lanes[i];
+    }
+    add_to_buckets((vm - v) * vscale, lanes, 0, first_band, bucket_mass.data());
+  }
+#if defined(CPU_CAPABILITY_AVX2)
+  sums_x8.store(sums);
+#endif
+  for (int i = 0; i < Vec::size(); ++i) mass += sums[i];  // the 8 sums: 0 for long rows
+  for (; j < V; ++j) {
+    const float e = std::exp(x[j] - row_max), b = (row_max - x[j]) * kBucketsPerUnit;
+    if (banded) exps[j] = e;
+    mass += e;
+    if (b < first_band) bucket_mass[static_cast<int>(b)] += e;
+  }
+  auto exact_mass = [&] {
+    double sum = 0.;
+    for (int64_t i = 0; i < V; ++i) sum += exps[i];  // 0 for skipped vectors: no change
+    return sum;
+  };
+  const double slack = banded ? mass * (2.0 * static_cast<double>(V) + 16.0) * 0x1p-53 : 0.;
+  double target_lo = top_p_target(p, mass - slack), target_hi = top_p_target(p, mass + slack);
+  if (target_lo > target_hi) std::swap(target_lo, target_hi);
+  int filled = first_band;
+  for (;;) {  // at most twice: with the target's bounds, then with the target itself
+    const bool exact = target_lo == target_hi;
+    double above = 0.;
+    int bucket = 0;
+    bool open = false;
+    for (; bucket < kBuckets; ++bucket) {
+      if (bucket == filled) {  // the other buckets
+        fill_buckets(x, exps.data(), V, row_max, filled, kBuckets, bucket_mass.data());
+        filled = kBuckets;
+      }
+      const double next = above + bucket_mass[bucket];
+      if (next >= target_lo) {
+        open = next < target_hi;
+        break;
+      }
+      above = next;
+    }
+    if (!open && bucket == kBuckets) {
+      if (exact) return {target_lo, std::numeric_limits<float>::quiet_NaN()};
+      open = true;  // the window search needs the target itself
+    }
+    if (!open) {
+      // The bucket's tokens: b = d * kBucketsPerUnit in [bucket, bucket + 1).
+      window.clear();
+      const float lo = static_cast<float>(bucket), hi = static_cast<float>(bucket + 1);
+      int64_t i = 0;
+      for (; i + Vec::size() <= V; i += Vec::size()) {
+        const Vec b = (vm - Vec::loadu(x + i)) * vscale;
+        for (int in = lanes_above<true>(b, lo) & lanes_above(Vec(hi) - b, 0.f); in; in &= in - 1) {
+          window.push_back(x[i + __builtin_ctz(in)]);
+        }
+      }
+      for (; i < V; ++i) {
+        const float b = (row_max - x[i]) * kBucketsPerUnit;
+        if (b >= lo && b < hi) window.push_back(x[i]);
+      }
+      std::sort(window.begin(), window.end(), std::greater<float>());
+      for (float v : window) {
+        above += std::exp(v - row_max);
+        if (above >= target_hi) return {target_hi, v};
+        if (above >= target_lo) {
+          open = true;
+          break;
+        }
+      }
+      // The bucket's own sum reached target: rounding of the last addition.
+      if (!open) return {target_lo, window.back()};
+    }
+    // Open: again with the target itself, which decides every comparison.
+    target_lo = target_hi = top_p_target(p, exact_mass());
+  }
 }
 
 // Sets row[j] to -inf where !(row[j] >= threshold) (NaN included).
@@ -225,6 +389,12 @@ void mask_below(scalar_t* row, int64_t V, float threshold) {
   }
 }
 
+// The work buffers of a thread's rows (x: the row as float32).
+struct RowBuffers {
+  std::vector<float> x, candidates, scratch, window, largest, exps;
+  std::vector<double> masses;
+};
+
 template <typename scalar_t>
 void top_k_top_p_kernel(at::Tensor& logits, const int64_t* slot_p, const int32_t* top_k_p,
                         const float* top_p_p, int64_t num_slots) {
@@ -232,8 +402,10 @@ void top_k_top_p_kernel(at::Tensor& logits, const int64_t* slot_p, const int32_t
   scalar_t* base = logits.data_ptr<scalar_t>();
 
   at::parallel_for(0, T, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> x(V), scratch, window, largest;
-    std::vector<double> masses;
+    // A thread's buffers are kept from call to call: no allocation once it has seen a row as long.
+    thread_local RowBuffers buffers;
+    auto& [x, candidates, scratch, window, largest, exps, masses] = buffers;
+    if (static_cast<int64_t>(x.size()) < V) x.resize(V);
     for (int64_t t = begin; t < end; ++t) {
       const int64_t r = slot_p[t];
       if (r < 0 || r >= num_slots) continue;
@@ -245,19 +417,23 @@ void top_k_top_p_kernel(at::Tensor& logits, const int64_t* slot_p, const int32_t
       const float row_max = load_row(row, V, x.data());
       if (row_max == kNegInf) continue;
 
-      float threshold = k_on ? kth_largest(x.data(), V, k, scratch, largest) : kNegInf;
+      float threshold = k_on ? kth_largest(x.data(), V, k, candidates, scratch, largest) : kNegInf;
       if (p_on && row_max == kInf) {
         threshold = kInf;  // all the mass lies on the +inf logits
       } else if (p_on) {
         TopPBoundary top_p{0., std::numeric_limits<float>::quiet_NaN()};
         if (k_on) {
-          const double kept_mass = mass_at_least(x.data(), V, threshold, row_max, nullptr);
+          // The kept tokens are candidates, in index order, when there are any: the same sum.
+          const bool listed = !candidates.empty();
+          const double kept_mass = mass_at_least(
+              listed ? candidates.data() : x.data(),
+              listed ? static_cast<int64_t>(candidates.size()) : V, threshold, row_max, nullptr);
           top_p.target = top_p_target(p, kept_mass);
           if (!largest.empty()) {
             top_p.boundary = top_p_threshold_sorted(largest, threshold, row_max, top_p.target);
           }
         } else {
-          top_p = top_p_alone_boundary(x.data(), V, row_max, p, masses, window);
+          top_p = top_p_alone_boundary(x.data(), V, row_max, p, masses, exps, window);
         }
         const float boundary =
             top_p.boundary == top_p.boundary
