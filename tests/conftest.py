@@ -38,6 +38,8 @@ BACKENDS = [
 ]
 # Backends that go through the dispatcher (opcheck, torch.compile, CUDA graphs).
 OP_BACKENDS = [p for p in BACKENDS if p.values[0] != "interpret"]
+# Backends that run the Triton kernels.
+TRITON_BACKENDS = [p for p in BACKENDS if p.values[0] != "cpu"]
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 ROWS = [1, 3, 37]
 VOCABS = [1000, 4096, 5003]  # below, at and past one 4096-token block

@@ -8,6 +8,7 @@ from torch_sampling_ops import filtering, reference
 from conftest import (
     BACKENDS,
     DTYPES,
+    TRITON_BACKENDS,
     assert_pad_untouched,
     device_of,
     logits_past_2_pow_31,
@@ -168,7 +169,7 @@ def test_min_p_reduces_the_block_maxima_in_chunks(gen, monkeypatch):
     assert_pad_untouched(logits)
 
 
-@pytest.mark.parametrize("backend", ["interpret", pytest.param("cuda", marks=pytest.mark.cuda)])
+@pytest.mark.parametrize("backend", TRITON_BACKENDS)
 def test_grouped_programs_write_the_same_bits(backend, gen, monkeypatch):
     """From _GROUP_MIN_T rows a program handles _GROUP blocks (here 3 of a 5-block row, the last
     group ragged): temperature and min_p give the bits of one block a program."""

@@ -7,7 +7,7 @@ import torch
 from torch_sampling_ops import _C, gumbel, reference, sampling
 from torch_sampling_ops.truncation import current_settings, use_settings
 
-from conftest import BACKENDS, DTYPES, device_of, make_logits, run_op
+from conftest import BACKENDS, DTYPES, TRITON_BACKENDS, device_of, make_logits, run_op
 
 NEG_INF = float("-inf")
 
@@ -372,7 +372,7 @@ def test_sample_rows_without_finite_logits(backend):
         assert out[3] % 2 == 1
 
 
-@pytest.mark.parametrize("backend", ["cpu", "interpret", pytest.param("cuda", marks=pytest.mark.cuda)])
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_approximate_gumbel_noise_is_within_its_tolerance(backend):
     """Every one of the 2**23 uniforms (cpu and cuda: all of them, the C++ kernel's vectorized
     noise and the hardware log2): the approximate noise lies within 2**-17 * (1 + |noise|) of the
@@ -435,7 +435,7 @@ def exact_draw(backend, args, monkeypatch):
     return run_op(backend, "sample", *args)
 
 
-@pytest.mark.parametrize("backend", ["cpu", "interpret", pytest.param("cuda", marks=pytest.mark.cuda)])
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_sample_exact_rescoring_gives_the_exact_draw(backend, monkeypatch):
     """The draw scores tiles approximately and rescores candidates exactly: its tokens equal those
     of scoring every token exactly (a tolerance so large that every tile is rescored whole)."""
@@ -449,7 +449,7 @@ def test_sample_exact_rescoring_gives_the_exact_draw(backend, monkeypatch):
     assert bool((fast >= 0).all())
 
 
-@pytest.mark.parametrize("backend", ["cpu", "interpret", pytest.param("cuda", marks=pytest.mark.cuda)])
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_sample_exact_rescoring_at_the_edges(backend, monkeypatch):
     """Rows the certificate must get right or leave to the exact pass: one live token in a segment,
     none, a scaled logit overflowing to -inf or +inf, ties of equal logits: the exact scores' tokens."""
@@ -475,7 +475,7 @@ def test_sample_exact_rescoring_at_the_edges(backend, monkeypatch):
             assert torch.equal(run_op(backend, "sample", *args).cpu(), exact)
 
 
-@pytest.mark.parametrize("backend", ["interpret", pytest.param("cuda", marks=pytest.mark.cuda)])
+@pytest.mark.parametrize("backend", TRITON_BACKENDS)
 def test_sample_grouped_scan_programs_give_the_same_tokens(backend):
     """From scan_group_min_t rows the filtered rows' scan takes several segments a program: the same
     tokens."""
@@ -494,7 +494,7 @@ FILTER_PATH_PARAMS = [dict(min_p=0.1), dict(min_p=0.1, top_p=0.8), dict(min_p=0.
                       dict(min_p=1e-4, temperature=0.8)]
 
 
-@pytest.mark.parametrize("backend", ["interpret", pytest.param("cuda", marks=pytest.mark.cuda)])
+@pytest.mark.parametrize("backend", TRITON_BACKENDS)
 @pytest.mark.parametrize("params", FILTER_PATH_PARAMS, ids=str)
 @pytest.mark.parametrize("gather_in_draw_min_t", [1, 1 << 30], ids=["gathered-by-the-drawing-program",
                                                                    "gather-launch"])
@@ -743,7 +743,7 @@ def test_sample_temperature_makes_ties(backend):
     _assert_like_cpu(out, args, rate=1.0, compute_dtype=torch.float32)
 
 
-@pytest.mark.parametrize("backend", ["interpret", pytest.param("cuda", marks=pytest.mark.cuda)])
+@pytest.mark.parametrize("backend", TRITON_BACKENDS)
 def test_sample_writes_every_row(backend, monkeypatch, gen):
     """Every allocation of the op prefilled with a sentinel: each element of out is written, for bad
     slots too, and no workspace is read before it is written."""

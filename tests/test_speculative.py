@@ -181,7 +181,7 @@ def test_rows_over_several_chunks(backend, with_probs, gen):
     assert tokens[4].tolist() == [10, int(logits[row(4, 1)].argmax()), -1, -1]
 
 
-@pytest.mark.parametrize("backend", ["cpu", "interpret", pytest.param("cuda", marks=pytest.mark.cuda)])
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("with_probs", [True, False], ids=["probs", "no_probs"])
 def test_exact_rescoring_gives_the_exact_draws(backend, with_probs, monkeypatch):
     """The residual and bonus draws score approximately and rescore the winners exactly: the same
