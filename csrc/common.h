@@ -8,7 +8,6 @@
 #include <algorithm>
 #include <cstdint>
 #include <limits>
-#include <vector>
 
 namespace tso {
 
@@ -28,21 +27,6 @@ inline at::Tensor as_int64(const at::Tensor& t) {
     return out;
   }
   return t.to(at::kLong).contiguous();
-}
-
-// as_int64's values without a tensor: the data of a contiguous int64 input, else a copy in `copy`
-// (a caller's reusable buffer).
-inline const int64_t* int64_index(const at::Tensor& t, std::vector<int64_t>& copy) {
-  if (t.scalar_type() == at::kLong && t.is_contiguous()) return t.data_ptr<int64_t>();
-  copy.resize(t.numel());
-  if (t.scalar_type() == at::kInt && t.is_contiguous()) {
-    const int32_t* src = t.data_ptr<int32_t>();
-    for (int64_t i = 0; i < t.numel(); ++i) copy[i] = src[i];
-  } else {
-    const at::Tensor wide = t.to(at::kLong).contiguous();
-    std::copy_n(wide.data_ptr<int64_t>(), t.numel(), copy.begin());
-  }
-  return copy.data();
 }
 
 // A ragged per-slot list: slot r holds ids[r, :clamp(num[r], 0, W)].

@@ -112,15 +112,11 @@ void temperature(at::Tensor logits, const at::Tensor& idx_mapping, const at::Ten
   });
 }
 
-void min_p_rows(at::Tensor logits, const int64_t* slots, const at::Tensor& min_p) {
-  const at::Tensor ps = min_p.contiguous();
-  TSO_DISPATCH_LOGITS(logits.scalar_type(), "min_p", [&] {
-    min_p_kernel<scalar_t>(logits, slots, ps.data_ptr<float>(), ps.size(0));
-  });
-}
-
 void min_p(at::Tensor logits, const at::Tensor& idx_mapping, const at::Tensor& min_p) {
-  min_p_rows(logits, as_int64(idx_mapping).data_ptr<int64_t>(), min_p);
+  const at::Tensor slots = as_int64(idx_mapping), ps = min_p.contiguous();
+  TSO_DISPATCH_LOGITS(logits.scalar_type(), "min_p", [&] {
+    min_p_kernel<scalar_t>(logits, slots.data_ptr<int64_t>(), ps.data_ptr<float>(), ps.size(0));
+  });
 }
 
 }  // namespace tso

@@ -139,14 +139,15 @@ int64_t rows_to_process(const at::Tensor& logits, const int64_t* slots, const at
   return n;
 }
 
-// Into `scaled` (float32 [T, V]), a copy of the rows with a slot in range (the others are left
-// unwritten) divided by their temperature (a true division, as the temperature op: the same bits as
-// copying, then dividing in place); greedy rows and rows at temperature 1 are copied as they are.
+// A float32 copy of the rows with a slot in range (the others are left unwritten) divided by their
+// temperature (a true division, as the temperature op: the same bits as copying, then dividing in
+// place); greedy rows and rows at temperature 1 are copied as they are.
 template <typename scalar_t>
-void scale_rows(const at::Tensor& logits, const int64_t* slots, const float* temps, int64_t R,
-                at::Tensor& scaled) {
+at::Tensor scaled_rows(const at::Tensor& logits, const int64_t* slots, const float* temps,
+                       int64_t R) {
   const int64_t T = logits.size(0), V = logits.size(1), row_stride = logits.stride(0),
                 col_stride = logits.stride(1);
+  at::Tensor scaled = at::empty({T, V}, logits.options().dtype(at::kFloat));
   const scalar_t* src = logits.data_ptr<scalar_t>();
   float* dst = scaled.data_ptr<float>();
   at::parallel_for(0, T, 1, [&](int64_t begin, int64_t end) {
@@ -163,16 +164,8 @@ void scale_rows(const at::Tensor& logits, const int64_t* slots, const float* tem
       }
     }
   });
+  return scaled;
 }
-
-// The calling thread's scratch for `sample`, kept from call to call: a small call allocates only
-// its output. Rows of more than kScratchFloats floats in all get a workspace of their own, so that
-// no large buffer outlives its call.
-struct SampleScratch {
-  static constexpr int64_t kScratchFloats = int64_t{1} << 16;
-  std::vector<int64_t> slots, processed;
-  std::vector<float> scaled;
-};
 
 }  // namespace
 
@@ -232,36 +225,30 @@ at::Tensor sample(const at::Tensor& logits, const at::Tensor& idx_mapping,
                   const at::Tensor& temperature, const at::Tensor& top_k, const at::Tensor& top_p,
                   const at::Tensor& min_p, const at::Tensor& seeds, const at::Tensor& output_lens,
                   double tol) {
-  const int64_t T = logits.size(0), V = logits.size(1);
-  thread_local SampleScratch scratch;
-  const int64_t* slots = int64_index(idx_mapping, scratch.slots);
-  const at::Tensor positions = as_int64(output_lens), seed = as_int64(seeds);
+  const int64_t T = logits.size(0);
+  const at::Tensor slots = as_int64(idx_mapping), positions = as_int64(output_lens),
+                   seed = as_int64(seeds);
   const at::Tensor temps = temperature.contiguous();
   const int64_t R = temps.size(0);
   // A float32 workspace for the rows that need processing: divided by their temperature (a true
   // division, as the temperature op), then min_p and top_k_top_p in place, which leave the other
   // rows (slot -1 there) alone. Greedy and plain rows of float32 logits are drawn from in place.
-  scratch.processed.resize(T);
-  int64_t* processed = scratch.processed.data();
-  const int64_t n = rows_to_process(logits, slots, temps, top_k, top_p, min_p, processed);
+  at::Tensor processed = at::empty({T}, slots.options());
+  const int64_t n = rows_to_process(logits, slots.data_ptr<int64_t>(), temps, top_k, top_p, min_p,
+                                    processed.data_ptr<int64_t>());
   at::Tensor scaled;
   if (n > 0) {
-    const auto options = logits.options().dtype(at::kFloat);
-    if (T * V <= SampleScratch::kScratchFloats) {
-      scratch.scaled.resize(T * V);
-      scaled = at::from_blob(scratch.scaled.data(), {T, V}, options);
-    } else {
-      scaled = at::empty({T, V}, options);
-    }
     TSO_DISPATCH_LOGITS(logits.scalar_type(), "sample", [&] {
-      scale_rows<scalar_t>(logits, processed, temps.data_ptr<float>(), R, scaled);
+      scaled =
+          scaled_rows<scalar_t>(logits, processed.data_ptr<int64_t>(), temps.data_ptr<float>(), R);
     });
-    min_p_rows(scaled, processed, min_p);
-    top_k_top_p_rows(scaled, processed, top_k, top_p);
+    tso::min_p(scaled, processed, min_p);
+    tso::top_k_top_p(scaled, processed, top_k, top_p);
   }
   at::Tensor out = at::empty({T}, logits.options().dtype(at::kLong));
-  gumbel_argmax(logits, scaled, processed, slots, temps.data_ptr<float>(), seed.data_ptr<int64_t>(),
-                positions.data_ptr<int64_t>(), R, static_cast<float>(tol), out.data_ptr<int64_t>());
+  gumbel_argmax(logits, scaled, processed.data_ptr<int64_t>(), slots.data_ptr<int64_t>(),
+                temps.data_ptr<float>(), seed.data_ptr<int64_t>(), positions.data_ptr<int64_t>(), R,
+                static_cast<float>(tol), out.data_ptr<int64_t>());
   return out;
 }
 

@@ -209,14 +209,9 @@ std::tuple<at::Tensor, at::Tensor> rejection_sample(
   at::Tensor out = at::empty({B, max_spec_len + 1}, opts.dtype(at::kLong));
   at::Tensor num = at::empty({B}, opts.dtype(at::kInt));
   if (B == 0) return {out, num};
-  // The index inputs as int64, int32 ones copied into the calling thread's buffers (kept from call
-  // to call: a small call allocates only its outputs).
-  thread_local std::vector<int64_t> drafts_copy, cu_copy, seeds_copy, positions_copy;
-  const int64_t* drafts = int64_index(draft_token_ids, drafts_copy);
-  const int64_t* cu = int64_index(cu_num_draft, cu_copy);
-  const int64_t* seed = int64_index(seeds, seeds_copy);
-  const int64_t* positions = int64_index(output_lens, positions_copy);
-  const at::Tensor temps = temperature.contiguous();
+  const at::Tensor drafts = as_int64(draft_token_ids), cu = as_int64(cu_num_draft),
+                   seed = as_int64(seeds);
+  const at::Tensor positions = as_int64(output_lens), temps = temperature.contiguous();
   const float* probs = nullptr;
   int64_t probs_stride = 0;
   if (draft_probs.has_value()) {
@@ -225,8 +220,9 @@ std::tuple<at::Tensor, at::Tensor> rejection_sample(
   }
   TSO_DISPATCH_LOGITS(target_logits.scalar_type(), "rejection_sample", [&] {
     rejection_sample_kernel<scalar_t>(
-        target_logits, drafts, probs, probs_stride, cu, temps.data_ptr<float>(), seed, positions, B,
-        N, max_spec_len, static_cast<float>(tol), out.data_ptr<int64_t>(), num.data_ptr<int32_t>());
+        target_logits, drafts.data_ptr<int64_t>(), probs, probs_stride, cu.data_ptr<int64_t>(),
+        temps.data_ptr<float>(), seed.data_ptr<int64_t>(), positions.data_ptr<int64_t>(), B, N,
+        max_spec_len, static_cast<float>(tol), out.data_ptr<int64_t>(), num.data_ptr<int32_t>());
   });
   return {out, num};
 }
