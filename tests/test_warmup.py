@@ -120,7 +120,6 @@ def test_forked_workers_compile_every_variant_once(monkeypatch, tmp_path):
     assert sorted(launchers) == sorted(pid for pid, _ in compiled if pid != str(os.getpid()))
 
 
-
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="forked workers need os.fork")
 def test_a_stuck_worker_is_killed_and_its_variants_left_to_the_caller(monkeypatch):
     """A worker that never finishes (a lock another thread held at the fork) is killed at the
@@ -139,6 +138,7 @@ def test_a_stuck_worker_is_killed_and_its_variants_left_to_the_caller(monkeypatc
     start = time.monotonic()
     assert _warmup._compile_in_processes(_LAUNCH_ARGS, 3) == 3
     assert time.monotonic() - start < 30
+
 
 def _all_kernels():
     return [obj for module in (constraints, filtering, history, sampling, speculative, scan, select) for obj in vars(module).values()

@@ -26,11 +26,11 @@ def _launch_plan(T: int, V: int, pdl: bool, settings: TruncationSettings | None 
     with pdl, every launch after the first is a programmatic dependent launch (see _row_settings).
     `settings`: the current ones (current_settings) by default. group_scan: the scan walks
     `scan_group` segments a program from `scan_group_min_t` rows (for callers whose rows mostly have
-    both filters off, as `sample`'s: the op itself does not). draw: `sample`'s launches (DRAW): the
-    bound, the scan, below `gather_in_draw_min_t` rows the settle and gather launches, and the
-    selection (from that batch size settling and gathering its row itself), which draws the token;
-    nothing is filled. `sample`'s own first launch stores the rows' bounds (draw: no bound launch here)
-    and splits its full-row draw below `split_draw_max_t` rows: the scan then reduces the pairs."""
+    both filters off, as `sample`'s: the op itself does not). draw: `sample`'s launches (DRAW) after
+    its own first launch, which stores the rows' bounds (so no bound launch here) and splits its
+    full-row draw below `split_draw_max_t` rows: the scan (which then reduces the draw's pairs), below
+    `gather_in_draw_min_t` rows the settle and gather launches, and the selection (from that batch
+    size settling and gathering its row itself), which draws the token; nothing is filled."""
     s = settings or current_settings()
     num_segments = cdiv(V, s.segment)
     segments_p2 = next_power_of_2(num_segments)

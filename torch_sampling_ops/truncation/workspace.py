@@ -27,6 +27,7 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from .._launch import cdiv
 from .._triton_helpers import load_slot
+from ..gumbel import argmax_finish
 
 _HEADER = 8
 # Header words (float32 unless said): lo, settled flag (int32), exp reference, threshold, row max,
@@ -150,10 +151,8 @@ def reduce_draw_pairs(ws_row, num_draw_segments, SEGMENTS_P2: tl.constexpr):
     in_row = s < num_draw_segments
     score = tl.load(ws_row + s, mask=in_row, other=float("-inf"))
     token = tl.load(_header_int(ws_row, num_draw_segments + s), mask=in_row, other=-1)
-    live = token >= 0
-    top = tl.max(tl.where(live, score, float("-inf")), axis=0)
-    best = tl.min(tl.where(live & (score == top), token, 2147483647), axis=0)
-    return tl.where(best < 2147483647, best, -1)
+    _, best = argmax_finish(score, token, 2147483647)
+    return best
 
 
 @triton.jit
