@@ -3,8 +3,8 @@ and `update_output_counts` (in place on the per-slot output state).
 
 penalties touches only the tokens a request has seen. Its state is two token bitmasks per slot
 (prompt and output, int32 [R, ceil(V/32)], 19 KB a row at V = 151936) and the output counts
-(int32 [R, V]). One launch over grid (T, blocks of BLOCK_WORDS mask words), so that a small T
-still spreads over the GPU: each program loads its block's two mask words and the row's
+(int32 [R, V]). One launch, a program for each row and block of BLOCK_WORDS mask words, so that a
+small T still spreads over the GPU: each program loads its block's two mask words and the row's
 parameters together. With `most` the largest number of set bits in one word of the block: a
 block with none costs its two mask loads; with up to DENSE_POPCOUNT, each of ceil(most / 2) steps
 takes the 2 lowest remaining set bits of every word (its 4 loads issued together) and reads and
@@ -206,11 +206,16 @@ def _penalties_kernel(logits_ptr, logits_stride, idx_mapping_ptr,
                       repetition_ptr, frequency_ptr, presence_ptr, num_slots, vocab_size, num_words,
                       BLOCK_WORDS: tl.constexpr, DENSE_WORDS: tl.constexpr, DENSE_POPCOUNT: tl.constexpr,
                       SECTOR_TOKENS: tl.constexpr):
-    t = tl.program_id(0)
+    # One program a (row, block), a row's blocks consecutive and the rows last to first: the rows a
+    # preceding full write of the logits (the model's, or the op before) left in the L2 come first.
+    # A 1-D grid: any number of rows.
+    num_blocks = tl.cdiv(num_words, BLOCK_WORDS)
+    pid = tl.program_id(0)
+    t = tl.num_programs(0) // num_blocks - 1 - pid // num_blocks
     slot = load_slot(idx_mapping_ptr, t, num_slots)
     if slot < 0:
         return
-    first = tl.program_id(1) * BLOCK_WORDS
+    first = (pid % num_blocks) * BLOCK_WORDS
     w = first + tl.arange(0, BLOCK_WORDS)
     in_row = w < num_words
     prompt_row = prompt_mask_ptr + slot * prompt_stride
@@ -367,7 +372,7 @@ def _penalties_triton(logits, idx_mapping, prompt_mask, output_mask, output_coun
         return
     words = mask_words(V)
     launch(
-        _penalties_kernel, (T, cdiv(words, _BLOCK_WORDS)),
+        _penalties_kernel, (T * cdiv(words, _BLOCK_WORDS),),
         logits, logits.stride(0), idx_mapping,
         prompt_mask, prompt_mask.stride(0), output_mask, output_mask.stride(0), output_counts, output_counts.stride(0),
         repetition_penalty, frequency_penalty, presence_penalty, repetition_penalty.size(0), V, words,
