@@ -3,6 +3,7 @@ configuration checked against the float64 reference, then timed under CUDA-graph
 
     python benchmarks/sweep_logprobs.py                      # V = 151936, k = 20, T = 1, 32, 256
     SWEEP_T=256 SWEEP_K=20,64 python benchmarks/sweep_logprobs.py
+    SWEEP_CONFIGS=default,seg4096-w4-g64-c4 python benchmarks/sweep_logprobs.py
 
 Inputs: fp32 logits randn * 3. Prints one line a configuration and T, in microseconds a call.
 """
@@ -13,19 +14,17 @@ import torch
 
 from torch_sampling_ops import reference, sampling
 
-CONFIGS = {  # (SEGMENT, WARPS, GROUPS, BLOCK, MERGE_KEYS)
-    "default": (sampling._LOGPROBS_SEGMENT, sampling._LOGPROBS_WARPS, sampling._LOGPROBS_GROUPS,
-                sampling._LOGPROBS_BLOCK, sampling._LOGPROBS_MERGE_KEYS),
+CONFIGS = {  # (SEGMENT, WARPS, GROUP, COMBINE_WARPS)
+    "default": (sampling._LOGPROBS_SEGMENT, sampling._LOGPROBS_WARPS, sampling._LOGPROBS_GROUP,
+                sampling._LOGPROBS_COMBINE_WARPS),
 }
-for seg, warps, groups in itertools.product((2048, 4096, 8192), (4, 8, 16), (64, 128)):
-    CONFIGS[f"seg{seg}-w{warps}-g{groups}"] = (seg, warps, groups, 1024, 4096)
-for merge in (1024, 2048):
-    CONFIGS[f"default-merge{merge}"] = CONFIGS["default"][:4] + (merge,)
+for seg, warps, group, combine_warps in itertools.product((2048, 4096, 8192), (4, 8), (32, 64, 128), (4, 8)):
+    CONFIGS[f"seg{seg}-w{warps}-g{group}-c{combine_warps}"] = (seg, warps, group, combine_warps)
 
 
-def set_knobs(seg, warps, groups, block, merge):
-    sampling._LOGPROBS_SEGMENT, sampling._LOGPROBS_WARPS, sampling._LOGPROBS_GROUPS = seg, warps, groups
-    sampling._LOGPROBS_BLOCK, sampling._LOGPROBS_MERGE_KEYS = block, merge
+def set_knobs(seg, warps, group, combine_warps):
+    sampling._LOGPROBS_SEGMENT, sampling._LOGPROBS_WARPS = seg, warps
+    sampling._LOGPROBS_GROUP, sampling._LOGPROBS_COMBINE_WARPS = group, combine_warps
 
 
 def time_graph(fn, iters=50):
@@ -61,7 +60,10 @@ def main():
     ids = torch.randint(0, V, (max(Ts),), generator=g).cuda()
     for k in ks:
         expected = reference.logprobs(logits.cpu(), ids.cpu(), k)
+        names = os.environ.get("SWEEP_CONFIGS")
         for name, knobs in CONFIGS.items():
+            if names and name not in names.split(","):
+                continue
             set_knobs(*knobs)
             try:
                 out = sampling._logprobs_triton(logits, ids, k)

@@ -152,15 +152,14 @@ def test_logprobs_k_equals_v(backend, gen):
 
 def _rows_over_segments(V):
     """Rows [6, V] that span several logprobs segments: random; ties across segments at the top; ties
-    everywhere; one value per strided group (index mod _LOGPROBS_GROUPS), so that far more keys than
-    the compaction holds pass the groups' threshold; fewer finite logits than k, NaN among them;
-    all -inf."""
+    everywhere; groups of _LOGPROBS_GROUP tokens with three maxima among them, so that far more groups
+    and tokens than k tie at the k-th largest; fewer finite logits than k, NaN among them; all -inf."""
     gen = torch.Generator().manual_seed(21)
     logits = torch.randn(6, V, generator=gen) * 3
     seg = sampling._LOGPROBS_SEGMENT
     logits[1, [2 * seg + 5, 10, V - 1, seg, 2 * seg - 1]] = 20.0
     logits[2] = (torch.randn(V, generator=gen) * 2).round() / 2
-    logits[3] = -(torch.arange(V) % sampling._LOGPROBS_GROUPS).float()
+    logits[3] = -(torch.arange(V) // sampling._LOGPROBS_GROUP % 3).float()
     logits[4] = NEG_INF
     logits[4, torch.randperm(V, generator=gen)[:12]] = torch.randn(12, generator=gen)
     logits[4, ::7] = float("nan")
@@ -186,6 +185,23 @@ def test_logprobs_rows_over_several_segments(backend, k):
             alone = run_op(backend, "logprobs", logits[t:t + 1].clone(), token_ids[t:t + 1].clone(), k)
             for a, b in zip(alone, out):
                 assert torch.equal(a[0], b[t])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("k", [2, 7, 33, 64])
+def test_logprobs_ties_at_the_kth_group_and_token(backend, k):
+    """Few distinct values, so that many groups share the k-th largest maximum and many tokens the
+    k-th largest logit: the lower groups and tokens are kept, in order."""
+    device = device_of(backend)
+    V = 3 * sampling._LOGPROBS_SEGMENT + 77
+    gen = torch.Generator().manual_seed(k)
+    logits = torch.randint(0, 4, (4, V), generator=gen).float()
+    logits[1] = torch.where(torch.rand(V, generator=gen) < 0.001, 1.0, 0.0)  # k-th largest among zeros
+    logits[2, :V // 2] = NEG_INF
+    logits[3, -100:] = 5.0  # the largest at the end of the row, tied
+    logits = logits.to(device)
+    token_ids = torch.tensor([0, 3, V - 1, V - 50], device=device)
+    assert_logprobs(run_op(backend, "logprobs", logits, token_ids, k), logits, token_ids, k)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -16,13 +16,12 @@ copy is made.
 `logprobs` on CUDA: two launches. The first splits each row into fixed segments (their length a
 module constant, so a row's result never depends on the batch), one program each, which reads its
 segment once and writes its max, sum of exp(x - max), count of logits strictly larger than the
-token's, and up to W candidates (value, token) that hold its K largest, in no order. They come
-without a sort: tau, the K-th largest of the float32 maxima of strided groups, bounds the K largest
-from below, and the tokens at or above it (about 1.4 K) take their slots by a prefix sum; `tl.topk`
-on blocks is the path for large K or when more than W pass. The second, one program a
-row, combines the segments in order (max and sum rescaled), sums the counts, and takes the top k of
-the segments' candidates with `tl.topk`, as sortable int64 keys (order-preserving float bits
-above, V-inverted index below, so ties go to the lower index).
+token's, and the maxima of its groups of 64 consecutive tokens. The second, one program a row,
+combines the segments in order (max and sum rescaled) and sums the counts; for the top k it takes
+the k groups of largest maximum, which hold the row's k largest logits, reads their tokens again
+(k * 64 of them) and keeps the k largest, both by counts (`_largest`), with no sort. Ties go to the
+lower index. For k above 64 each segment hands over its own top k (`tl.topk` on blocks), merged by
+the second launch as sortable int64 keys (order-preserving float bits above, V-inverted index below).
 """
 from __future__ import annotations
 
@@ -52,15 +51,17 @@ _SPLIT_DRAW_STAGES = 3
 _DRAW_WARPS = 8
 _MAX_TOPK = 1024  # largest num_logprobs: the Triton kernels hold K-key lists in registers; more is rejected
 # logprobs splits each row into segments of _LOGPROBS_SEGMENT tokens, one program of _LOGPROBS_WARPS
-# warps each (a function of V only, so a row's result never depends on the batch). Each segment hands
-# the combining program W candidates (value, token) that hold its K largest (K = num_logprobs to a
-# power of two, at least 2), in no order. Fast path (2 * K <= _LOGPROBS_GROUPS, W = 2 * K <
-# _LOGPROBS_SEGMENT): the tokens at or above a threshold from the maxima of _LOGPROBS_GROUPS strided
-# groups (about 1.4 K of them), unless more than W pass it; otherwise, and for larger K (W = K),
-# `tl.topk` on blocks of max(_LOGPROBS_BLOCK, W) keys. The combining program takes `tl.topk` on up
-# to _LOGPROBS_MERGE_KEYS of the segments' candidates at once.
+# warps each (a function of V only, so a row's result never depends on the batch). For K (=
+# num_logprobs to a power of two, at least 2) up to _LOGPROBS_GROUPS_MAX_K, a segment stores the
+# maxima of its groups of _LOGPROBS_GROUP consecutive tokens, and the combining program gathers K
+# groups (a [K, _LOGPROBS_GROUP] tile). Larger K: each segment hands over its K largest (`tl.topk` on
+# blocks of max(_LOGPROBS_BLOCK, K) keys), which the combining program merges _LOGPROBS_MERGE_KEYS at
+# a time.
 _LOGPROBS_SEGMENT = 4096 if os.environ.get("TRITON_INTERPRET") != "1" else 1024
-_LOGPROBS_GROUPS = 64
+_LOGPROBS_GROUP = 64
+_LOGPROBS_GROUPS_MAX_K = 64
+_LOGPROBS_ROW_GROUPS_MAX = 8192  # group maxima the combining program holds (V up to 512 K tokens)
+_LOGPROBS_COMBINE_WARPS = 8
 _LOGPROBS_BLOCK = 1024
 _LOGPROBS_MERGE_KEYS = 1024
 _LOGPROBS_WARPS = 4
@@ -114,11 +115,12 @@ def _topk_of_blocks(row_ptr, begin, end, K: tl.constexpr, BLOCK: tl.constexpr):
 @triton.jit
 def _logprobs_segment_kernel(logits_ptr, logits_stride, token_ids_ptr, part_max_ptr, part_sum_ptr, part_larger_ptr,
                              part_vals_ptr, part_ids_ptr, vocab_size, num_segments, SEGMENT: tl.constexpr,
-                             GROUPS: tl.constexpr, K: tl.constexpr, W: tl.constexpr, BLOCK: tl.constexpr,
-                             HAS_TOPK: tl.constexpr, FAST: tl.constexpr):
-    """Segment s of row t: its max, sum of exp(x - max) (0 without mass), count of logits strictly
-    larger than the token's, and W candidates holding its K largest (value and token, in no order;
-    token -1 pads), at [t, s] of the part tensors."""
+                             GROUP: tl.constexpr, K: tl.constexpr, BLOCK: tl.constexpr, HAS_TOPK: tl.constexpr,
+                             GROUPS: tl.constexpr):
+    """Segment s of row t: its max, sum of exp(x - max) (0 without mass) and count of logits strictly
+    larger than the token's, at [t, s] of the part tensors. With GROUPS, the maxima of its groups of
+    GROUP consecutive tokens (-inf for a group past V) at part_vals[t, s, :]; else its K largest
+    (value and token, larger first, token -1 past V) at [t, s, :] of part_vals and part_ids."""
     t = tl.program_id(0)
     s = tl.program_id(1)
     part = t.to(tl.int64) * num_segments + s
@@ -139,48 +141,58 @@ def _logprobs_segment_kernel(logits_ptr, logits_stride, token_ids_ptr, part_max_
     tl.store(part_sum_ptr + part, seg_sum)
     tl.store(part_larger_ptr + part, tl.sum((x > x_token).to(tl.int32), axis=0).to(tl.int64))
     if HAS_TOPK:
-        out_vals = part_vals_ptr + part * W
-        out_ids = part_ids_ptr + part * W
-        if FAST:
-            # The maxima of GROUPS strided groups (index mod GROUPS), in float32 (cheaper than keys): with
-            # tau the largest maximum that at least K maxima reach (ties included), at least K groups
-            # hold a value >= tau, so the segment's K largest are all >= tau.
-            group_max = tl.max(tl.reshape(x, (SEGMENT // GROUPS, GROUPS)), axis=0)
-            group_rank = tl.sum((group_max[None, :] >= group_max[:, None]).to(tl.int32), axis=1)
-            tau = tl.max(tl.where(group_rank >= K, group_max, float("-inf")), axis=0)
-            take = (x >= tau) & ok  # every in-range token when tau is -inf: more than W, the general path
-            n = tl.sum(take.to(tl.int32), axis=0)
-            if n <= W:
-                # The n tokens >= tau to slots 0 .. n - 1 in token order, token -1 to the others:
-                # disjoint stores. The prefix sum runs on rows of 4 consecutive tokens, as one thread
-                # holds them: a sum and a prefix within each row, a scan over the row counts only
-                # (a scan of every token would move them all into its layout). Values and int32
-                # tokens rather than int64 keys: half the bytes.
-                take_rows = tl.reshape(take, (SEGMENT // 4, 4)).to(tl.int32)
-                row_n = tl.sum(take_rows, axis=1)
-                slot = (tl.cumsum(row_n, axis=0) - row_n)[:, None] + tl.cumsum(take_rows, axis=1) - 1
-                tl.store(out_vals + slot, tl.reshape(x, (SEGMENT // 4, 4)), mask=take_rows != 0)
-                tl.store(out_ids + slot, tl.reshape(offs, (SEGMENT // 4, 4)).to(tl.int32), mask=take_rows != 0)
-                c = tl.arange(0, W)
-                tl.store(out_ids + c, tl.full((W,), -1, tl.int32), mask=c >= n)
-            else:
-                _store_candidates(out_vals, out_ids, _topk_of_blocks(row_ptr, begin, end, W, BLOCK), W)
+        if GROUPS:
+            group_max = tl.max(tl.reshape(x, (SEGMENT // GROUP, GROUP)), axis=1)
+            tl.store(part_vals_ptr + part * (SEGMENT // GROUP) + tl.arange(0, SEGMENT // GROUP), group_max)
         else:
-            _store_candidates(out_vals, out_ids, _topk_of_blocks(row_ptr, begin, end, W, BLOCK), W)
+            _store_candidates(part_vals_ptr + part * K, part_ids_ptr + part * K,
+                              _topk_of_blocks(row_ptr, begin, end, K, BLOCK), K)
+
+
+@triton.jit
+def _ordered_bits(x):
+    """float32 -> int64 in [0, 2**32), in the order of the floats (NaN excluded)."""
+    bits = x.to(tl.int32, bitcast=True)
+    return tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF).to(tl.int64) + 2**31
+
+
+@triton.jit
+def _largest(u, k):
+    """Which entries of the 1-D int64 u (values in [0, 2**32), -1 for none; at least k not -1) are its
+    k largest, the lower position first among equal values: exactly k True. Their k-th largest
+    value is found bit by bit from the top (32 counts); ties at it, if more than fit, by a prefix sum."""
+    theta = tl.zeros((), dtype=tl.int64)
+    for i in range(32):
+        trial = theta | (tl.full((), 1, tl.int64) << (31 - i))
+        theta = tl.where(tl.sum((u >= trial).to(tl.int32), axis=0) >= k, trial, theta)
+    above = u > theta
+    tie = u == theta
+    need = k - tl.sum(above.to(tl.int32), axis=0)
+    take = above | tie
+    if tl.sum(tie.to(tl.int32), axis=0) > need:
+        take = above | (tie & (tl.cumsum(tie.to(tl.int32), axis=0) <= need))
+    return take
 
 
 @triton.jit
 def _logprobs_combine_kernel(logits_ptr, logits_stride, token_ids_ptr, part_max_ptr, part_sum_ptr, part_larger_ptr,
-                             part_vals_ptr, part_ids_ptr, topk_ids_ptr, topk_lp_ptr, token_lp_ptr, ranks_ptr,
-                             vocab_size, num_segments, k, STAT_SEGS: tl.constexpr, MERGE_SEGS: tl.constexpr,
-                             K: tl.constexpr, W: tl.constexpr, HAS_TOPK: tl.constexpr):
-    """Row t from its segments' parts, in segment order (chunks of STAT_SEGS and MERGE_SEGS, both
-    functions of V only): logsumexp, rank, the top-k keys, and the four outputs."""
+                             part_vals_ptr, part_ids_ptr, scratch_ptr, topk_ids_ptr, topk_lp_ptr, token_lp_ptr,
+                             ranks_ptr, vocab_size, num_segments, k, STAT_SEGS: tl.constexpr,
+                             MERGE_SEGS: tl.constexpr, K: tl.constexpr, HAS_TOPK: tl.constexpr,
+                             GROUP: tl.constexpr, GROUPS: tl.constexpr, ROW_GROUPS: tl.constexpr):
+    """Row t from its segments' parts, in segment order (chunks of STAT_SEGS, functions of V only):
+    logsumexp, rank, the top k, and the four outputs. The top k with GROUPS (groups a segment):
+    the k groups of largest maximum (the lower group first among ties) hold the row's k largest
+    (were a group with one of them outside, k groups would each hold a larger key), so their tokens
+    are gathered and the k largest taken; both through `_largest`, then compacted in token order
+    through the row's scratch (K groups, then K keys; a barrier after each store) and ranked
+    pairwise. Without GROUPS, the segments' K-key lists are merged, MERGE_SEGS at a time."""
     t = tl.program_id(0)
     base = t.to(tl.int64) * num_segments
+    row_ptr = logits_ptr + t.to(tl.int64) * logits_stride
     token = tl.load(token_ids_ptr + t).to(tl.int64)
     token_ok = (token >= 0) & (token < vocab_size)
-    x_token = tl.load(logits_ptr + t.to(tl.int64) * logits_stride + tl.where(token_ok, token, 0)).to(tl.float32)
+    x_token = tl.load(row_ptr + tl.where(token_ok, token, 0)).to(tl.float32)
     x_token = tl.where(x_token == x_token, x_token, float("-inf"))
     run_max = float("-inf")
     run_sum = 0.0
@@ -204,21 +216,42 @@ def _logprobs_combine_kernel(logits_ptr, logits_stride, token_ids_ptr, part_max_
     tl.store(token_lp_ptr + t, tl.where(token_ok, token_lp, float("-inf")))
     tl.store(ranks_ptr + t, tl.where(token_ok, 1 + larger, -1))
     if HAS_TOPK:
-        w = tl.arange(0, W)
-        best = tl.full((K,), _KEY_NONE, dtype=tl.int64)
-        for first in range(0, num_segments, MERGE_SEGS):
-            seg = first + tl.arange(0, MERGE_SEGS)
-            at = (base + seg)[:, None] * W + w[None, :]
-            live = (seg < num_segments)[:, None]
-            tokens = tl.load(part_ids_ptr + at, mask=live, other=-1)
-            values = tl.load(part_vals_ptr + at, mask=live & (tokens >= 0), other=float("-inf"))
-            keys = tl.where(tokens >= 0, _sortable_key(values, tokens), _KEY_NONE)
-            chunk_best = tl.topk(tl.reshape(keys, (MERGE_SEGS * W,)), K)
-            best = tl.topk(tl.reshape(tl.join(best, chunk_best), (2 * K,)), K)
         j = tl.arange(0, K)
+        if GROUPS:
+            scratch = scratch_ptr + t.to(tl.int64) * (2 * K)
+            g = tl.arange(0, ROW_GROUPS)
+            num_groups = (vocab_size + GROUP - 1) // GROUP
+            group_max = tl.load(part_vals_ptr + base * GROUPS + g, mask=g < num_groups, other=float("-inf"))
+            k_groups = tl.minimum(k, num_groups)
+            take = _largest(tl.where(g < num_groups, _ordered_bits(group_max), -1), k_groups)
+            tl.store(scratch + tl.cumsum(take.to(tl.int32), axis=0) - 1, g.to(tl.int64), mask=take)
+            tl.debug_barrier()  # the slots written above are read by other threads
+            group = tl.load(scratch + j, mask=j < k_groups, other=0)
+            tok = tl.reshape(group[:, None] * GROUP + tl.arange(0, GROUP)[None, :], (K * GROUP,))
+            live = tl.reshape(tl.broadcast_to((j < k_groups)[:, None], (K, GROUP)), (K * GROUP,)) & (tok < vocab_size)
+            x = tl.load(row_ptr + tok, mask=live, other=float("-inf")).to(tl.float32)
+            x = tl.where(x == x, x, float("-inf"))
+            take = _largest(tl.where(live, _ordered_bits(x), -1), k)
+            tl.store(scratch + K + tl.cumsum(take.to(tl.int32), axis=0) - 1, _sortable_key(x, tok), mask=take)
+            tl.debug_barrier()
+            best = tl.load(scratch + K + j, mask=j < k, other=_KEY_NONE)
+            place = tl.sum((best[None, :] > best[:, None]).to(tl.int32), axis=1)
+        else:
+            w = tl.arange(0, K)
+            best = tl.full((K,), _KEY_NONE, dtype=tl.int64)
+            for first in range(0, num_segments, MERGE_SEGS):
+                seg = first + tl.arange(0, MERGE_SEGS)
+                at = (base + seg)[:, None] * K + w[None, :]
+                live = (seg < num_segments)[:, None]
+                tokens = tl.load(part_ids_ptr + at, mask=live, other=-1)
+                values = tl.load(part_vals_ptr + at, mask=live & (tokens >= 0), other=float("-inf"))
+                keys = tl.where(tokens >= 0, _sortable_key(values, tokens), _KEY_NONE)
+                chunk_best = tl.topk(tl.reshape(keys, (MERGE_SEGS * K,)), K)
+                best = tl.topk(tl.reshape(tl.join(best, chunk_best), (2 * K,)), K)
+            place = j
         vals, ids = _key_parts(best)
         lp = tl.where(no_mass, float("-inf"), vals - lse)
-        out = t.to(tl.int64) * k + j
+        out = t.to(tl.int64) * k + place
         tl.store(topk_ids_ptr + out, ids, mask=j < k)
         tl.store(topk_lp_ptr + out, lp, mask=j < k)
 
@@ -257,21 +290,25 @@ def _logprobs_triton(logits, token_ids, num_logprobs):
     S = cdiv(V, _LOGPROBS_SEGMENT)
     K = next_power_of_2(max(num_logprobs, 2))  # tl.topk needs k >= 2
     has_topk = num_logprobs > 0
-    # With fewer than K finite values in a segment tau is -inf and all SEGMENT > W tokens pass: the fallback.
-    fast = has_topk and 2 * K <= _LOGPROBS_GROUPS and 2 * K < _LOGPROBS_SEGMENT
-    W = 2 * K if fast else K
+    gps = _LOGPROBS_SEGMENT // _LOGPROBS_GROUP
+    row_groups = next_power_of_2(S * gps)
+    groups = gps if K <= _LOGPROBS_GROUPS_MAX_K and row_groups <= _LOGPROBS_ROW_GROUPS_MAX else 0
     part_max = logits.new_empty((T, S), dtype=torch.float32)
     part_sum = logits.new_empty((T, S), dtype=torch.float32)
     part_larger = logits.new_empty((T, S), dtype=torch.int64)
-    part_vals = logits.new_empty((T, S, W) if has_topk else (1,), dtype=torch.float32)
-    part_ids = logits.new_empty((T, S, W) if has_topk else (1,), dtype=torch.int32)
+    lists = has_topk and not groups
+    part_vals = logits.new_empty((T, S, groups or K) if has_topk else (1,), dtype=torch.float32)
+    part_ids = logits.new_empty((T, S, K) if lists else (1,), dtype=torch.int32)
+    scratch = logits.new_empty((T, 2 * K) if has_topk and groups else (1,), dtype=torch.int64)
     launch(_logprobs_segment_kernel, (T, S), logits, logits.stride()[0], token_ids, part_max, part_sum, part_larger,
-           part_vals, part_ids, V, S, SEGMENT=_LOGPROBS_SEGMENT, GROUPS=_LOGPROBS_GROUPS, K=K, W=W,
-           BLOCK=max(_LOGPROBS_BLOCK, W), HAS_TOPK=has_topk, FAST=fast, num_warps=_LOGPROBS_WARPS)
-    merge_segs = min(next_power_of_2(S), max(1, _LOGPROBS_MERGE_KEYS // W))
+           part_vals, part_ids, V, S, SEGMENT=_LOGPROBS_SEGMENT, GROUP=_LOGPROBS_GROUP, K=K,
+           BLOCK=max(_LOGPROBS_BLOCK, K), HAS_TOPK=has_topk, GROUPS=groups, num_warps=_LOGPROBS_WARPS)
+    merge_segs = min(next_power_of_2(S), max(1, _LOGPROBS_MERGE_KEYS // K))
     launch(_logprobs_combine_kernel, (T,), logits, logits.stride()[0], token_ids, part_max, part_sum, part_larger,
-           part_vals, part_ids, *outs, V, S, num_logprobs, STAT_SEGS=min(next_power_of_2(S), 1024),
-           MERGE_SEGS=merge_segs, K=K, W=W, HAS_TOPK=has_topk, num_warps=4 if merge_segs * W <= 1024 else 8)
+           part_vals, part_ids, scratch, *outs, V, S, num_logprobs, STAT_SEGS=min(next_power_of_2(S), 1024),
+           MERGE_SEGS=merge_segs, K=K, HAS_TOPK=has_topk, GROUP=_LOGPROBS_GROUP, GROUPS=groups,
+           ROW_GROUPS=row_groups if groups else 1, num_warps=_LOGPROBS_COMBINE_WARPS if groups or
+           merge_segs * K <= 1024 else 8)
     return outs
 
 
