@@ -171,6 +171,23 @@ def test_penalties_both_block_paths(dense_popcount, density, gen, monkeypatch):
     assert_pad_untouched(logits)
 
 
+@pytest.mark.interpret
+@pytest.mark.skipif(not INTERPRET, reason="needs TRITON_INTERPRET=1 (no GPU)")
+def test_penalties_rows_past_the_grids_second_axis(gen, monkeypatch):
+    """Rows beyond the grid's second axis continue on its third (here 3 rows an axis step: 8 rows on
+    a 3 x 3 grid, whose last place holds no row)."""
+    monkeypatch.setattr(penalties_module, "_MAX_GRID_Y", 3)
+    T, V = 8, 1000
+    rep, freq, pres = penalty_params()
+    prompt_mask, output_mask, counts = penalty_state(rep.size(0), V, gen)
+    idx_mapping = torch.tensor([1, 5, 3, 2, 1, 4, 5, 3], dtype=INT)
+    logits = make_logits(T, V, torch.float32, "cpu", generator=gen)
+    expected = reference.penalties(logits, idx_mapping, prompt_mask, output_mask, counts, rep, freq, pres)
+    run_op("interpret", "penalties", logits, idx_mapping, prompt_mask, output_mask, counts, rep, freq, pres)
+    torch.testing.assert_close(logits.double(), expected, atol=1e-5, rtol=1e-5)
+    assert_pad_untouched(logits)
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_penalties_dense_blocks_keep_unseen_bits(backend, dtype, gen):

@@ -54,6 +54,7 @@ from ._triton_helpers import ON_GPU, load_slot
 _BLOCK_WORDS = 64
 _PENALTIES_WARPS = 1
 _PENALTIES_MAX_REGISTERS = 64
+_MAX_GRID_Y = 65535  # CUDA's limit on a grid's second and third axes
 _DENSE_POPCOUNT = 12  # above this many set bits in a word of the block, read and write it whole
 _DENSE_WORDS = 4  # words one such whole tile covers; two tiles' accesses are in flight
 _BLOCK_ROWS = 128  # rows one update_output_counts program handles
@@ -203,19 +204,21 @@ def _next_bit(rest, out_words, w, vocab_size):
 @triton.jit
 def _penalties_kernel(logits_ptr, logits_stride, idx_mapping_ptr,
                       prompt_mask_ptr, prompt_stride, output_mask_ptr, output_stride, counts_ptr, counts_stride,
-                      repetition_ptr, frequency_ptr, presence_ptr, num_slots, vocab_size, num_words,
+                      repetition_ptr, frequency_ptr, presence_ptr, num_rows, num_slots, vocab_size, num_words,
                       BLOCK_WORDS: tl.constexpr, DENSE_WORDS: tl.constexpr, DENSE_POPCOUNT: tl.constexpr,
                       SECTOR_TOKENS: tl.constexpr):
-    # One program a (row, block), a row's blocks consecutive and the rows last to first: the rows a
-    # preceding full write of the logits (the model's, or the op before) left in the L2 come first.
-    # A 1-D grid: any number of rows.
-    num_blocks = tl.cdiv(num_words, BLOCK_WORDS)
-    pid = tl.program_id(0)
-    t = tl.num_programs(0) // num_blocks - 1 - pid // num_blocks
+    # Grid (blocks, rows): a row's blocks are consecutive programs, and the rows go last to first,
+    # so the rows a preceding full write of the logits (the model's, or the op before) left in the L2
+    # come first. Rows past the grid's second axis continue on the third. Every index comes from the
+    # program ids (no division whose result would hold a register through the dense tiles).
+    row_from_end = tl.program_id(2) * tl.num_programs(1) + tl.program_id(1)
+    if row_from_end >= num_rows:
+        return
+    t = num_rows - 1 - row_from_end
     slot = load_slot(idx_mapping_ptr, t, num_slots)
     if slot < 0:
         return
-    first = (pid % num_blocks) * BLOCK_WORDS
+    first = tl.program_id(0) * BLOCK_WORDS
     w = first + tl.arange(0, BLOCK_WORDS)
     in_row = w < num_words
     prompt_row = prompt_mask_ptr + slot * prompt_stride
@@ -372,10 +375,10 @@ def _penalties_triton(logits, idx_mapping, prompt_mask, output_mask, output_coun
         return
     words = mask_words(V)
     launch(
-        _penalties_kernel, (T * cdiv(words, _BLOCK_WORDS),),
+        _penalties_kernel, (cdiv(words, _BLOCK_WORDS), min(T, _MAX_GRID_Y), cdiv(T, _MAX_GRID_Y)),
         logits, logits.stride(0), idx_mapping,
         prompt_mask, prompt_mask.stride(0), output_mask, output_mask.stride(0), output_counts, output_counts.stride(0),
-        repetition_penalty, frequency_penalty, presence_penalty, repetition_penalty.size(0), V, words,
+        repetition_penalty, frequency_penalty, presence_penalty, T, repetition_penalty.size(0), V, words,
         BLOCK_WORDS=_BLOCK_WORDS, DENSE_WORDS=min(_DENSE_WORDS, _BLOCK_WORDS), DENSE_POPCOUNT=_DENSE_POPCOUNT,
         SECTOR_TOKENS=32 // logits.element_size(), num_warps=_PENALTIES_WARPS, maxnreg=_PENALTIES_MAX_REGISTERS,
     )
