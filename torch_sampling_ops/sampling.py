@@ -175,6 +175,83 @@ def _largest(u, k):
 
 
 @triton.jit
+def _rank(keys):
+    """Each int64 key's place in descending order (keys distinct, _KEY_NONE below all): pairwise, one
+    reduction."""
+    return tl.sum((keys[None, :] > keys[:, None]).to(tl.int32), axis=1)
+
+
+@triton.jit
+def _top_groups(part_max_ptr, group_max_ptr, scratch, num_segments, num_groups, k_groups,
+                SEGS_P2: tl.constexpr, ROW_GROUPS: tl.constexpr, K: tl.constexpr):
+    """Writes the k_groups groups of largest maximum of a row (the lower group first among equal
+    maxima), ascending, to scratch[0:k_groups] (read after a barrier). The k-th largest segment max
+    bounds the k-th largest group maximum from below (k segments each hold a group reaching their
+    max), so with k_groups <= the segments only the groups at or above it (about 1.4 k on random rows)
+    are ranked, pairwise, after a compaction in group order into scratch[K:5K]; with more than 4K of
+    them, or more groups wanted than segments, `_largest` takes them from all the groups."""
+    seg = tl.arange(0, SEGS_P2)
+    seg_max = tl.load(part_max_ptr + seg, mask=seg < num_segments, other=0.0)
+    seg_u = tl.where(seg < num_segments, _ordered_bits(seg_max), -1)
+    seg_rank = tl.sum(((seg_u[None, :] > seg_u[:, None]) |
+                       ((seg_u[None, :] == seg_u[:, None]) & (seg[None, :] < seg[:, None]))).to(tl.int32), axis=1)
+    floor = tl.max(tl.where(seg_rank == k_groups - 1, seg_u, -1), axis=0)  # -1: no bound
+    g = tl.arange(0, ROW_GROUPS)
+    group_max = tl.load(group_max_ptr + g, mask=g < num_groups, other=float("-inf"))
+    u = tl.where(g < num_groups, _ordered_bits(group_max), -1)
+    near = (u >= floor) & (u >= 0)
+    n = tl.sum(near.to(tl.int32), axis=0)
+    if n <= 4 * K:
+        tl.store(scratch + K + tl.cumsum(near.to(tl.int32), axis=0) - 1, _sortable_key(group_max, g), mask=near)
+        tl.debug_barrier()  # the slots written above are read by other threads
+        c = tl.arange(0, 4 * K)
+        keys = tl.load(scratch + K + c, mask=c < n, other=_KEY_NONE)
+        chosen = (_rank(keys) < k_groups) & (c < n)
+        _, index = _key_parts(keys)
+        tl.store(scratch + tl.cumsum(chosen.to(tl.int32), axis=0) - 1, index.to(tl.int64), mask=chosen)
+    else:
+        take = _largest(u, k_groups)
+        tl.store(scratch + tl.cumsum(take.to(tl.int32), axis=0) - 1, g.to(tl.int64), mask=take)
+    tl.debug_barrier()
+
+
+@triton.jit
+def _store_top_tokens(row_ptr, scratch, vocab_size, k, k_groups, lse, no_mass, out_ids_ptr, out_lp_ptr,
+                      GROUP: tl.constexpr, K: tl.constexpr):
+    """The row's k largest logits from the tokens of the groups at scratch[0:k_groups] (ascending),
+    stored in order at out_ids_ptr / out_lp_ptr. With k groups, the k largest are at least the
+    smallest of their maxima; the tokens there (about k on random rows) are compacted into
+    scratch[5K:7K] and ranked pairwise; with more than 2K of them, or fewer groups than k (all the
+    tokens are here), `_largest` takes the k first (the tile is in token order)."""
+    j = tl.arange(0, K)
+    group = tl.load(scratch + j, mask=j < k_groups, other=0)
+    tok = group[:, None] * GROUP + tl.arange(0, GROUP)[None, :]
+    live = (j < k_groups)[:, None] & (tok < vocab_size)
+    x = tl.load(row_ptr + tok, mask=live, other=float("-inf")).to(tl.float32)
+    x = tl.where(x == x, x, float("-inf"))
+    u = tl.where(live, _ordered_bits(x), -1)
+    tau = tl.min(tl.where(j < k_groups, tl.max(u, axis=1), 2**32), axis=0)
+    tau = tl.where(k_groups == k, tau, -1)
+    tok = tl.reshape(tok, (K * GROUP,))
+    x = tl.reshape(x, (K * GROUP,))
+    u = tl.reshape(u, (K * GROUP,))
+    near = (u >= tau) & (u >= 0)
+    n = tl.sum(near.to(tl.int32), axis=0)
+    if n > 2 * K:
+        near = _largest(u, k)
+        n = k
+    tl.store(scratch + 5 * K + tl.cumsum(near.to(tl.int32), axis=0) - 1, _sortable_key(x, tok), mask=near)
+    tl.debug_barrier()
+    c = tl.arange(0, 2 * K)
+    keys = tl.load(scratch + 5 * K + c, mask=c < n, other=_KEY_NONE)
+    place = _rank(keys)
+    values, ids = _key_parts(keys)
+    keep = (place < k) & (c < n)
+    tl.store(out_ids_ptr + place, ids, mask=keep)
+    tl.store(out_lp_ptr + place, tl.where(no_mass, float("-inf"), values - lse), mask=keep)
+
+
+@triton.jit
 def _logprobs_combine_kernel(logits_ptr, logits_stride, token_ids_ptr, part_max_ptr, part_sum_ptr, part_larger_ptr,
                              part_vals_ptr, part_ids_ptr, scratch_ptr, topk_ids_ptr, topk_lp_ptr, token_lp_ptr,
                              ranks_ptr, vocab_size, num_segments, k, STAT_SEGS: tl.constexpr,
@@ -216,26 +293,15 @@ def _logprobs_combine_kernel(logits_ptr, logits_stride, token_ids_ptr, part_max_
     tl.store(token_lp_ptr + t, tl.where(token_ok, token_lp, float("-inf")))
     tl.store(ranks_ptr + t, tl.where(token_ok, 1 + larger, -1))
     if HAS_TOPK:
-        j = tl.arange(0, K)
+        out = t.to(tl.int64) * k
         if GROUPS:
-            scratch = scratch_ptr + t.to(tl.int64) * (2 * K)
-            g = tl.arange(0, ROW_GROUPS)
+            scratch = scratch_ptr + t.to(tl.int64) * (8 * K)
             num_groups = (vocab_size + GROUP - 1) // GROUP
-            group_max = tl.load(part_vals_ptr + base * GROUPS + g, mask=g < num_groups, other=float("-inf"))
             k_groups = tl.minimum(k, num_groups)
-            take = _largest(tl.where(g < num_groups, _ordered_bits(group_max), -1), k_groups)
-            tl.store(scratch + tl.cumsum(take.to(tl.int32), axis=0) - 1, g.to(tl.int64), mask=take)
-            tl.debug_barrier()  # the slots written above are read by other threads
-            group = tl.load(scratch + j, mask=j < k_groups, other=0)
-            tok = tl.reshape(group[:, None] * GROUP + tl.arange(0, GROUP)[None, :], (K * GROUP,))
-            live = tl.reshape(tl.broadcast_to((j < k_groups)[:, None], (K, GROUP)), (K * GROUP,)) & (tok < vocab_size)
-            x = tl.load(row_ptr + tok, mask=live, other=float("-inf")).to(tl.float32)
-            x = tl.where(x == x, x, float("-inf"))
-            take = _largest(tl.where(live, _ordered_bits(x), -1), k)
-            tl.store(scratch + K + tl.cumsum(take.to(tl.int32), axis=0) - 1, _sortable_key(x, tok), mask=take)
-            tl.debug_barrier()
-            best = tl.load(scratch + K + j, mask=j < k, other=_KEY_NONE)
-            place = tl.sum((best[None, :] > best[:, None]).to(tl.int32), axis=1)
+            _top_groups(part_max_ptr + base, part_vals_ptr + base * GROUPS, scratch, num_segments, num_groups,
+                        k_groups, STAT_SEGS, ROW_GROUPS, K)
+            _store_top_tokens(row_ptr, scratch, vocab_size, k, k_groups, lse, no_mass, topk_ids_ptr + out,
+                              topk_lp_ptr + out, GROUP, K)
         else:
             w = tl.arange(0, K)
             best = tl.full((K,), _KEY_NONE, dtype=tl.int64)
@@ -248,12 +314,9 @@ def _logprobs_combine_kernel(logits_ptr, logits_stride, token_ids_ptr, part_max_
                 keys = tl.where(tokens >= 0, _sortable_key(values, tokens), _KEY_NONE)
                 chunk_best = tl.topk(tl.reshape(keys, (MERGE_SEGS * K,)), K)
                 best = tl.topk(tl.reshape(tl.join(best, chunk_best), (2 * K,)), K)
-            place = j
-        vals, ids = _key_parts(best)
-        lp = tl.where(no_mass, float("-inf"), vals - lse)
-        out = t.to(tl.int64) * k + place
-        tl.store(topk_ids_ptr + out, ids, mask=j < k)
-        tl.store(topk_lp_ptr + out, lp, mask=j < k)
+            vals, ids = _key_parts(best)
+            tl.store(topk_ids_ptr + out + w, ids, mask=w < k)
+            tl.store(topk_lp_ptr + out + w, tl.where(no_mass, float("-inf"), vals - lse), mask=w < k)
 
 
 def _check_logprobs(logits, token_ids, num_logprobs) -> None:
@@ -299,7 +362,7 @@ def _logprobs_triton(logits, token_ids, num_logprobs):
     lists = has_topk and not groups
     part_vals = logits.new_empty((T, S, groups or K) if has_topk else (1,), dtype=torch.float32)
     part_ids = logits.new_empty((T, S, K) if lists else (1,), dtype=torch.int32)
-    scratch = logits.new_empty((T, 2 * K) if has_topk and groups else (1,), dtype=torch.int64)
+    scratch = logits.new_empty((T, 8 * K) if has_topk and groups else (1,), dtype=torch.int64)
     launch(_logprobs_segment_kernel, (T, S), logits, logits.stride()[0], token_ids, part_max, part_sum, part_larger,
            part_vals, part_ids, V, S, SEGMENT=_LOGPROBS_SEGMENT, GROUP=_LOGPROBS_GROUP, K=K,
            BLOCK=max(_LOGPROBS_BLOCK, K), HAS_TOPK=has_topk, GROUPS=groups, num_warps=_LOGPROBS_WARPS)
