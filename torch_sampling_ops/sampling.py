@@ -37,8 +37,8 @@ from ._registry import define_op, launch
 from ._triton_helpers import load_slot
 from .gumbel import argmax_tokens, gumbel_argmax, stream_key
 from .truncation.op import filtered_draw_launches
-from .truncation.scan import _store_row_bound
-from .truncation.workspace import _row_settings, store_draw_pair
+from .truncation.scan import store_row_bound
+from .truncation.workspace import row_settings, store_draw_pair
 
 # The full-row draw's programs walk their tokens over _DRAW_WARPS warps: a whole row in tiles of
 # _DRAW_BLOCK_V, one at a time (more in flight measured slower); below `split_draw_max_t` rows, the
@@ -407,20 +407,20 @@ def _draw_kernel(logits_ptr, logits_stride, idx_mapping_ptr, top_k_ptr, top_p_pt
                  SEG_CAP: tl.constexpr, PDL: tl.constexpr, STAGES: tl.constexpr):
     """`sample`'s first launch, with the truncation launches' arguments. A row with a filter on and a
     temperature != 0 is drawn by those launches: program (t, 0) stores its bounds, which their
-    first launch would (`_store_row_bound`). Every other row: out[t] = argmax_j of logits[t, j] /
+    first launch would (`store_row_bound`). Every other row: out[t] = argmax_j of logits[t, j] /
     temperature + gumbel(seed, position, j) over the tokens above -inf, the plain argmax of the
     logits for greedy rows (the filters always keep it); -1 without such a token or slot. With
     SPLIT, program (t, s) takes the DRAW_SEGMENT tokens of segment s and stores its (score, token)
     pair in the row's workspace (`store_draw_pair`), and the scan launch writes out[t]."""
     t = tl.program_id(0)
-    k, _, k_on, _, filtered, temp, min_p = _row_settings(idx_mapping_ptr, top_k_ptr, top_p_ptr, temperature_ptr,
+    k, _, k_on, _, filtered, temp, min_p = row_settings(idx_mapping_ptr, top_k_ptr, top_p_ptr, temperature_ptr,
                                                           min_p_ptr, t, num_slots, vocab_size, PDL, True)
     logits_row = logits_ptr + t.to(tl.int64) * logits_stride
     ws_row = ws_ptr + t.to(tl.int64) * ws_stride
     slot = load_slot(idx_mapping_ptr, t, num_slots)
     if filtered:
         if tl.program_id(1) == 0:
-            _store_row_bound(logits_row, ws_row, vocab_size, num_segments, k, k_on, temp, min_p, SAMPLE, SEG_CAP)
+            store_row_bound(logits_row, ws_row, vocab_size, num_segments, k, k_on, temp, min_p, SAMPLE, SEG_CAP)
     elif slot < 0:
         if not SPLIT:
             tl.store(out_ptr + t, -1)

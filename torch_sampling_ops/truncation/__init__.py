@@ -41,7 +41,7 @@ the GPU), so a small batch still spreads over the GPU:
 
 On Hopper and later GPUs every launch after the first is a programmatic dependent launch: its
 programs are placed while the previous launch drains and read their row settings, then wait for it
-(see _row_settings), so each launch's start overlaps the previous one's tail.
+(see row_settings), so each launch's start overlaps the previous one's tail.
 
 Every reduction runs in a fixed order over segments that depend on V alone, so a row's result does
 not depend on the batch it is in. A row with both filters off is not read. Masses are float32
@@ -49,7 +49,7 @@ sums, so a token's membership may differ from the exact answer only where the ex
 is within float32 rounding of top_p.
 
 `sample` draws its filtered rows with the same launches in their DRAW form (`filtered_draw_launches`):
-the bound (`_store_row_bound`, in `sample`'s own first launch, which draws the other rows), the
+the bound (`store_row_bound`, in `sample`'s own first launch, which draws the other rows), the
 scan, then (below `gather_in_draw_min_t` rows after the settle and gather launches)
 one program a row that settles the row, gathers its list and finds the thresholds as above on
 y = logits / temperature (the scan reads the logits as they are: a bound on

@@ -72,7 +72,7 @@ def filtered_draw_launches(logits, idx_mapping, temperature, top_k, top_p, min_p
     which set out[t] to the token drawn from the tokens the filters keep of logits[t] / temperature
     (-1 without one), leave other rows' out to the caller and never write the logits: (the
     arguments every launch takes, the launch plan, the settings, PDL), for T > 0. The caller launches
-    first a kernel of the same arguments that stores each such row's bounds (`_store_row_bound`) and
+    first a kernel of the same arguments that stores each such row's bounds (`store_row_bound`) and
     draws the other rows, splitting them below `split_draw_max_t` rows (`store_draw_pair`: the scan
     writes their tokens then), then the plan. Scans grouped (most rows usually have their filters
     off). tol: the approximate Gumbel scores' tolerance (gumbel.GUMBEL_APPROX_TOL)."""

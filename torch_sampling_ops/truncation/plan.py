@@ -23,7 +23,7 @@ from .settings import _INTERPRET, TruncationSettings, current_settings
 def _launch_plan(T: int, V: int, pdl: bool, settings: TruncationSettings | None = None,
                  group_scan: bool = False, draw: bool = False) -> list:
     """The op's launches for a [T, V] batch, in order: (kernel, grid, constants and compile options);
-    with pdl, every launch after the first is a programmatic dependent launch (see _row_settings).
+    with pdl, every launch after the first is a programmatic dependent launch (see row_settings).
     `settings`: the current ones (current_settings) by default. group_scan: the scan walks
     `scan_group` segments a program from `scan_group_min_t` rows (for callers whose rows mostly have
     both filters off, as `sample`'s: the op itself does not). draw: `sample`'s launches (DRAW) after

@@ -18,7 +18,6 @@ from .workspace import (
     _buffer_ptr,
     _header_int,
     _pairs_ptr,
-    _row_settings,
     _segment_count_high_ptr,
     _segment_count_ptr,
     _segment_first_ptr,
@@ -29,6 +28,7 @@ from .workspace import (
     _values_ptr,
     _weighs_row,
     reduce_draw_pairs,
+    row_settings,
 )
 
 _FLT_MAX = tl.constexpr(3.4028234663852886e38)  # the sample stores lo >= -_FLT_MAX: -inf is never a candidate
@@ -41,18 +41,18 @@ def _sample_bound_kernel(
     num_segments, temperature_ptr, min_p_ptr, seeds_ptr, output_lens_ptr, out_ptr, tol,
     SAMPLE: tl.constexpr, SEG_CAP: tl.constexpr, PDL: tl.constexpr, DRAW: tl.constexpr,
 ):
-    """Launch 1 of top_k_top_p: each active row's bounds (_store_row_bound). (`sample` computes them
+    """Launch 1 of top_k_top_p: each active row's bounds (store_row_bound). (`sample` computes them
     in its first launch, beside its full-row draws.)"""
     t = tl.program_id(0)
-    k, p, k_on, p_on, active, temp, min_p = _row_settings(idx_mapping_ptr, top_k_ptr, top_p_ptr, temperature_ptr,
+    k, p, k_on, p_on, active, temp, min_p = row_settings(idx_mapping_ptr, top_k_ptr, top_p_ptr, temperature_ptr,
                                                               min_p_ptr, t, num_slots, vocab_size, PDL, DRAW)
     if active:
-        _store_row_bound(logits_ptr + t.to(tl.int64) * logits_stride, ws_ptr + t.to(tl.int64) * ws_stride,
+        store_row_bound(logits_ptr + t.to(tl.int64) * logits_stride, ws_ptr + t.to(tl.int64) * ws_stride,
                          vocab_size, num_segments, k, k_on, temp, min_p, SAMPLE, SEG_CAP)
 
 
 @triton.jit
-def _store_row_bound(row_ptr, ws_row, vocab_size, num_segments, k, k_on, temp, min_p, SAMPLE: tl.constexpr,
+def store_row_bound(row_ptr, ws_row, vocab_size, num_segments, k, k_on, temp, min_p, SAMPLE: tl.constexpr,
                      SEG_CAP: tl.constexpr):
     """An active row's lower bound `lo` from a sample of its tokens, its exp reference, and for top-p
     alone a second bound above `lo`, into its workspace header. With min_p on and top-k off
@@ -288,7 +288,7 @@ def _scan_segments_kernel(
     leaves alone writes its token: the best of the pairs its split full-row draw (DRAW_SEGMENT
     tokens a program) left in its workspace; -1 for a slot out of range."""
     t = tl.program_id(0)
-    k, p, k_on, p_on, active, temp, min_p = _row_settings(idx_mapping_ptr, top_k_ptr, top_p_ptr, temperature_ptr,
+    k, p, k_on, p_on, active, temp, min_p = row_settings(idx_mapping_ptr, top_k_ptr, top_p_ptr, temperature_ptr,
                                                               min_p_ptr, t, num_slots, vocab_size, PDL, DRAW)
     if DRAW:
         if (active == 0) & (tl.program_id(1) == 0) & (tl.num_programs(0) < SPLIT_DRAW_MAX_T):
@@ -410,7 +410,7 @@ def _settle_kernel(
     """A large batch's rows settled once each, one warp a row (see settle_launch_min_t): the header
     and each segment's offset in the row's list."""
     t = tl.program_id(0)
-    k, p, k_on, p_on, active, temp, min_p = _row_settings(idx_mapping_ptr, top_k_ptr, top_p_ptr, temperature_ptr,
+    k, p, k_on, p_on, active, temp, min_p = row_settings(idx_mapping_ptr, top_k_ptr, top_p_ptr, temperature_ptr,
                                                               min_p_ptr, t, num_slots, vocab_size, PDL, DRAW)
     if active:
         ws_row = ws_ptr + t.to(tl.int64) * ws_stride
@@ -491,7 +491,7 @@ def _gather_chunks_kernel(
     values divided by the temperature, the positions of every row, and the logits not written."""
     t = tl.program_id(0)
     c = tl.program_id(1)
-    k, p, k_on, p_on, active, temp, min_p = _row_settings(idx_mapping_ptr, top_k_ptr, top_p_ptr, temperature_ptr,
+    k, p, k_on, p_on, active, temp, min_p = row_settings(idx_mapping_ptr, top_k_ptr, top_p_ptr, temperature_ptr,
                                                               min_p_ptr, t, num_slots, vocab_size, PDL, DRAW)
     if active:
         ws_row = ws_ptr + t.to(tl.int64) * ws_stride
@@ -542,7 +542,7 @@ def _fill_chunks_kernel(
     >= the threshold restored (their positions lie in the chunk: the barrier orders every -inf
     store of the chunk before any restore)."""
     t = tl.program_id(0)
-    k, p, k_on, p_on, active, temp, min_p = _row_settings(idx_mapping_ptr, top_k_ptr, top_p_ptr, temperature_ptr,
+    k, p, k_on, p_on, active, temp, min_p = row_settings(idx_mapping_ptr, top_k_ptr, top_p_ptr, temperature_ptr,
                                                               min_p_ptr, t, num_slots, vocab_size, PDL, False)
     if active:
         ws_row = ws_ptr + t.to(tl.int64) * ws_stride

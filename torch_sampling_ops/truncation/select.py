@@ -40,11 +40,11 @@ from .workspace import (
     _header_int,
     _pairs_ptr,
     _row_copy_ptr,
-    _row_settings,
     _scratch_ptr,
     _search_floor,
     _values_ptr,
     _weighs_row,
+    row_settings,
 )
 
 
@@ -371,7 +371,7 @@ def _select_kernel(
     rows after the gather launch, otherwise right after the scan: one compiled variant for both);
     the logits are not written."""
     t = tl.program_id(0)
-    k, p, k_on, p_on, active, temp, min_p = _row_settings(idx_mapping_ptr, top_k_ptr, top_p_ptr, temperature_ptr,
+    k, p, k_on, p_on, active, temp, min_p = row_settings(idx_mapping_ptr, top_k_ptr, top_p_ptr, temperature_ptr,
                                                           min_p_ptr, t, num_slots, vocab_size, PDL, DRAW)
     if active:
         ws_row = ws_ptr + t.to(tl.int64) * ws_stride

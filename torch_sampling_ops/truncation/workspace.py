@@ -165,7 +165,7 @@ def _weighs_row(k_on, p_on, min_p):
 
 
 @triton.jit
-def _row_settings(idx_mapping_ptr, top_k_ptr, top_p_ptr, temperature_ptr, min_p_ptr, t, num_slots, vocab_size,
+def row_settings(idx_mapping_ptr, top_k_ptr, top_p_ptr, temperature_ptr, min_p_ptr, t, num_slots, vocab_size,
                   PDL: tl.constexpr, DRAW: tl.constexpr):
     """(k, p, k_on, p_on, active, temp, min_p) of row t; an inactive row (slot out of range, both
     filters off) is left alone. With DRAW (`sample`) the row is also read through its temperature
