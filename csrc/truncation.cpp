@@ -222,11 +222,16 @@ struct TopPBoundary {
   float boundary;  // NaN when it lies below the buckets (top_p near 1)
 };
 
-// Adds e[i] to bucket b[i] for the lanes of 8 tokens (b = their distance to the maximum times
-// kBucketsPerUnit) in buckets [lo, hi).
+// The lanes (a bit each) of 8 tokens whose b (their distance to the maximum times
+// kBucketsPerUnit) lies in buckets [lo, hi).
+inline int lanes_in_buckets(const Vec& b, int lo, int hi) {
+  return lanes_above<true>(b, static_cast<float>(lo)) &
+         lanes_above(Vec(static_cast<float>(hi)) - b, 0.f);
+}
+
+// Adds e[i] to bucket b[i] for the lanes of 8 tokens in buckets [lo, hi).
 inline void add_to_buckets(const Vec& b, const float* e, int lo, int hi, double* bucket_mass) {
-  int in = lanes_above<true>(b, static_cast<float>(lo)) &
-           lanes_above(Vec(static_cast<float>(hi)) - b, 0.f);
+  int in = lanes_in_buckets(b, lo, hi);
   if (in == 0) return;
   float lanes_b[Vec::size()];
   b.store(lanes_b);
@@ -344,17 +349,16 @@ TopPBoundary top_p_alone_boundary(const float* x, int64_t V, float row_max, floa
     if (!open) {
       // The bucket's tokens: b = d * kBucketsPerUnit in [bucket, bucket + 1).
       window.clear();
-      const float lo = static_cast<float>(bucket), hi = static_cast<float>(bucket + 1);
       int64_t i = 0;
       for (; i + Vec::size() <= V; i += Vec::size()) {
         const Vec b = (vm - Vec::loadu(x + i)) * vscale;
-        for (int in = lanes_above<true>(b, lo) & lanes_above(Vec(hi) - b, 0.f); in; in &= in - 1) {
+        for (int in = lanes_in_buckets(b, bucket, bucket + 1); in; in &= in - 1) {
           window.push_back(x[i + __builtin_ctz(in)]);
         }
       }
       for (; i < V; ++i) {
         const float b = (row_max - x[i]) * kBucketsPerUnit;
-        if (b >= lo && b < hi) window.push_back(x[i]);
+        if (b >= bucket && b < bucket + 1) window.push_back(x[i]);
       }
       std::sort(window.begin(), window.end(), std::greater<float>());
       for (float v : window) {
