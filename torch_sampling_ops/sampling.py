@@ -20,8 +20,9 @@ token's, and the maxima of its groups of 64 consecutive tokens. The second, one 
 combines the segments in order (max and sum rescaled) and sums the counts; for the top k it takes
 the k groups of largest maximum, which hold the row's k largest logits, reads their tokens again
 (k * 64 of them) and keeps the k largest, both by counts (`_largest`), with no sort. Ties go to the
-lower index. For k above 64 each segment hands over its own top k (`tl.topk` on blocks), merged by
-the second launch as sortable int64 keys (order-preserving float bits above, V-inverted index below).
+lower index. For k above 64 (or V above 512 K tokens) each segment hands over its own top k
+(`tl.topk` on blocks), merged by the second launch as sortable int64 keys (order-preserving float
+bits above, V-inverted index below).
 """
 from __future__ import annotations
 
