@@ -205,6 +205,29 @@ def test_logprobs_ties_at_the_kth_group_and_token(backend, k):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("k", [1, 2, 64, 300])
+def test_logprobs_signed_zeros_tie(backend, k):
+    """-0.0 and +0.0 are equal logits: the lower index goes first whatever the signs, in a segment,
+    across segments and among the k-th largest (the keys the kernels sort by ignore the sign of 0)."""
+    device = device_of(backend)
+    seg = sampling._LOGPROBS_SEGMENT
+    V = 2 * seg + 300
+    logits = torch.randn(3, V, generator=torch.Generator().manual_seed(5)) * 3 - 100
+    logits[0, [5, seg + 3, 2 * seg + 1]] = torch.tensor([-0.0, 0.0, -0.0])
+    logits[1] = torch.where(torch.arange(V) % 3 == 1, 0.0, -0.0)  # all tied, signs mixed
+    logits[2, [9, 40, seg + 7]] = torch.tensor([0.0, -0.0, 0.0])
+    logits[2, 20] = 1.0
+    logits = logits.to(device)
+    token_ids = torch.tensor([seg + 3, 4, 40], device=device)
+    out = run_op(backend, "logprobs", logits, token_ids, k)
+    assert_logprobs(out, logits, token_ids, k)
+    assert out[0][0, :min(k, 3)].tolist() == [5, seg + 3, 2 * seg + 1][:k]
+    assert out[0][1].tolist() == list(range(min(k, V)))
+    assert out[0][2, :min(k, 4)].tolist() == [20, 9, 40, seg + 7][:k]
+    assert out[3].tolist() == [1, 1, 2]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("V", [1024, 2 * 1024 + 5])
 def test_logprobs_largest_k(backend, V, gen):
     """k = 1024 (the largest), = V for V = 1024, over several segments with -inf ties in the tail."""

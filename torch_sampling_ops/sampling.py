@@ -21,8 +21,8 @@ combines the segments in order (max and sum rescaled) and sums the counts; for t
 the k groups of largest maximum, which hold the row's k largest logits, reads their tokens again
 (k * 64 of them) and keeps the k largest, both by counts (`_largest`), with no sort. Ties go to the
 lower index. For k above 64 (or V above 512 K tokens) each segment hands over its own top k
-(`tl.topk` on blocks), merged by the second launch as sortable int64 keys (order-preserving float
-bits above, V-inverted index below).
+(`tl.topk` on blocks), merged by the second launch as sortable int64 keys (the value's
+order-preserving key above, -0.0 and +0.0 alike; the V-inverted index below).
 """
 from __future__ import annotations
 
@@ -37,6 +37,7 @@ from ._launch import cdiv, next_power_of_2
 from ._registry import define_op, launch
 from ._triton_helpers import load_slot
 from .gumbel import argmax_tokens, gumbel_argmax, stream_key
+from .truncation.keys import _float_key, _key_value
 from .truncation.op import filtered_draw_launches
 from .truncation.scan import store_row_bound
 from .truncation.workspace import row_settings, store_draw_pair
@@ -66,7 +67,7 @@ _LOGPROBS_COMBINE_WARPS = 8
 _LOGPROBS_BLOCK = 1024
 _LOGPROBS_MERGE_KEYS = 1024
 _LOGPROBS_WARPS = 4
-_KEY_NONE = tl.constexpr(-2**63)  # below every `_sortable_key` (its high word is a NaN's; NaN is read as -inf)
+_KEY_NONE = tl.constexpr(-2**63)  # below every `_sortable_key` (NaN is read as -inf before keys are made)
 
 # ----------------------------------------------------------------------------------------------
 # logprobs
@@ -74,18 +75,17 @@ _KEY_NONE = tl.constexpr(-2**63)  # below every `_sortable_key` (its high word i
 
 @triton.jit
 def _sortable_key(x, offs):
-    """int64 keys ordered as (x descending, offs ascending): float bits made order-preserving in the
-    high word, 2**32 - 1 - offs in the low word."""
-    bits = x.to(tl.int32, bitcast=True)
-    ordered = tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF)
-    return (ordered.to(tl.int64) << 32) | (4294967295 - offs.to(tl.int64))
+    """int64 keys ordered as (x descending, offs ascending), x not NaN: x's `_float_key` less 2**31
+    in the high word (so -0.0 ties with +0.0, and every key lies above _KEY_NONE), 2**32 - 1 - offs
+    in the low word."""
+    return ((_float_key(x).to(tl.int64) - 2**31) << 32) | (4294967295 - offs.to(tl.int64))
 
 
 @triton.jit
 def _key_parts(keys):
-    """(value float32, token int32) of `_sortable_key` keys; (NaN-bits value, -1) for _KEY_NONE."""
-    ordered = (keys >> 32).to(tl.int32)
-    values = tl.where(ordered >= 0, ordered, ordered ^ 0x7FFFFFFF).to(tl.float32, bitcast=True)
+    """(value float32, token int32) of `_sortable_key` keys (a -0.0 comes back as +0.0); (-inf, -1)
+    for _KEY_NONE."""
+    values = _key_value(((keys >> 32) + 2**31).to(tl.uint32))
     return values, tl.where(keys != _KEY_NONE, (4294967295 - (keys & 4294967295)).to(tl.int32), -1)
 
 
@@ -151,13 +151,6 @@ def _logprobs_segment_kernel(logits_ptr, logits_stride, token_ids_ptr, part_max_
 
 
 @triton.jit
-def _ordered_bits(x):
-    """float32 -> int64 in [0, 2**32), in the order of the floats (NaN excluded)."""
-    bits = x.to(tl.int32, bitcast=True)
-    return tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF).to(tl.int64) + 2**31
-
-
-@triton.jit
 def _largest(u, k):
     """Which entries of the 1-D int64 u (values in [0, 2**32), -1 for none; at least k not -1) are its
     k largest, the lower position first among equal values: exactly k True. Their k-th largest
@@ -193,13 +186,13 @@ def _top_groups(part_max_ptr, group_max_ptr, scratch, num_segments, num_groups, 
     them, or more groups wanted than segments, `_largest` takes them from all the groups."""
     seg = tl.arange(0, SEGS_P2)
     seg_max = tl.load(part_max_ptr + seg, mask=seg < num_segments, other=0.0)
-    seg_u = tl.where(seg < num_segments, _ordered_bits(seg_max), -1)
+    seg_u = tl.where(seg < num_segments, _float_key(seg_max).to(tl.int64), -1)
     seg_rank = tl.sum(((seg_u[None, :] > seg_u[:, None]) |
                        ((seg_u[None, :] == seg_u[:, None]) & (seg[None, :] < seg[:, None]))).to(tl.int32), axis=1)
     floor = tl.max(tl.where(seg_rank == k_groups - 1, seg_u, -1), axis=0)  # -1: no bound
     g = tl.arange(0, ROW_GROUPS)
     group_max = tl.load(group_max_ptr + g, mask=g < num_groups, other=float("-inf"))
-    u = tl.where(g < num_groups, _ordered_bits(group_max), -1)
+    u = tl.where(g < num_groups, _float_key(group_max).to(tl.int64), -1)
     near = (u >= floor) & (u >= 0)
     n = tl.sum(near.to(tl.int32), axis=0)
     if n <= 4 * K:
@@ -230,7 +223,7 @@ def _store_top_tokens(row_ptr, scratch, vocab_size, k, k_groups, lse, no_mass, o
     live = (j < k_groups)[:, None] & (tok < vocab_size)
     x = tl.load(row_ptr + tok, mask=live, other=float("-inf")).to(tl.float32)
     x = tl.where(x == x, x, float("-inf"))
-    u = tl.where(live, _ordered_bits(x), -1)
+    u = tl.where(live, _float_key(x).to(tl.int64), -1)
     tau = tl.min(tl.where(j < k_groups, tl.max(u, axis=1), 2**32), axis=0)
     tau = tl.where(k_groups == k, tau, -1)
     tok = tl.reshape(tok, (K * GROUP,))
