@@ -8,41 +8,38 @@
 #include <algorithm>
 #include <cstdint>
 #include <limits>
+#include <vector>
 
 namespace tso {
 
-// Index-like inputs may be int32 or int64; the CPU kernels read them as contiguous int64. An int64
-// contiguous input is returned as it is without a round trip through the dispatcher (`to` and
-// `contiguous` would return it too, at the cost of two operator calls).
-// A contiguous int32 input is widened by a plain loop into a fresh tensor (an operator call costs
-// more than the copy for the short index vectors the ops take).
-inline at::Tensor as_int64(const at::Tensor& t) {
-  if (t.scalar_type() == at::kLong && t.is_contiguous()) return t;
-  if (t.scalar_type() == at::kInt && t.is_contiguous()) {
-    at::Tensor out = at::empty(t.sizes(), t.options().dtype(at::kLong));
-    const int32_t* src = t.data_ptr<int32_t>();
-    int64_t* dst = out.data_ptr<int64_t>();
-    const int64_t n = t.numel();
-    for (int64_t i = 0; i < n; ++i) dst[i] = src[i];
-    return out;
-  }
-  return t.to(at::kLong).contiguous();
-}
-
-// A ragged per-slot list: slot r holds ids[r, :clamp(num[r], 0, W)].
-class RaggedList {
+// Index-like inputs may be int32 or int64; the CPU kernels read them as contiguous int64
+// (row-major, for a 2-D input). A contiguous int64 input is read in place; a contiguous int32 one
+// is widened into a vector the object owns (a tensor allocation, through the dispatcher, costs
+// more than the copy for the short index vectors the ops take); any other goes through `to`.
+// Not copyable: data() may point into the object.
+class Int64Index {
  public:
-  RaggedList(const at::Tensor& ids, const at::Tensor& num)
-      : ids_(as_int64(ids)), num_(as_int64(num)), width_(ids.size(1)) {}
-
-  int64_t size(int64_t slot) const {
-    return std::clamp<int64_t>(num_.data_ptr<int64_t>()[slot], 0, width_);
+  explicit Int64Index(const at::Tensor& t) {
+    if (t.scalar_type() == at::kLong && t.is_contiguous()) {
+      data_ = t.data_ptr<int64_t>();
+    } else if (t.scalar_type() == at::kInt && t.is_contiguous()) {
+      const int32_t* src = t.data_ptr<int32_t>();
+      widened_.assign(src, src + t.numel());
+      data_ = widened_.data();
+    } else {
+      converted_ = t.to(at::kLong).contiguous();
+      data_ = converted_.data_ptr<int64_t>();
+    }
   }
-  const int64_t* row(int64_t slot) const { return ids_.data_ptr<int64_t>() + slot * width_; }
+  Int64Index(const Int64Index&) = delete;
+  Int64Index& operator=(const Int64Index&) = delete;
+
+  const int64_t* data() const { return data_; }
 
  private:
-  at::Tensor ids_, num_;
-  int64_t width_;
+  const int64_t* data_ = nullptr;
+  std::vector<int64_t> widened_;
+  at::Tensor converted_;
 };
 
 inline bool is_finite(float x) { return std::abs(x) < std::numeric_limits<float>::infinity(); }

@@ -230,8 +230,9 @@ void logit_bias(at::Tensor logits, const at::Tensor& idx_mapping, const at::Tens
 
 void apply_token_bitmask(at::Tensor logits, const at::Tensor& bitmask,
                          const std::optional<at::Tensor>& idx_mapping) {
-  const at::Tensor slots = idx_mapping ? as_int64(*idx_mapping) : at::Tensor();
-  const int64_t* slot_p = idx_mapping ? slots.data_ptr<int64_t>() : nullptr;
+  const std::optional<Int64Index> slots =
+      idx_mapping ? std::optional<Int64Index>(std::in_place, *idx_mapping) : std::nullopt;
+  const int64_t* slot_p = slots ? slots->data() : nullptr;
   TSO_DISPATCH_LOGITS(logits.scalar_type(), "apply_token_bitmask",
                       [&] { token_bitmask_kernel<scalar_t>(logits, bitmask, slot_p); });
 }

@@ -105,18 +105,23 @@ void min_p_kernel(at::Tensor& logits, const int64_t* slots, const float* min_ps,
 }  // namespace
 
 void temperature(at::Tensor logits, const at::Tensor& idx_mapping, const at::Tensor& temperature) {
-  const at::Tensor slots = as_int64(idx_mapping), temps = temperature.contiguous();
+  const Int64Index slots(idx_mapping);
+  const at::Tensor temps = temperature.contiguous();
   TSO_DISPATCH_LOGITS(logits.scalar_type(), "temperature", [&] {
-    temperature_kernel<scalar_t>(logits, slots.data_ptr<int64_t>(), temps.data_ptr<float>(),
-                                 temps.size(0));
+    temperature_kernel<scalar_t>(logits, slots.data(), temps.data_ptr<float>(), temps.size(0));
+  });
+}
+
+void min_p_rows(at::Tensor& logits, const int64_t* slots, const at::Tensor& min_p) {
+  const at::Tensor ps = min_p.contiguous();
+  TSO_DISPATCH_LOGITS(logits.scalar_type(), "min_p", [&] {
+    min_p_kernel<scalar_t>(logits, slots, ps.data_ptr<float>(), ps.size(0));
   });
 }
 
 void min_p(at::Tensor logits, const at::Tensor& idx_mapping, const at::Tensor& min_p) {
-  const at::Tensor slots = as_int64(idx_mapping), ps = min_p.contiguous();
-  TSO_DISPATCH_LOGITS(logits.scalar_type(), "min_p", [&] {
-    min_p_kernel<scalar_t>(logits, slots.data_ptr<int64_t>(), ps.data_ptr<float>(), ps.size(0));
-  });
+  const Int64Index slots(idx_mapping);
+  min_p_rows(logits, slots.data(), min_p);
 }
 
 }  // namespace tso

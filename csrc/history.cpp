@@ -151,22 +151,22 @@ void penalties(at::Tensor logits, const at::Tensor& idx_mapping, const at::Tenso
                const at::Tensor& output_mask, const at::Tensor& output_counts,
                const at::Tensor& repetition_penalty, const at::Tensor& frequency_penalty,
                const at::Tensor& presence_penalty) {
-  const at::Tensor slots = as_int64(idx_mapping);
+  const Int64Index slots(idx_mapping);
   const at::Tensor rep = repetition_penalty.contiguous(), freq = frequency_penalty.contiguous(),
                    pres = presence_penalty.contiguous();
   TSO_DISPATCH_LOGITS(logits.scalar_type(), "penalties", [&] {
-    penalties_kernel<scalar_t>(logits, slots.data_ptr<int64_t>(), prompt_mask, output_mask,
-                               output_counts, rep.data_ptr<float>(), freq.data_ptr<float>(),
+    penalties_kernel<scalar_t>(logits, slots.data(), prompt_mask, output_mask, output_counts,
+                               rep.data_ptr<float>(), freq.data_ptr<float>(),
                                pres.data_ptr<float>(), rep.size(0));
   });
 }
 
 void update_output_counts(at::Tensor output_counts, at::Tensor output_mask,
                           const at::Tensor& idx_mapping, const at::Tensor& token_ids) {
-  const at::Tensor slots = as_int64(idx_mapping), tokens = as_int64(token_ids);
-  const int64_t T = slots.size(0), R = output_counts.size(0), V = output_counts.size(1);
-  const int64_t* slot_p = slots.data_ptr<int64_t>();
-  const int64_t* tok_p = tokens.data_ptr<int64_t>();
+  const Int64Index slots(idx_mapping), tokens(token_ids);
+  const int64_t T = idx_mapping.size(0), R = output_counts.size(0), V = output_counts.size(1);
+  const int64_t* slot_p = slots.data();
+  const int64_t* tok_p = tokens.data();
   int32_t* counts = output_counts.data_ptr<int32_t>();
   uint32_t* mask = reinterpret_cast<uint32_t*>(output_mask.data_ptr<int32_t>());
   const int64_t counts_stride = output_counts.stride(0), mask_stride = output_mask.stride(0);
@@ -187,13 +187,12 @@ void bad_words(at::Tensor logits, const at::Tensor& idx_mapping, const at::Tenso
                const at::Tensor& history, const at::Tensor& history_lens) {
   const int64_t W = bad_word_ids.size(1), N = bad_word_offsets.size(1) - 1, L = history.size(1);
   if (logits.size(0) == 0 || W == 0 || N <= 0) return;  // no sequence can be listed
-  const at::Tensor slots = as_int64(idx_mapping), ids = as_int64(bad_word_ids),
-                   num = as_int64(num_bad_words), lens = as_int64(history_lens);
+  const Int64Index slots(idx_mapping), ids(bad_word_ids), num(num_bad_words), lens(history_lens);
   TSO_DISPATCH_LOGITS(logits.scalar_type(), "bad_words", [&] {
-    bad_words_kernel<scalar_t>(logits, slots.data_ptr<int64_t>(), ids.data_ptr<int64_t>(), W,
+    bad_words_kernel<scalar_t>(logits, slots.data(), ids.data(), W,
                                bad_word_offsets.data_ptr<int32_t>(), bad_word_offsets.stride(0), N,
-                               num.data_ptr<int64_t>(), history.data_ptr<int32_t>(),
-                               history.stride(0), L, lens.data_ptr<int64_t>(), num.size(0));
+                               num.data(), history.data_ptr<int32_t>(), history.stride(0), L,
+                               lens.data(), num_bad_words.size(0));
   });
 }
 

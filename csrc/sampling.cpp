@@ -172,12 +172,12 @@ at::Tensor scaled_rows(const at::Tensor& logits, const int64_t* slots, const flo
 std::tuple<at::Tensor, at::Tensor> random_stream(const at::Tensor& seeds,
                                                  const at::Tensor& positions,
                                                  const at::Tensor& tokens) {
-  const at::Tensor s = as_int64(seeds), p = as_int64(positions), j = as_int64(tokens);
-  at::Tensor bits = at::empty(s.sizes(), s.options());
-  at::Tensor noise = at::empty(s.sizes(), s.options().dtype(at::kFloat));
-  for (int64_t i = 0; i < s.numel(); ++i) {
-    const uint32_t h = stream_bits(stream_key(s.data_ptr<int64_t>()[i], p.data_ptr<int64_t>()[i]),
-                                   static_cast<uint32_t>(j.data_ptr<int64_t>()[i]));
+  const Int64Index s(seeds), p(positions), j(tokens);
+  at::Tensor bits = at::empty(seeds.sizes(), seeds.options().dtype(at::kLong));
+  at::Tensor noise = at::empty(seeds.sizes(), seeds.options().dtype(at::kFloat));
+  for (int64_t i = 0; i < seeds.numel(); ++i) {
+    const uint32_t h =
+        stream_bits(stream_key(s.data()[i], p.data()[i]), static_cast<uint32_t>(j.data()[i]));
     bits.data_ptr<int64_t>()[i] = h;
     noise.data_ptr<float>()[i] = stream_gumbel(h);
   }
@@ -185,11 +185,11 @@ std::tuple<at::Tensor, at::Tensor> random_stream(const at::Tensor& seeds,
 }
 
 std::tuple<at::Tensor, at::Tensor> gumbel_noise(const at::Tensor& bits) {
-  const at::Tensor b = as_int64(bits);
-  const int64_t n = b.numel();
-  at::Tensor exact = at::empty(b.sizes(), b.options().dtype(at::kFloat));
-  at::Tensor approx = at::empty(b.sizes(), b.options().dtype(at::kFloat));
-  const int64_t* src = b.data_ptr<int64_t>();
+  const Int64Index b(bits);
+  const int64_t n = bits.numel();
+  at::Tensor exact = at::empty(bits.sizes(), bits.options().dtype(at::kFloat));
+  at::Tensor approx = at::empty(bits.sizes(), bits.options().dtype(at::kFloat));
+  const int64_t* src = b.data();
   float* ex = exact.data_ptr<float>();
   float* ap = approx.data_ptr<float>();
   at::parallel_for(0, n, 4096, [&](int64_t begin, int64_t end) {
@@ -207,16 +207,16 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> logprobs(const at::Te
                                                                     const at::Tensor& token_ids,
                                                                     int64_t num_logprobs) {
   const int64_t T = logits.size(0);
-  const at::Tensor tokens = as_int64(token_ids);
+  const Int64Index tokens(token_ids);
   const auto opts = logits.options();
   at::Tensor topk_ids = at::empty({T, num_logprobs}, opts.dtype(at::kLong));
   at::Tensor topk_lp = at::empty({T, num_logprobs}, opts.dtype(at::kFloat));
   at::Tensor token_lp = at::empty({T}, opts.dtype(at::kFloat));
   at::Tensor ranks = at::empty({T}, opts.dtype(at::kLong));
   TSO_DISPATCH_LOGITS(logits.scalar_type(), "logprobs", [&] {
-    logprobs_kernel<scalar_t>(logits, tokens.data_ptr<int64_t>(), num_logprobs,
-                              topk_ids.data_ptr<int64_t>(), topk_lp.data_ptr<float>(),
-                              token_lp.data_ptr<float>(), ranks.data_ptr<int64_t>());
+    logprobs_kernel<scalar_t>(logits, tokens.data(), num_logprobs, topk_ids.data_ptr<int64_t>(),
+                              topk_lp.data_ptr<float>(), token_lp.data_ptr<float>(),
+                              ranks.data_ptr<int64_t>());
   });
   return {topk_ids, topk_lp, token_lp, ranks};
 }
@@ -226,29 +226,26 @@ at::Tensor sample(const at::Tensor& logits, const at::Tensor& idx_mapping,
                   const at::Tensor& min_p, const at::Tensor& seeds, const at::Tensor& output_lens,
                   double tol) {
   const int64_t T = logits.size(0);
-  const at::Tensor slots = as_int64(idx_mapping), positions = as_int64(output_lens),
-                   seed = as_int64(seeds);
+  const Int64Index slots(idx_mapping), positions(output_lens), seed(seeds);
   const at::Tensor temps = temperature.contiguous();
   const int64_t R = temps.size(0);
   // A float32 workspace for the rows that need processing: divided by their temperature (a true
   // division, as the temperature op), then min_p and top_k_top_p in place, which leave the other
   // rows (slot -1 there) alone. Greedy and plain rows of float32 logits are drawn from in place.
-  at::Tensor processed = at::empty({T}, slots.options());
-  const int64_t n = rows_to_process(logits, slots.data_ptr<int64_t>(), temps, top_k, top_p, min_p,
-                                    processed.data_ptr<int64_t>());
+  std::vector<int64_t> processed(T);
+  const int64_t n =
+      rows_to_process(logits, slots.data(), temps, top_k, top_p, min_p, processed.data());
   at::Tensor scaled;
   if (n > 0) {
     TSO_DISPATCH_LOGITS(logits.scalar_type(), "sample", [&] {
-      scaled =
-          scaled_rows<scalar_t>(logits, processed.data_ptr<int64_t>(), temps.data_ptr<float>(), R);
+      scaled = scaled_rows<scalar_t>(logits, processed.data(), temps.data_ptr<float>(), R);
     });
-    tso::min_p(scaled, processed, min_p);
-    tso::top_k_top_p(scaled, processed, top_k, top_p);
+    min_p_rows(scaled, processed.data(), min_p);
+    top_k_top_p_rows(scaled, processed.data(), top_k, top_p);
   }
   at::Tensor out = at::empty({T}, logits.options().dtype(at::kLong));
-  gumbel_argmax(logits, scaled, processed.data_ptr<int64_t>(), slots.data_ptr<int64_t>(),
-                temps.data_ptr<float>(), seed.data_ptr<int64_t>(), positions.data_ptr<int64_t>(), R,
-                static_cast<float>(tol), out.data_ptr<int64_t>());
+  gumbel_argmax(logits, scaled, processed.data(), slots.data(), temps.data_ptr<float>(),
+                seed.data(), positions.data(), R, static_cast<float>(tol), out.data_ptr<int64_t>());
   return out;
 }
 

@@ -209,9 +209,8 @@ std::tuple<at::Tensor, at::Tensor> rejection_sample(
   at::Tensor out = at::empty({B, max_spec_len + 1}, opts.dtype(at::kLong));
   at::Tensor num = at::empty({B}, opts.dtype(at::kInt));
   if (B == 0) return {out, num};
-  const at::Tensor drafts = as_int64(draft_token_ids), cu = as_int64(cu_num_draft),
-                   seed = as_int64(seeds);
-  const at::Tensor positions = as_int64(output_lens), temps = temperature.contiguous();
+  const Int64Index drafts(draft_token_ids), cu(cu_num_draft), seed(seeds), positions(output_lens);
+  const at::Tensor temps = temperature.contiguous();
   const float* probs = nullptr;
   int64_t probs_stride = 0;
   if (draft_probs.has_value()) {
@@ -219,10 +218,10 @@ std::tuple<at::Tensor, at::Tensor> rejection_sample(
     probs_stride = draft_probs->stride(0);
   }
   TSO_DISPATCH_LOGITS(target_logits.scalar_type(), "rejection_sample", [&] {
-    rejection_sample_kernel<scalar_t>(
-        target_logits, drafts.data_ptr<int64_t>(), probs, probs_stride, cu.data_ptr<int64_t>(),
-        temps.data_ptr<float>(), seed.data_ptr<int64_t>(), positions.data_ptr<int64_t>(), B, N,
-        max_spec_len, static_cast<float>(tol), out.data_ptr<int64_t>(), num.data_ptr<int32_t>());
+    rejection_sample_kernel<scalar_t>(target_logits, drafts.data(), probs, probs_stride, cu.data(),
+                                      temps.data_ptr<float>(), seed.data(), positions.data(), B, N,
+                                      max_spec_len, static_cast<float>(tol),
+                                      out.data_ptr<int64_t>(), num.data_ptr<int32_t>());
   });
   return {out, num};
 }

@@ -452,13 +452,19 @@ void top_k_top_p_kernel(at::Tensor& logits, const int64_t* slot_p, const int32_t
 
 }  // namespace
 
+void top_k_top_p_rows(at::Tensor& logits, const int64_t* slots, const at::Tensor& top_k,
+                      const at::Tensor& top_p) {
+  const at::Tensor k = top_k.contiguous(), p = top_p.contiguous();
+  TSO_DISPATCH_LOGITS(logits.scalar_type(), "top_k_top_p", [&] {
+    top_k_top_p_kernel<scalar_t>(logits, slots, k.data_ptr<int32_t>(), p.data_ptr<float>(),
+                                 k.size(0));
+  });
+}
+
 void top_k_top_p(at::Tensor logits, const at::Tensor& idx_mapping, const at::Tensor& top_k,
                  const at::Tensor& top_p) {
-  const at::Tensor slots = as_int64(idx_mapping), k = top_k.contiguous(), p = top_p.contiguous();
-  TSO_DISPATCH_LOGITS(logits.scalar_type(), "top_k_top_p", [&] {
-    top_k_top_p_kernel<scalar_t>(logits, slots.data_ptr<int64_t>(), k.data_ptr<int32_t>(),
-                                 p.data_ptr<float>(), k.size(0));
-  });
+  const Int64Index slots(idx_mapping);
+  top_k_top_p_rows(logits, slots.data(), top_k, top_p);
 }
 
 }  // namespace tso
