@@ -34,10 +34,18 @@ def logit_bias_inputs(T, V, device, *, allowed=1024, bias=1024, stops=8, seed=0)
     return [logits.to(device)] + [s.to(device) for s in state]
 
 
-def bitmask_inputs(T, V, device, seed=0):
+def bitmask_inputs(T, V, device, seed=0, allowed=None):
+    """Random bits (half set), or `allowed` random tokens a row allowed (a grammar's narrow mask)."""
     g = torch.Generator().manual_seed(seed)
     words = (V + 31) // 32
-    bitmask = torch.randint(-2**31, 2**31 - 1, (T, words), generator=g, dtype=torch.int64).to(torch.int32)
+    if allowed is None:
+        bitmask = torch.randint(-2**31, 2**31 - 1, (T, words), generator=g, dtype=torch.int64).to(torch.int32)
+    else:
+        bits = torch.zeros(T, words * 32, dtype=torch.bool)
+        for t in range(T):
+            bits[t, torch.randperm(V, generator=g)[:allowed]] = True
+        packed = (bits.view(T, words, 32).long() << torch.arange(32)).sum(-1)
+        bitmask = torch.where(packed >= 2**31, packed - 2**32, packed).to(torch.int32)
     return [(torch.randn(T, V, generator=g) * 3).to(device), bitmask.to(device)]
 
 
@@ -47,6 +55,9 @@ CASES = [
     Case("logit_bias (1024 bias, 8 stops, no allowed list), fp32",
          lambda T, V, dev, s: logit_bias_inputs(T, V, dev, allowed=0, seed=s), tso.logit_bias, baselines.logit_bias),
     Case("apply_token_bitmask, fp32", lambda T, V, dev, s: bitmask_inputs(T, V, dev, seed=s), tso.apply_token_bitmask,
+         baselines.apply_token_bitmask),
+    Case("apply_token_bitmask (1024 allowed tokens), fp32",
+         lambda T, V, dev, s: bitmask_inputs(T, V, dev, seed=s, allowed=1024), tso.apply_token_bitmask,
          baselines.apply_token_bitmask),
 ]
 

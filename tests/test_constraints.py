@@ -191,27 +191,29 @@ def one_slot_state(T, V, *, allowed=(), bias=(), bias_values=None, stops=(), min
             bias_ids, values, num_bias, stop_ids, num_stop, torch.tensor([min_tokens], dtype=INT)]
 
 
-V_CHUNKS = 3000  # spans several fill chunks of logit_bias on every backend (smaller chunks under the interpreter)
+V_CHUNKS = 9000  # three 4096-token blocks: the min-tokens scan and the chunk passes cross block boundaries
 NAN = float("nan")
 INF = float("inf")
 
 # (allowed ids, bias ids, bias values, stop ids, tokens left finite in the row (None: all), stops survive)
 MIN_TOKENS_CASES = {
     # with an allowed list: the finite non-stop tokens lie in other chunks than the stops, or there are none
-    "allowed_other_chunk_finite": ([7, 2990], [], [], [2990], None, False),
-    "allowed_all_stops": ([7, 2990, 1500], [], [], [2990, 1500, 7, 7], None, True),
-    "allowed_rest_biased_to_neg_inf": ([7, 2990], [7], [-INF], [2990], None, True),
-    "allowed_rest_nan": ([7, 2990, 1600], [7], [NAN], [2990, 1600], None, True),
-    "allowed_rest_neg_inf_logits": ([7, 2990], [], [], [2990], [2990], True),
-    "allowed_biased_rest_finite": ([7, 2990], [7, 2990], [2.0, 3.0], [2990], None, False),
-    "allowed_stop_not_allowed": ([7], [], [], [2990], None, False),  # a stop outside the list: -inf anyway
-    "allowed_only_stop_biased_inf": ([7], [2990, 7], [INF, -INF], [2990, 7], None, True),
+    "allowed_other_chunk_finite": ([7, 8990], [], [], [8990], None, False),
+    "allowed_finite_in_last_block": ([7, 8990], [], [], [7], None, False),
+    "allowed_all_stops": ([7, 8990, 4500], [], [], [8990, 4500, 7, 7], None, True),
+    "allowed_rest_biased_to_neg_inf": ([7, 8990], [7], [-INF], [8990], None, True),
+    "allowed_rest_nan": ([7, 8990, 4600], [7], [NAN], [8990, 4600], None, True),
+    "allowed_rest_neg_inf_logits": ([7, 8990], [], [], [8990], [8990], True),
+    "allowed_biased_rest_finite": ([7, 8990], [7, 8990], [2.0, 3.0], [8990], None, False),
+    "allowed_stop_not_allowed": ([7], [], [], [8990], None, False),  # a stop outside the list: -inf anyway
+    "allowed_only_stop_biased_inf": ([7], [8990, 7], [INF, -INF], [8990, 7], None, True),
     # without an allowed list: the row holds -inf except where listed
-    "row_finite_far_from_stops": ([], [], [], [2990, 2991], [3, 2990, 2991], False),
-    "row_only_stops_finite": ([], [], [], [2990, 5, 2990], [5, 2990], True),
-    "row_rest_biased_to_neg_inf": ([], [3], [-INF], [2990], [3, 2990], True),
-    "row_rest_nan_by_bias": ([], [3, 2000], [NAN, INF], [2990], [3, 2990], True),
-    "row_rest_nan_logit": ([], [], [], [2990], [2990], True),
+    "row_finite_far_from_stops": ([], [], [], [8990, 8991], [3, 8990, 8991], False),
+    "row_finite_in_last_block": ([], [], [], [3], [3, 8995], False),
+    "row_only_stops_finite": ([], [], [], [8990, 5, 8990], [5, 8990], True),
+    "row_rest_biased_to_neg_inf": ([], [3], [-INF], [8990], [3, 8990], True),
+    "row_rest_nan_by_bias": ([], [3, 6000], [NAN, INF], [8990], [3, 8990], True),
+    "row_rest_nan_logit": ([], [], [], [8990], [8990], True),
 }
 
 
@@ -235,7 +237,7 @@ def test_min_tokens_decides_over_the_whole_row(backend, case, stop_width, gen):
         if case == "row_rest_nan_logit":
             logits[:, 17] = NAN
     if case == "allowed_rest_nan":
-        logits[:, 1600] = NAN
+        logits[:, 4600] = NAN
     state = one_slot_state(T, V, allowed=allowed, bias=bias, bias_values=values, stops=stops)
     check_logit_bias(backend, logits, state)
     stop = logits[:, stops[0]].cpu()  # the reference decides; this checks each case is the one its name says
@@ -323,11 +325,12 @@ def random_bitmask(rows, V, gen, density=0.5):
 
 @over_backends_dtypes_and_shapes
 @pytest.mark.parametrize("mapped", [False, True], ids=["rows", "idx_mapping"])
-def test_token_bitmask_matches_reference(backend, dtype, T, V, mapped, gen):
+@pytest.mark.parametrize("density", [0.7, 0.01], ids=["dense", "sparse"])  # sparse: most sectors are not read
+def test_token_bitmask_matches_reference(backend, dtype, T, V, mapped, density, gen):
     device = device_of(backend)
     logits = make_logits(T, V, dtype, device, generator=gen)
     R = 5
-    bitmask = random_bitmask(R if mapped else T, V, gen, density=0.7)
+    bitmask = random_bitmask(R if mapped else T, V, gen, density=density)
     idx_mapping = None
     if mapped:
         idx_mapping = torch.randint(0, R, (T,), generator=gen, dtype=torch.int64)

@@ -202,11 +202,11 @@ def _token_bitmask_kernel(
     in_row = offs < vocab_size
     words = tl.load(bitmask_ptr + mask_row * bitmask_stride + (offs >> 5), mask=in_row, other=-1)
     allowed = ((words >> (offs & 31)) & 1) != 0
-    # A full read and write of the row: masked stores of scattered tokens would leave partly written
-    # sectors, which cost the memory system more than rewriting them whole.
+    # Every token is written (masked stores of scattered tokens would leave partly written sectors,
+    # which cost the memory system more than rewriting them whole); only the allowed ones are read,
+    # so a sparse mask reads only the sectors that hold an allowed token.
     row_ptr = logits_ptr + t.to(tl.int64) * logits_stride
-    vals = tl.load(row_ptr + offs, mask=in_row)
-    tl.store(row_ptr + offs, tl.where(allowed, vals, float("-inf")), mask=in_row)
+    tl.store(row_ptr + offs, tl.load(row_ptr + offs, mask=in_row & allowed, other=float("-inf")), mask=in_row)
 
 
 # ----------------------------------------------------------------------------------------------
