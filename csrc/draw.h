@@ -46,14 +46,15 @@ struct Argmax {
   }
 };
 
-// argmax of the row (plus the Gumbel noise of `key` when `noise`) over the tokens above -inf; -1 if
-// none.
+// argmax of the row (plus the Gumbel noise of `key` when `noise`) over the tokens above `floor` (at
+// least -inf); -1 if none.
 template <typename scalar_t>
-int64_t row_argmax(const scalar_t* row, int64_t V, bool noise, uint32_t key) {
+int64_t row_argmax(const scalar_t* row, int64_t V, bool noise, uint32_t key,
+                   float floor = kNegInf) {
   Argmax am;
   for (int64_t j = 0; j < V; ++j) {
     const float x = logit_at(row, j);
-    if (!(x > kNegInf)) continue;
+    if (!(x > floor)) continue;
     if (!noise) {
       am.offer(x, j);
     } else if (am.index < 0 || !(x + kMaxGumbel < am.best)) {
@@ -302,7 +303,9 @@ struct Skips {
 #endif
 
 // row_argmax's Gumbel draw over a float32 row from approximate scores certified by Top2, as the
-// CUDA draw (gumbel_argmax in sampling.py) does; -1 without a live token. A score that overflows
+// CUDA draw (gumbel_argmax in sampling.py) does; -1 without a live token. The live tokens are
+// those above `floor` (a filtered row drawn without writing its mask: as if every other token
+// were -inf). A score that overflows
 // to -inf counts at -FLT_MAX. The noise is gumbel_approx's (with AVX2 computed in registers); the
 // last tokens of a block are scored exactly, and so, without AVX2, are the live tokens of a sparse
 // block (a filtered row); with AVX2 those are scored 8 at a time.
@@ -310,22 +313,26 @@ struct Skips {
 // With AVX2, 8 tokens whose noise cannot lift them near the running best are not scored (Skips:
 // the stream bits, computed anyway, bound each lane's noise); the skipped tokens' exact scores then
 // stay below their bounds, the largest of which joins the certificate as one more runner-up (else
-// the exact pass decides). The token is the same as scoring every one.
-inline int64_t gumbel_argmax_row(const float* row, int64_t V, uint32_t key, float tol) {
+// the exact pass decides). The token is the same as scoring every one. A token at or below a floor
+// above -inf may enter a skipped group's bound: that bound is then only larger.
+inline int64_t gumbel_argmax_row(const float* row, int64_t V, uint32_t key, float tol,
+                                 float floor = kNegInf) {
   constexpr float kLowest = -std::numeric_limits<float>::max();
   Top2 top;
   auto offer_exact = [&](float x, int64_t j) {
     top.offer(std::max(x + stream_gumbel(stream_bits(key, static_cast<uint32_t>(j))), kLowest), j);
   };
 #if defined(CPU_CAPABILITY_AVX2)
-  const __m256 neg_inf = _mm256_set1_ps(kNegInf), lowest = _mm256_set1_ps(kLowest);
+  const __m256 neg_inf = _mm256_set1_ps(kNegInf), lowest = _mm256_set1_ps(kLowest),
+               floor_x8 = _mm256_set1_ps(floor);
   LaneTop2 lanes;
   Skips skips;
-  // Offers the approximate scores of 8 tokens, the lanes not above -inf (NaN included) at -inf.
+  // Offers the approximate scores of 8 tokens, the lanes not above the floor (NaN included) at
+  // -inf.
   auto score = [&](__m256 xv, __m256i tokens, __m256i bits) {
     lanes.offer(
         _mm256_blendv_ps(neg_inf, _mm256_max_ps(_mm256_add_ps(xv, gumbel_approx_x8(bits)), lowest),
-                         _mm256_cmp_ps(xv, neg_inf, _CMP_GT_OQ)),
+                         _mm256_cmp_ps(xv, floor_x8, _CMP_GT_OQ)),
         tokens);
   };
 #else
@@ -341,10 +348,10 @@ inline int64_t gumbel_argmax_row(const float* row, int64_t V, uint32_t key, floa
     int64_t live = 0;
     for (int64_t i = 0; i < full; i += 8) {
       live_lanes[i / 8] = static_cast<uint8_t>(
-          _mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(x + i), neg_inf, _CMP_GT_OQ)));
+          _mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(x + i), floor_x8, _CMP_GT_OQ)));
       live += __builtin_popcount(live_lanes[i / 8]);
     }
-    for (int64_t i = full; i < n; ++i) live += x[i] > kNegInf;
+    for (int64_t i = full; i < n; ++i) live += x[i] > floor;
     if (live * kSparseShare < n) {
       // The live tokens, 8 at a time (in index order: a lane keeps its lower token on ties), the
       // lanes past the last one -inf.
@@ -359,7 +366,7 @@ inline int64_t gumbel_argmax_row(const float* row, int64_t V, uint32_t key, floa
         }
       }
       for (int64_t i = full; i < n; ++i) {
-        if (x[i] > kNegInf) {
+        if (x[i] > floor) {
           tokens[m] = static_cast<int32_t>(j0 + i);
           xs[m++] = x[i];
         }
@@ -383,30 +390,32 @@ inline int64_t gumbel_argmax_row(const float* row, int64_t V, uint32_t key, floa
       if (!skips.skip(xv, bits)) score(xv, tok, bits);
     }
     for (; i < n; ++i) {
-      if (x[i] > kNegInf) offer_exact(x[i], j0 + i);
+      if (x[i] > floor) offer_exact(x[i], j0 + i);
     }
 #else
     int64_t live = 0;
-    for (int64_t i = 0; i < n; ++i) live += x[i] > kNegInf;  // NaN is not
+    for (int64_t i = 0; i < n; ++i) live += x[i] > floor;  // NaN is not
     if (live * kSparseShare < n) {
       for (int64_t i = 0; i < n; ++i) {
-        if (x[i] > kNegInf) offer_exact(x[i], j0 + i);
+        if (x[i] > floor) offer_exact(x[i], j0 + i);
       }
       continue;
     }
     for (int64_t i = 0; i < n; ++i) bits[i] = stream_bits(key, static_cast<uint32_t>(j0 + i));
     gumbel_approx(bits, n, noise);
     for (int64_t i = 0; i < n; ++i) {
-      if (x[i] > kNegInf) top.offer(std::max(x[i] + noise[i], kLowest), j0 + i);
+      if (x[i] > floor) top.offer(std::max(x[i] + noise[i], kLowest), j0 + i);
     }
 #endif
   }
 #if defined(CPU_CAPABILITY_AVX2)
   lanes.merge_into(top);
-  if (top.first_j >= 0 && !skips.lose_to(top, tol)) return row_argmax(row, V, /*noise=*/true, key);
+  if (top.first_j >= 0 && !skips.lose_to(top, tol)) {
+    return row_argmax(row, V, /*noise=*/true, key, floor);
+  }
 #endif
   if (top.first_j < 0) return -1;
-  return top.certified(tol) ? top.first_j : row_argmax(row, V, /*noise=*/true, key);
+  return top.certified(tol) ? top.first_j : row_argmax(row, V, /*noise=*/true, key, floor);
 }
 
 }  // namespace tso

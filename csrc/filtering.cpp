@@ -112,16 +112,12 @@ void temperature(at::Tensor logits, const at::Tensor& idx_mapping, const at::Ten
   });
 }
 
-void min_p_rows(at::Tensor& logits, const int64_t* slots, const at::Tensor& min_p) {
-  const at::Tensor ps = min_p.contiguous();
-  TSO_DISPATCH_LOGITS(logits.scalar_type(), "min_p", [&] {
-    min_p_kernel<scalar_t>(logits, slots, ps.data_ptr<float>(), ps.size(0));
-  });
-}
-
 void min_p(at::Tensor logits, const at::Tensor& idx_mapping, const at::Tensor& min_p) {
   const Int64Index slots(idx_mapping);
-  min_p_rows(logits, slots.data(), min_p);
+  const at::Tensor ps = min_p.contiguous();
+  TSO_DISPATCH_LOGITS(logits.scalar_type(), "min_p", [&] {
+    min_p_kernel<scalar_t>(logits, slots.data(), ps.data_ptr<float>(), ps.size(0));
+  });
 }
 
 }  // namespace tso

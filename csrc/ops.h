@@ -22,11 +22,9 @@ void min_p(at::Tensor logits, const at::Tensor& idx_mapping, const at::Tensor& m
 void top_k_top_p(at::Tensor logits, const at::Tensor& idx_mapping, const at::Tensor& top_k,
                  const at::Tensor& top_p);
 
-// min_p and top_k_top_p on rows whose slots are given as int64 (`sample`'s processed rows: -1 for
-// a row left alone).
-void min_p_rows(at::Tensor& logits, const int64_t* slots, const at::Tensor& min_p);
-void top_k_top_p_rows(at::Tensor& logits, const int64_t* slots, const at::Tensor& top_k,
-                      const at::Tensor& top_p);
+// The threshold of top_k_top_p on one float32 row without NaN whose max is row_max: it keeps the
+// tokens at least the threshold (-inf: every token; the filters off or no logit above -inf).
+float top_k_top_p_threshold(const float* x, int64_t V, float row_max, int64_t k, float p);
 
 void penalties(at::Tensor logits, const at::Tensor& idx_mapping, const at::Tensor& prompt_mask,
                const at::Tensor& output_mask, const at::Tensor& output_counts,

@@ -89,82 +89,102 @@ void logprobs_kernel(const at::Tensor& logits, const int64_t* tokens, int64_t k,
   });
 }
 
+// Whether a row in range needs a processed float32 row: not when it is drawn straight from float32
+// logits (raw_ok: unit column stride), which a greedy row is (the filters always keep the argmax,
+// the lowest index among ties) and a plain one (temperature 1, every filter off: x / 1 is x).
+bool needs_processing(int64_t V, bool raw_ok, float temp, int32_t k, float p, float min_p) {
+  if (!raw_ok) return true;
+  const bool filters_off = !top_k_on(k, V) && !top_p_on(p) && !min_p_on(min_p);
+  return !(temp == 0.0f || (temp == 1.0f && filters_off));
+}
+
+// x[0:V] = the row as float32 divided by its temperature (a true division, as the temperature op;
+// greedy rows and rows at temperature 1 as they are: x / 1 is x), NaN read as -inf; returns the
+// row max.
+template <typename scalar_t>
+float scaled_row(const scalar_t* in, int64_t V, int64_t col_stride, float temp, float* x) {
+  const bool divide = temp != 0.0f && temp != 1.0f;
+  int64_t j = 0;
+  Vec v_max(kNegInf);
+  if constexpr (std::is_same_v<scalar_t, float>) {
+    if (col_stride == 1) {
+      const Vec vt(temp), neg_inf(kNegInf);
+      for (; j + Vec::size() <= V; j += Vec::size()) {
+        Vec v = Vec::loadu(in + j);
+        if (divide) v = v / vt;
+        v = Vec::blendv(v, neg_inf, v.isnan());
+        v.store(x + j);
+        v_max = at::vec::maximum(v_max, v);
+      }
+    }
+  }
+  float m = max_lane(v_max);
+  for (; j < V; ++j) {
+    const float v = divide ? static_cast<float>(in[j * col_stride]) / temp
+                           : static_cast<float>(in[j * col_stride]);
+    x[j] = v == v ? v : kNegInf;
+    m = std::max(m, x[j]);
+  }
+  return m;
+}
+
+// min_p on a row without NaN whose max is m, in place (as the min_p op: the tokens below
+// m + log(min_p) set to -inf); returns the new max.
+float min_p_row(float* x, int64_t V, float m, float min_p) {
+  if (!(m > kNegInf)) return m;
+  const float threshold = m + std::log(min_p);
+  const Vec vt(threshold), neg_inf(kNegInf);
+  int64_t j = 0;
+  for (; j + Vec::size() <= V; j += Vec::size()) {
+    const Vec v = Vec::loadu(x + j);
+    Vec::blendv(v, neg_inf, v < vt).store(x + j);
+  }
+  for (; j < V; ++j) x[j] = x[j] < threshold ? kNegInf : x[j];
+  return threshold > m ? kNegInf : m;  // NaN: nothing was set
+}
+
 // The token of each row: argmax of the (temperature-scaled, filtered) row plus the Gumbel noise of
-// its stream; the plain argmax for greedy rows; -1 for rows without a logit above -inf. A row with
-// processed[t] >= 0 is read from `scaled`, any other row in range from the float32 `logits`.
-void gumbel_argmax(const at::Tensor& logits, const at::Tensor& scaled, const int64_t* processed,
-                   const int64_t* slots, const float* temps, const int64_t* seeds,
-                   const int64_t* positions, int64_t R, float tol, int64_t* out) {
-  const int64_t T = logits.size(0), V = logits.size(1), row_stride = logits.stride(0);
-  const float* raw = logits.scalar_type() == at::kFloat ? logits.data_ptr<float>() : nullptr;
-  const float* done = scaled.defined() ? scaled.data_ptr<float>() : nullptr;
+// its stream; the plain argmax for greedy rows; -1 for rows without a logit above -inf, or with a
+// slot out of range. A processed row is scaled into a thread's buffer, min_p applied there, and
+// drawn over the tokens at least top_k_top_p's threshold, without writing its mask.
+template <typename scalar_t>
+void sample_kernel(const at::Tensor& logits, const int64_t* slots, const float* temps,
+                   const int32_t* top_ks, const float* top_ps, const float* min_ps,
+                   const int64_t* seeds, const int64_t* positions, int64_t R, float tol,
+                   int64_t* out) {
+  const int64_t T = logits.size(0), V = logits.size(1), row_stride = logits.stride(0),
+                col_stride = logits.stride(1);
+  const scalar_t* base = logits.data_ptr<scalar_t>();
+  const bool raw_ok = std::is_same_v<scalar_t, float> && col_stride == 1;
   at::parallel_for(0, T, 1, [&](int64_t begin, int64_t end) {
+    // A thread's row buffer is kept from call to call.
+    thread_local std::vector<float> buffer;
     for (int64_t t = begin; t < end; ++t) {
       const int64_t r = slots[t];
       if (r < 0 || r >= R) {
         out[t] = -1;
         continue;
       }
-      const float* row = processed[t] >= 0 ? done + t * V : raw + t * row_stride;
-      out[t] = temps[r] != 0.0f ? gumbel_argmax_row(row, V, stream_key(seeds[r], positions[t]), tol)
-                                : argmax_row(row, V);
-    }
-  });
-}
-
-// Per row, its slot if its draw needs a processed float32 row, else -1: a row in range is drawn
-// straight from float32 logits (unit column stride) when it is greedy (the filters always keep the
-// argmax, the lowest index among ties) or plain (temperature 1, every filter off: x / 1 is x).
-// Returns how many rows need one.
-int64_t rows_to_process(const at::Tensor& logits, const int64_t* slots, const at::Tensor& temps,
-                        const at::Tensor& top_k, const at::Tensor& top_p, const at::Tensor& min_p,
-                        int64_t* processed) {
-  const at::Tensor k = top_k.contiguous(), p = top_p.contiguous(), mp = min_p.contiguous();
-  const float *temp_p = temps.data_ptr<float>(), *p_p = p.data_ptr<float>(),
-              *min_p_p = mp.data_ptr<float>();
-  const int32_t* k_p = k.data_ptr<int32_t>();
-  const int64_t T = logits.size(0), V = logits.size(1), R = temps.size(0);
-  const bool raw_ok = logits.scalar_type() == at::kFloat && logits.stride(1) == 1;
-  int64_t n = 0;
-  for (int64_t t = 0; t < T; ++t) {
-    const int64_t r = slots[t];
-    bool from_logits = r < 0 || r >= R;  // drawn as -1, nothing read
-    if (!from_logits && raw_ok) {
-      const bool filters_off = !top_k_on(k_p[r], V) && !top_p_on(p_p[r]) && !min_p_on(min_p_p[r]);
-      from_logits = temp_p[r] == 0.0f || (temp_p[r] == 1.0f && filters_off);
-    }
-    processed[t] = from_logits ? -1 : r;
-    n += !from_logits;
-  }
-  return n;
-}
-
-// A float32 copy of the rows with a slot in range (the others are left unwritten) divided by their
-// temperature (a true division, as the temperature op: the same bits as copying, then dividing in
-// place); greedy rows and rows at temperature 1 are copied as they are.
-template <typename scalar_t>
-at::Tensor scaled_rows(const at::Tensor& logits, const int64_t* slots, const float* temps,
-                       int64_t R) {
-  const int64_t T = logits.size(0), V = logits.size(1), row_stride = logits.stride(0),
-                col_stride = logits.stride(1);
-  at::Tensor scaled = at::empty({T, V}, logits.options().dtype(at::kFloat));
-  const scalar_t* src = logits.data_ptr<scalar_t>();
-  float* dst = scaled.data_ptr<float>();
-  at::parallel_for(0, T, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t t = begin; t < end; ++t) {
-      const int64_t r = slots[t];
-      if (r < 0 || r >= R) continue;
       const float temp = temps[r];
-      const scalar_t* in = src + t * row_stride;
-      float* out = dst + t * V;
-      if (temp == 0.0f || temp == 1.0f) {  // x / 1 is x (NaN stays NaN)
-        for (int64_t j = 0; j < V; ++j) out[j] = static_cast<float>(in[j * col_stride]);
-      } else {
-        for (int64_t j = 0; j < V; ++j) out[j] = static_cast<float>(in[j * col_stride]) / temp;
+      const scalar_t* in = base + t * row_stride;
+      const uint32_t key = stream_key(seeds[r], positions[t]);
+      if (!needs_processing(V, raw_ok, temp, top_ks[r], top_ps[r], min_ps[r])) {
+        const float* row = reinterpret_cast<const float*>(in);
+        out[t] = temp != 0.0f ? gumbel_argmax_row(row, V, key, tol) : argmax_row(row, V);
+        continue;
       }
+      if (static_cast<int64_t>(buffer.size()) < V) buffer.resize(V);
+      float* x = buffer.data();
+      float m = scaled_row(in, V, col_stride, temp, x);
+      if (min_p_on(min_ps[r])) m = min_p_row(x, V, m, min_ps[r]);
+      const float threshold = top_k_top_p_threshold(x, V, m, top_ks[r], top_ps[r]);
+      // x >= threshold as x > floor (the float below the threshold; -inf keeps every token above
+      // -inf).
+      const float floor = std::nextafter(threshold, kNegInf);
+      out[t] = temp != 0.0f ? gumbel_argmax_row(x, V, key, tol, floor)
+                            : static_cast<int64_t>(row_argmax(x, V, /*noise=*/false, 0, floor));
     }
   });
-  return scaled;
 }
 
 }  // namespace
@@ -227,25 +247,15 @@ at::Tensor sample(const at::Tensor& logits, const at::Tensor& idx_mapping,
                   double tol) {
   const int64_t T = logits.size(0);
   const Int64Index slots(idx_mapping), positions(output_lens), seed(seeds);
-  const at::Tensor temps = temperature.contiguous();
-  const int64_t R = temps.size(0);
-  // A float32 workspace for the rows that need processing: divided by their temperature (a true
-  // division, as the temperature op), then min_p and top_k_top_p in place, which leave the other
-  // rows (slot -1 there) alone. Greedy and plain rows of float32 logits are drawn from in place.
-  std::vector<int64_t> processed(T);
-  const int64_t n =
-      rows_to_process(logits, slots.data(), temps, top_k, top_p, min_p, processed.data());
-  at::Tensor scaled;
-  if (n > 0) {
-    TSO_DISPATCH_LOGITS(logits.scalar_type(), "sample", [&] {
-      scaled = scaled_rows<scalar_t>(logits, processed.data(), temps.data_ptr<float>(), R);
-    });
-    min_p_rows(scaled, processed.data(), min_p);
-    top_k_top_p_rows(scaled, processed.data(), top_k, top_p);
-  }
+  const at::Tensor temps = temperature.contiguous(), k = top_k.contiguous(), p = top_p.contiguous(),
+                   mp = min_p.contiguous();
   at::Tensor out = at::empty({T}, logits.options().dtype(at::kLong));
-  gumbel_argmax(logits, scaled, processed.data(), slots.data(), temps.data_ptr<float>(),
-                seed.data(), positions.data(), R, static_cast<float>(tol), out.data_ptr<int64_t>());
+  TSO_DISPATCH_LOGITS(logits.scalar_type(), "sample", [&] {
+    sample_kernel<scalar_t>(logits, slots.data(), temps.data_ptr<float>(), k.data_ptr<int32_t>(),
+                            p.data_ptr<float>(), mp.data_ptr<float>(), seed.data(),
+                            positions.data(), temps.size(0), static_cast<float>(tol),
+                            out.data_ptr<int64_t>());
+  });
   return out;
 }
 

@@ -393,11 +393,17 @@ void mask_below(scalar_t* row, int64_t V, float threshold) {
   }
 }
 
-// The work buffers of a thread's rows (x: the row as float32).
+// The work buffers of a thread's rows (x: the row as float32), kept from call to call: no
+// allocation once the thread has seen a row as long.
 struct RowBuffers {
   std::vector<float> x, candidates, scratch, window, largest, exps;
   std::vector<double> masses;
 };
+
+RowBuffers& thread_buffers() {
+  thread_local RowBuffers buffers;
+  return buffers;
+}
 
 template <typename scalar_t>
 void top_k_top_p_kernel(at::Tensor& logits, const int64_t* slot_p, const int32_t* top_k_p,
@@ -406,65 +412,62 @@ void top_k_top_p_kernel(at::Tensor& logits, const int64_t* slot_p, const int32_t
   scalar_t* base = logits.data_ptr<scalar_t>();
 
   at::parallel_for(0, T, 1, [&](int64_t begin, int64_t end) {
-    // A thread's buffers are kept from call to call: no allocation once it has seen a row as long.
-    thread_local RowBuffers buffers;
-    auto& [x, candidates, scratch, window, largest, exps, masses] = buffers;
+    std::vector<float>& x = thread_buffers().x;
     if (static_cast<int64_t>(x.size()) < V) x.resize(V);
     for (int64_t t = begin; t < end; ++t) {
       const int64_t r = slot_p[t];
       if (r < 0 || r >= num_slots) continue;
       const int64_t k = top_k_p[r];
       const float p = top_p_p[r];
-      const bool k_on = top_k_on(k, V), p_on = top_p_on(p);
-      if (!k_on && !p_on) continue;
+      if (!top_k_on(k, V) && !top_p_on(p)) continue;
       scalar_t* row = base + t * row_stride;
       const float row_max = load_row(row, V, x.data());
       if (row_max == kNegInf) continue;
-
-      float threshold = k_on ? kth_largest(x.data(), V, k, candidates, scratch, largest) : kNegInf;
-      if (p_on && row_max == kInf) {
-        threshold = kInf;  // all the mass lies on the +inf logits
-      } else if (p_on) {
-        TopPBoundary top_p{0., std::numeric_limits<float>::quiet_NaN()};
-        if (k_on) {
-          // The kept tokens are candidates, in index order, when there are any: the same sum.
-          const bool listed = !candidates.empty();
-          const double kept_mass = mass_at_least(
-              listed ? candidates.data() : x.data(),
-              listed ? static_cast<int64_t>(candidates.size()) : V, threshold, row_max, nullptr);
-          top_p.target = top_p_target(p, kept_mass);
-          if (!largest.empty()) {
-            top_p.boundary = top_p_threshold_sorted(largest, threshold, row_max, top_p.target);
-          }
-        } else {
-          top_p = top_p_alone_boundary(x.data(), V, row_max, p, masses, exps, window);
-        }
-        const float boundary =
-            top_p.boundary == top_p.boundary
-                ? top_p.boundary
-                : top_p_threshold(x.data(), V, threshold, row_max, top_p.target, window);
-        threshold = std::max(threshold, boundary);
-      }
-      mask_below(row, V, threshold);
+      mask_below(row, V, top_k_top_p_threshold(x.data(), V, row_max, k, p));
     }
   });
 }
 
 }  // namespace
 
-void top_k_top_p_rows(at::Tensor& logits, const int64_t* slots, const at::Tensor& top_k,
-                      const at::Tensor& top_p) {
-  const at::Tensor k = top_k.contiguous(), p = top_p.contiguous();
-  TSO_DISPATCH_LOGITS(logits.scalar_type(), "top_k_top_p", [&] {
-    top_k_top_p_kernel<scalar_t>(logits, slots, k.data_ptr<int32_t>(), p.data_ptr<float>(),
-                                 k.size(0));
-  });
+float top_k_top_p_threshold(const float* x, int64_t V, float row_max, int64_t k, float p) {
+  const bool k_on = top_k_on(k, V), p_on = top_p_on(p);
+  if ((!k_on && !p_on) || row_max == kNegInf) return kNegInf;
+  RowBuffers& b = thread_buffers();
+  float threshold = k_on ? kth_largest(x, V, k, b.candidates, b.scratch, b.largest) : kNegInf;
+  if (p_on && row_max == kInf) {
+    threshold = kInf;  // all the mass lies on the +inf logits
+  } else if (p_on) {
+    TopPBoundary top_p{0., std::numeric_limits<float>::quiet_NaN()};
+    if (k_on) {
+      // The kept tokens are candidates, in index order, when there are any: the same sum.
+      const bool listed = !b.candidates.empty();
+      const double kept_mass = mass_at_least(listed ? b.candidates.data() : x,
+                                             listed ? static_cast<int64_t>(b.candidates.size()) : V,
+                                             threshold, row_max, nullptr);
+      top_p.target = top_p_target(p, kept_mass);
+      if (!b.largest.empty()) {
+        top_p.boundary = top_p_threshold_sorted(b.largest, threshold, row_max, top_p.target);
+      }
+    } else {
+      top_p = top_p_alone_boundary(x, V, row_max, p, b.masses, b.exps, b.window);
+    }
+    const float boundary = top_p.boundary == top_p.boundary
+                               ? top_p.boundary
+                               : top_p_threshold(x, V, threshold, row_max, top_p.target, b.window);
+    threshold = std::max(threshold, boundary);
+  }
+  return threshold;
 }
 
 void top_k_top_p(at::Tensor logits, const at::Tensor& idx_mapping, const at::Tensor& top_k,
                  const at::Tensor& top_p) {
   const Int64Index slots(idx_mapping);
-  top_k_top_p_rows(logits, slots.data(), top_k, top_p);
+  const at::Tensor k = top_k.contiguous(), p = top_p.contiguous();
+  TSO_DISPATCH_LOGITS(logits.scalar_type(), "top_k_top_p", [&] {
+    top_k_top_p_kernel<scalar_t>(logits, slots.data(), k.data_ptr<int32_t>(), p.data_ptr<float>(),
+                                 k.size(0));
+  });
 }
 
 }  // namespace tso
