@@ -400,7 +400,9 @@ struct RowBuffers {
   std::vector<double> masses;
 };
 
-RowBuffers& thread_buffers() {
+// Not inlined: the compiler would otherwise specialize the functions given these buffers for the
+// thread-local object, and look its address up again at each use, in their loops too.
+__attribute__((noinline)) RowBuffers& thread_buffers() {
   thread_local RowBuffers buffers;
   return buffers;
 }
