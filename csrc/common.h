@@ -6,6 +6,7 @@
 #include <torch/extension.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <limits>
 #include <vector>
@@ -50,6 +51,9 @@ inline bool is_finite(float x) { return std::abs(x) < std::numeric_limits<float>
 inline bool top_k_on(int64_t k, int64_t V) { return k > 0 && k < V; }
 inline bool top_p_on(float p) { return p < 1.f; }
 inline bool min_p_on(float p) { return p != 0.0f; }
+
+// min_p keeps the tokens at least this, of a row whose max (NaN ignored) is above -inf.
+inline float min_p_threshold(float row_max, float p) { return row_max + std::log(p); }
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 

@@ -92,7 +92,7 @@ void min_p_kernel(at::Tensor& logits, const int64_t* slots, const float* min_ps,
       bits* row = base + t * row_stride;
       const float m = row_max_ignoring_nan<scalar_t>(row, V);
       if (!(m > kNegInf)) continue;  // no non-NaN finite-or-+inf logit: the row is left as it is
-      const float threshold = m + std::log(p);
+      const float threshold = min_p_threshold(m, p);
       // NaN < threshold is false: NaN logits stay NaN.
       for (int64_t j = 0; j < V; ++j) {
         const bits x = row[j];

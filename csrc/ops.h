@@ -22,6 +22,10 @@ void min_p(at::Tensor logits, const at::Tensor& idx_mapping, const at::Tensor& m
 void top_k_top_p(at::Tensor logits, const at::Tensor& idx_mapping, const at::Tensor& top_k,
                  const at::Tensor& top_p);
 
+// A float32 buffer of at least V floats that the calling thread owns, kept from call to call (no
+// allocation once the thread has seen a row as long); top_k_top_p_threshold keeps its own.
+float* thread_row_buffer(int64_t V);
+
 // The threshold of top_k_top_p on one float32 row without NaN whose max is row_max: it keeps the
 // tokens at least the threshold (-inf: every token; the filters off or no logit above -inf).
 float top_k_top_p_threshold(const float* x, int64_t V, float row_max, int64_t k, float p);

@@ -90,49 +90,20 @@ void logprobs_kernel(const at::Tensor& logits, const int64_t* tokens, int64_t k,
 }
 
 // Whether a row in range needs a processed float32 row: not when it is drawn straight from float32
-// logits (raw_ok: unit column stride), which a greedy row is (the filters always keep the argmax,
-// the lowest index among ties) and a plain one (temperature 1, every filter off: x / 1 is x).
+// logits (raw_ok; the checks give every logits matrix a unit column stride), which a greedy row is
+// (the filters always keep the argmax, the lowest index among ties) and a plain one (temperature 1,
+// every filter off: x / 1 is x).
 bool needs_processing(int64_t V, bool raw_ok, float temp, int32_t k, float p, float min_p) {
   if (!raw_ok) return true;
   const bool filters_off = !top_k_on(k, V) && !top_p_on(p) && !min_p_on(min_p);
   return !(temp == 0.0f || (temp == 1.0f && filters_off));
 }
 
-// x[0:V] = the row as float32 divided by its temperature (a true division, as the temperature op;
-// greedy rows and rows at temperature 1 as they are: x / 1 is x), NaN read as -inf; returns the
-// row max.
-template <typename scalar_t>
-float scaled_row(const scalar_t* in, int64_t V, int64_t col_stride, float temp, float* x) {
-  const bool divide = temp != 0.0f && temp != 1.0f;
-  int64_t j = 0;
-  Vec v_max(kNegInf);
-  if constexpr (std::is_same_v<scalar_t, float>) {
-    if (col_stride == 1) {
-      const Vec vt(temp), neg_inf(kNegInf);
-      for (; j + Vec::size() <= V; j += Vec::size()) {
-        Vec v = Vec::loadu(in + j);
-        if (divide) v = v / vt;
-        v = Vec::blendv(v, neg_inf, v.isnan());
-        v.store(x + j);
-        v_max = at::vec::maximum(v_max, v);
-      }
-    }
-  }
-  float m = max_lane(v_max);
-  for (; j < V; ++j) {
-    const float v = divide ? static_cast<float>(in[j * col_stride]) / temp
-                           : static_cast<float>(in[j * col_stride]);
-    x[j] = v == v ? v : kNegInf;
-    m = std::max(m, x[j]);
-  }
-  return m;
-}
-
 // min_p on a row without NaN whose max is m, in place (as the min_p op: the tokens below
 // m + log(min_p) set to -inf); returns the new max.
 float min_p_row(float* x, int64_t V, float m, float min_p) {
   if (!(m > kNegInf)) return m;
-  const float threshold = m + std::log(min_p);
+  const float threshold = min_p_threshold(m, min_p);
   const Vec vt(threshold), neg_inf(kNegInf);
   int64_t j = 0;
   for (; j + Vec::size() <= V; j += Vec::size()) {
@@ -152,13 +123,11 @@ void sample_kernel(const at::Tensor& logits, const int64_t* slots, const float* 
                    const int32_t* top_ks, const float* top_ps, const float* min_ps,
                    const int64_t* seeds, const int64_t* positions, int64_t R, float tol,
                    int64_t* out) {
-  const int64_t T = logits.size(0), V = logits.size(1), row_stride = logits.stride(0),
-                col_stride = logits.stride(1);
+  const int64_t T = logits.size(0), V = logits.size(1), row_stride = logits.stride(0);
   const scalar_t* base = logits.data_ptr<scalar_t>();
-  const bool raw_ok = std::is_same_v<scalar_t, float> && col_stride == 1;
+  constexpr bool raw_ok = std::is_same_v<scalar_t, float>;
   at::parallel_for(0, T, 1, [&](int64_t begin, int64_t end) {
-    // A thread's row buffer is kept from call to call.
-    thread_local std::vector<float> buffer;
+    float* x = thread_row_buffer(V);
     for (int64_t t = begin; t < end; ++t) {
       const int64_t r = slots[t];
       if (r < 0 || r >= R) {
@@ -173,9 +142,7 @@ void sample_kernel(const at::Tensor& logits, const int64_t* slots, const float* 
         out[t] = temp != 0.0f ? gumbel_argmax_row(row, V, key, tol) : argmax_row(row, V);
         continue;
       }
-      if (static_cast<int64_t>(buffer.size()) < V) buffer.resize(V);
-      float* x = buffer.data();
-      float m = scaled_row(in, V, col_stride, temp, x);
+      float m = load_row(in, V, x, temp);
       if (min_p_on(min_ps[r])) m = min_p_row(x, V, m, min_ps[r]);
       const float threshold = top_k_top_p_threshold(x, V, m, top_ks[r], top_ps[r]);
       // x >= threshold as x > floor (the float below the threshold; -inf keeps every token above

@@ -26,27 +26,6 @@ constexpr float kInf = std::numeric_limits<float>::infinity();
 // top_p_threshold.
 constexpr int64_t kListMaxK = 256;
 
-// x[0:V] = the row as float32, NaN read as -inf; returns the row max.
-template <typename scalar_t>
-float load_row(const scalar_t* row, int64_t V, float* x) {
-  int64_t j = 0;
-  Vec v_max(kNegInf);
-  if constexpr (std::is_same_v<scalar_t, float>) {
-    for (; j + Vec::size() <= V; j += Vec::size()) {
-      const Vec v = load_logits(row + j);
-      v.store(x + j);
-      v_max = at::vec::maximum(v_max, v);
-    }
-  }
-  float m = max_lane(v_max);
-  for (; j < V; ++j) {
-    const float v = static_cast<float>(row[j]);
-    x[j] = std::isnan(v) ? kNegInf : v;
-    m = std::max(m, x[j]);
-  }
-  return m;
-}
-
 // kth_largest by a TopK list fed the row in one pass (offered only the lanes above its last
 // value): for rows where the group maxima below bound the k-th value poorly (ties, -inf).
 float kth_largest_by_list(const float* x, int64_t V, int64_t k, std::vector<float>& scratch,
@@ -414,8 +393,7 @@ void top_k_top_p_kernel(at::Tensor& logits, const int64_t* slot_p, const int32_t
   scalar_t* base = logits.data_ptr<scalar_t>();
 
   at::parallel_for(0, T, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float>& x = thread_buffers().x;
-    if (static_cast<int64_t>(x.size()) < V) x.resize(V);
+    float* x = thread_row_buffer(V);
     for (int64_t t = begin; t < end; ++t) {
       const int64_t r = slot_p[t];
       if (r < 0 || r >= num_slots) continue;
@@ -423,14 +401,20 @@ void top_k_top_p_kernel(at::Tensor& logits, const int64_t* slot_p, const int32_t
       const float p = top_p_p[r];
       if (!top_k_on(k, V) && !top_p_on(p)) continue;
       scalar_t* row = base + t * row_stride;
-      const float row_max = load_row(row, V, x.data());
+      const float row_max = load_row(row, V, x);
       if (row_max == kNegInf) continue;
-      mask_below(row, V, top_k_top_p_threshold(x.data(), V, row_max, k, p));
+      mask_below(row, V, top_k_top_p_threshold(x, V, row_max, k, p));
     }
   });
 }
 
 }  // namespace
+
+float* thread_row_buffer(int64_t V) {
+  std::vector<float>& x = thread_buffers().x;
+  if (static_cast<int64_t>(x.size()) < V) x.resize(V);
+  return x.data();
+}
 
 float top_k_top_p_threshold(const float* x, int64_t V, float row_max, int64_t k, float p) {
   const bool k_on = top_k_on(k, V), p_on = top_p_on(p);

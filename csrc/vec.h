@@ -58,4 +58,30 @@ inline float max_lane(const Vec& v) {
   return m;
 }
 
+// x[0:V] = the row (unit column stride) as float32, divided by `temp` unless it is 0 or 1 (a true
+// division, as the temperature op: x / 1 is x), NaN read as -inf; returns the row max.
+template <typename scalar_t>
+float load_row(const scalar_t* row, int64_t V, float* x, float temp = 1.0f) {
+  const bool divide = temp != 0.0f && temp != 1.0f;
+  int64_t j = 0;
+  Vec v_max(kNegInf);
+  if constexpr (std::is_same_v<scalar_t, float>) {
+    const Vec vt(temp), neg_inf(kNegInf);
+    for (; j + Vec::size() <= V; j += Vec::size()) {
+      Vec v = Vec::loadu(row + j);
+      if (divide) v = v / vt;
+      v = Vec::blendv(v, neg_inf, v.isnan());
+      v.store(x + j);
+      v_max = at::vec::maximum(v_max, v);
+    }
+  }
+  float m = max_lane(v_max);
+  for (; j < V; ++j) {
+    const float v = divide ? static_cast<float>(row[j]) / temp : static_cast<float>(row[j]);
+    x[j] = v == v ? v : kNegInf;
+    m = std::max(m, x[j]);
+  }
+  return m;
+}
+
 }  // namespace tso
