@@ -57,8 +57,17 @@ def stream_key(seed, position):
 
 @triton.jit
 def stream_bits(key, token):
-    """uint32 random bits of token indices `token` (in [0, 2**31)) of the stream `key`."""
-    return _mix32(_mix32(key ^ token.to(tl.uint32)) + 0x6A09E667)
+    """uint32 random bits of token indices `token` (in [0, 2**31)) of the stream `key`:
+    _mix32(_mix32(key ^ token) + 0x6A09E667). The first finalizer's opening step is distributed over
+    the xor, (key ^ j) ^ ((key ^ j) >> 16) = (key ^ (key >> 16)) ^ j ^ (j >> 16), so that its key part
+    is computed once and a token pays one three-input xor."""
+    j = token.to(tl.uint32)
+    h = (key ^ (key >> 16)) ^ j ^ (j >> 16)
+    h *= 0x85EBCA6B
+    h ^= h >> 13
+    h *= 0xC2B2AE35
+    h ^= h >> 16
+    return _mix32(h + 0x6A09E667)
 
 
 @triton.jit
@@ -80,6 +89,17 @@ def fast_log2(x):
 
 
 @triton.jit
+def _fast_log2_normal(x):
+    """fast_log2(x) for a normal float32 x > 0: lg2.approx.ftz, the same approximation without the
+    denormal handling (three instructions) that the non-ftz form adds."""
+    if ON_GPU:
+        return tl.inline_asm_elementwise("lg2.approx.ftz.f32 $0, $1;", "=r,r", [x], dtype=tl.float32,
+                                         is_pure=True, pack=1)
+    else:
+        return tl.log2(x)
+
+
+@triton.jit
 def stream_gumbel_approx(bits):
     """stream_gumbel(bits) to within 2**-17 * (1 + |result|), from two hardware log2.
 
@@ -90,8 +110,9 @@ def stream_gumbel_approx(bits):
     u = ((bits >> 9) | 0x3F800000).to(tl.float32, bitcast=True) - 0.99999994039535522  # (m + 1/2) / 2**23
     w = 1.0 - u
     e_series = w * (1.0 + w * (0.5 + w * (0.3333333432674408 + w * 0.25)))
-    e = tl.where(w < 0.0625, e_series, -0.6931471805599453 * fast_log2(u))
-    return -0.6931471805599453 * fast_log2(e)
+    # u >= 2**-24 and e >= min(w, -log(15 / 16)) >= 2**-24: both logs take normal floats.
+    e = tl.where(w < 0.0625, e_series, -0.6931471805599453 * _fast_log2_normal(u))
+    return -0.6931471805599453 * _fast_log2_normal(e)
 
 
 # ----------------------------------------------------------------------------------------------
