@@ -41,6 +41,7 @@ import triton.language as tl
 from . import _checks, gumbel
 from ._launch import cdiv, next_power_of_2
 from ._registry import define_op, launch
+from ._triton_helpers import exp_flush_tiny
 from .gumbel import (
     argmax_finish,
     argmax_init,
@@ -84,14 +85,16 @@ def _load_row(row_ptr, offs, limit):
 @triton.jit
 def _max_sum_chunk(row_ptr, start, limit, BLOCK_V: tl.constexpr, STAGES: tl.constexpr):
     """(max, sum of exp(x - max)) of row tokens [start, limit); (-inf, 0) without a logit above -inf.
-    The sums stay per lane until the end: one cross-warp reduction a tile (the max), not two."""
+    The sums stay per lane until the end: one cross-warp reduction a tile (the max), not two. The
+    lane holding the max ends with a term exp(0) = 1, so the terms and rescalings below 2**-126
+    that `exp_flush_tiny` drops lie below the sum's float32 resolution."""
     run_max = float("-inf")
     lane_sum = tl.zeros((BLOCK_V,), dtype=tl.float32)
     for tile in tl.range(start, limit, BLOCK_V, num_stages=STAGES):
         x = _load_row(row_ptr, tile + tl.arange(0, BLOCK_V), limit)
         new_max = tl.maximum(run_max, tl.max(x, axis=0))
         if new_max > float("-inf"):
-            lane_sum = lane_sum * tl.exp(run_max - new_max) + tl.exp(x - new_max)
+            lane_sum = lane_sum * exp_flush_tiny(run_max - new_max) + exp_flush_tiny(x - new_max)
             run_max = new_max
     return run_max, tl.sum(lane_sum, axis=0)
 
