@@ -43,11 +43,14 @@ from .truncation.scan import store_row_bound
 from .truncation.workspace import row_settings, store_draw_pair
 
 # The full-row draw's programs walk their tokens over _DRAW_WARPS warps: a whole row in tiles of
-# _DRAW_BLOCK_V, one at a time (more in flight measured slower); below `split_draw_max_t` rows, the
-# `draw_segment` tokens of a program (truncation.settings) in tiles of _SPLIT_DRAW_BLOCK_V, with
+# _DRAW_BLOCK_V, one at a time for the Gumbel draw (bound by its arithmetic; staged loads measured
+# slower) and _ARGMAX_STAGES at a time for a greedy row's argmax (bound by the read; the staging
+# buffers are shared memory, so the kernel's registers do not grow); below `split_draw_max_t` rows,
+# the `draw_segment` tokens of a program (truncation.settings) in tiles of _SPLIT_DRAW_BLOCK_V, with
 # _SPLIT_DRAW_STAGES tiles in flight (a segment is only a few tiles: their loads would otherwise wait
 # on each other). The token is the exact argmax whatever the tiles.
 _DRAW_BLOCK_V = 4096
+_ARGMAX_STAGES = 3
 _SPLIT_DRAW_BLOCK_V = 2048
 _SPLIT_DRAW_STAGES = 3
 _DRAW_WARPS = 8
@@ -398,14 +401,15 @@ def logprobs(logits: torch.Tensor, token_ids: torch.Tensor,
 def _draw_kernel(logits_ptr, logits_stride, idx_mapping_ptr, top_k_ptr, top_p_ptr, ws_ptr, ws_stride, num_slots,
                  vocab_size, num_segments, temperature_ptr, min_p_ptr, seeds_ptr, output_lens_ptr, out_ptr, tol,
                  DRAW_SEGMENT: tl.constexpr, SPLIT: tl.constexpr, BLOCK_V: tl.constexpr, SAMPLE: tl.constexpr,
-                 SEG_CAP: tl.constexpr, PDL: tl.constexpr, STAGES: tl.constexpr):
+                 SEG_CAP: tl.constexpr, PDL: tl.constexpr, STAGES: tl.constexpr, ARGMAX_STAGES: tl.constexpr):
     """`sample`'s first launch, with the truncation launches' arguments. A row with a filter on and a
     temperature != 0 is drawn by those launches: program (t, 0) stores its bounds, which their
     first launch would (`store_row_bound`). Every other row: out[t] = argmax_j of logits[t, j] /
     temperature + gumbel(seed, position, j) over the tokens above -inf, the plain argmax of the
     logits for greedy rows (the filters always keep it); -1 without such a token or slot. With
     SPLIT, program (t, s) takes the DRAW_SEGMENT tokens of segment s and stores its (score, token)
-    pair in the row's workspace (`store_draw_pair`), and the scan launch writes out[t]."""
+    pair in the row's workspace (`store_draw_pair`), and the scan launch writes out[t]. STAGES and
+    ARGMAX_STAGES: tiles in flight of the Gumbel draw and of the argmax."""
     t = tl.program_id(0)
     k, _, k_on, _, filtered, temp, min_p = row_settings(idx_mapping_ptr, top_k_ptr, top_p_ptr, temperature_ptr,
                                                           min_p_ptr, t, num_slots, vocab_size, PDL, True)
@@ -427,7 +431,7 @@ def _draw_kernel(logits_ptr, logits_stride, idx_mapping_ptr, top_k_ptr, top_p_pt
             end = vocab_size
         key = stream_key(tl.load(seeds_ptr + slot).to(tl.int64), tl.load(output_lens_ptr + t).to(tl.int64))
         if temp == 0.0:
-            score, token = argmax_tokens(logits_row, begin, end, BLOCK_V, STAGES)
+            score, token = argmax_tokens(logits_row, begin, end, BLOCK_V, ARGMAX_STAGES)
         else:
             score, token = gumbel_argmax(logits_row, begin, end, key, temp, tol, True, BLOCK_V, STAGES)
         if SPLIT:
@@ -469,12 +473,13 @@ def _sample_triton(logits, idx_mapping, temperature, top_k, top_p, min_p, seeds,
                                                        output_lens, out, gumbel.GUMBEL_APPROX_TOL)
     split = T < settings.split_draw_max_t
     if split:
-        grid, block, stages = (T, cdiv(V, settings.draw_segment)), _SPLIT_DRAW_BLOCK_V, _SPLIT_DRAW_STAGES
+        grid, block, stages, argmax_stages = ((T, cdiv(V, settings.draw_segment)), _SPLIT_DRAW_BLOCK_V,
+                                              _SPLIT_DRAW_STAGES, _SPLIT_DRAW_STAGES)
     else:
-        grid, block, stages = (T, 1), _DRAW_BLOCK_V, 1
+        grid, block, stages, argmax_stages = (T, 1), _DRAW_BLOCK_V, 1, _ARGMAX_STAGES
     launch(_draw_kernel, grid, *args, DRAW_SEGMENT=settings.draw_segment, SPLIT=split,
            BLOCK_V=min(block, settings.draw_segment), SAMPLE=settings.sample, SEG_CAP=settings.seg_cap, PDL=pdl,
-           STAGES=stages, num_warps=_DRAW_WARPS)
+           STAGES=stages, ARGMAX_STAGES=argmax_stages, num_warps=_DRAW_WARPS)
     for kernel, grid, meta in plan:
         launch(kernel, grid, *args, **meta)
     return out
