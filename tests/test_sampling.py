@@ -514,6 +514,51 @@ def test_sample_exact_rescoring_at_the_edges(backend, monkeypatch):
             assert torch.equal(run_op(backend, "sample", *args).cpu(), exact)
 
 
+def _near_tie_rows(V, gen):
+    """sample's arguments for rows whose best Gumbel scores are near ties (2e-4 apart, well inside the
+    approximate scores' tolerance): two tokens 1 to 8192 apart (so in different or the same lanes of
+    the draw's tiles), and one row with three; with the token each row must draw."""
+    offsets = [1, 3, 37, 1024, 2048, 4096, 8192, 5]
+    T = len(offsets)
+    temperature = torch.tensor([1.0, 0.7, 1.0, 1.3, 1.0, 0.7, 1.0, 1.0])
+    seeds = torch.randint(0, 2**62, (T,), generator=gen)
+    output_lens = torch.randint(0, 1000, (T,), generator=gen)
+    noise = reference.stream_gumbel(reference.stream_bits(reference.stream_key(seeds, output_lens).unsqueeze(1),
+                                                          torch.arange(V)), torch.float32)
+    logits = torch.randn(T, V, generator=gen) * 3
+    expected = []
+    for t, d in enumerate(offsets):
+        temp = float(temperature[t])
+        score = (logits[t] / temp + noise[t]).double()
+        a = int(score.argmax())
+        others = [(a + d) % V] + ([(a + 2 * d + 11) % V] if t == T - 1 else [])
+        for i, b in enumerate(others):
+            delta = 2e-4 * (i + 1) * (1 if t % 2 else -1)  # b wins on odd rows
+            logits[t, b] = temp * (float(score[a]) + delta - float(noise[t, b]))
+        score = (logits[t] / temp + noise[t]).double()
+        top2 = score.topk(2)
+        assert float(top2.values[0] - top2.values[1]) > 5e-5  # the winner stands clear of float32 rounding
+        expected.append(int(top2.indices[0]))
+    zeros = torch.zeros(T)
+    args = [logits, torch.arange(T), temperature, torch.zeros(T, dtype=torch.int32), torch.ones(T), zeros, seeds,
+            output_lens]
+    return args, expected
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_sample_near_ties_give_the_exact_draw(backend, monkeypatch):
+    """Near ties of the best scores, between lanes (settled by rescoring the lanes' leaders) or within
+    one (the exact pass): the exact draw, in split and whole-row programs."""
+    V = 3 * current_settings().draw_segment + 5
+    args, expected = _near_tie_rows(V, torch.Generator().manual_seed(8))
+    args = [a.to(device_of(backend)) for a in args]
+    assert run_op(backend, "sample", *args).cpu().tolist() == expected
+    if backend != "cpu":
+        with use_settings(split_draw_max_t=0):  # whole rows in one program
+            assert run_op(backend, "sample", *args).cpu().tolist() == expected
+    assert exact_draw(backend, args, monkeypatch).cpu().tolist() == expected
+
+
 @pytest.mark.parametrize("backend", TRITON_BACKENDS)
 def test_sample_grouped_scan_programs_give_the_same_tokens(backend):
     """From scan_group_min_t rows the filtered rows' scan takes several segments a program: the same

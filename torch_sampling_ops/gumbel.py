@@ -182,6 +182,29 @@ def top2_certified(first, second, first_j, tol, BLOCK_V: tl.constexpr):
 
 
 @triton.jit
+def _rescore_lane_leaders(row_ptr, first, second, first_j, key, temp, tol, SCALE: tl.constexpr):
+    """For per-lane top-2 approximate scores that `top2_certified` leaves open: (decided, score,
+    token). With A the largest and every lane's second plus its err below A - err(A), the exact
+    argmax is a lane's leader whose score s reaches A - err(A) - err(s): any other token scores at
+    most its lane's second, and so do tokens tied with the winner (the winner's exact score is at
+    least A - err(A)). Those leaders (usually two) are rescored exactly, the lowest token among equal
+    scores; not decided (the caller's exact pass) when a second comes that close, or A is infinite."""
+    top = tl.max(first, axis=0)
+    floor = top - tol * (35.0 + tl.abs(top))  # -inf when top is -FLT_MAX (or -inf)
+    runner = tl.max(second, axis=0)
+    runner_bound = tl.where(runner > float("-inf"), runner + tol * (35.0 + tl.abs(runner)), float("-inf"))
+    decided = (top < float("inf")) & (floor > float("-inf")) & (runner_bound < floor)
+    near = (first_j >= 0) & (first + tol * (35.0 + tl.abs(first)) >= floor)  # its result unused if not decided
+    x = tl.load(row_ptr + tl.where(near, first_j, 0), mask=near, other=float("-inf")).to(tl.float32)
+    if SCALE:
+        x = tl.math.div_rn(x, temp)
+    exact = tl.where(near, x + stream_gumbel(stream_bits(key, tl.where(near, first_j, 0))), float("-inf"))
+    score = tl.max(exact, axis=0)
+    token = tl.min(tl.where(near & (exact == score), first_j, 2147483647), axis=0)
+    return decided, score, token
+
+
+@triton.jit
 def _exact_gumbel_argmax(row_ptr, begin, end, key, temp, SCALE: tl.constexpr, BLOCK_V: tl.constexpr):
     """(score, token) of argmax_j of x_j (/ temp with SCALE) + stream_gumbel(key, j) over the tokens
     of [begin, end) above -inf, the lower index among ties; (-inf, -1) without one."""
@@ -207,8 +230,9 @@ def gumbel_argmax(row_ptr, begin, end, key, temp, tol, SCALE: tl.constexpr, BLOC
     the noise's and the product's errors and both roundings), and keeps per lane the largest and the
     second largest approximate score. With A the largest (token a) and S the largest of the others,
     S + err(S) < A - err(A) proves every other token's exact score below a's: a wins, and its exact
-    score alone is computed (x reloaded). Otherwise (near ties within the tolerance, an infinite
-    score) a second pass scores every token exactly."""
+    score alone is computed (x reloaded). A near tie between lanes' leaders is settled by rescoring
+    those leaders exactly (`_rescore_lane_leaders`); otherwise (a lane's second within reach, an
+    infinite score) a second pass scores every token exactly."""
     inv_temp = tl.math.div_rn(1.0, temp)
     first, second, first_j = top2_init(BLOCK_V)
     for start in tl.range(begin, end, BLOCK_V, num_stages=STAGES):
@@ -229,7 +253,9 @@ def gumbel_argmax(row_ptr, begin, end, key, temp, tol, SCALE: tl.constexpr, BLOC
         else:
             score = float("-inf")
     else:
-        score, token = _exact_gumbel_argmax(row_ptr, begin, end, key, temp, SCALE, BLOCK_V)
+        decided, score, token = _rescore_lane_leaders(row_ptr, first, second, first_j, key, temp, tol, SCALE)
+        if not decided:
+            score, token = _exact_gumbel_argmax(row_ptr, begin, end, key, temp, SCALE, BLOCK_V)
     return score, token
 
 
