@@ -13,35 +13,37 @@
 
 namespace tso {
 
-// Index-like inputs may be int32 or int64; the CPU kernels read them as contiguous int64
-// (row-major, for a 2-D input). A contiguous int64 input is read in place; a contiguous int32 one
-// is widened into a vector the object owns (a tensor allocation, through the dispatcher, costs
-// more than the copy for the short index vectors the ops take); any other goes through `to`.
-// Not copyable: data() may point into the object.
-class Int64Index {
+// Index-like inputs may be int32 or int64 (1-D, or 2-D with unit last stride, as the checks
+// require); the CPU kernels read them in place, widening each value to int64 as it is read: no copy
+// and no allocation a call.
+class IndexView {
  public:
-  explicit Int64Index(const at::Tensor& t) {
-    if (t.scalar_type() == at::kLong && t.is_contiguous()) {
-      data_ = t.data_ptr<int64_t>();
-    } else if (t.scalar_type() == at::kInt && t.is_contiguous()) {
-      const int32_t* src = t.data_ptr<int32_t>();
-      widened_.assign(src, src + t.numel());
-      data_ = widened_.data();
-    } else {
-      converted_ = t.to(at::kLong).contiguous();
-      data_ = converted_.data_ptr<int64_t>();
-    }
+  explicit IndexView(const at::Tensor& t)
+      : data_(t.data_ptr()),
+        is64_(t.scalar_type() == at::kLong),
+        row_stride_(t.dim() == 2 ? t.stride(0) : 0),
+        elem_stride_(t.dim() == 1 ? t.stride(0) : 1) {
+    TORCH_CHECK(is64_ || t.scalar_type() == at::kInt,
+                "torch_sampling_ops: an index tensor must be int32 or int64, got ",
+                t.scalar_type());
   }
-  Int64Index(const Int64Index&) = delete;
-  Int64Index& operator=(const Int64Index&) = delete;
-
-  const int64_t* data() const { return data_; }
+  int64_t operator[](int64_t i) const { return at(0, i); }
+  int64_t at(int64_t row, int64_t i) const {
+    const int64_t k = row * row_stride_ + i * elem_stride_;
+    return is64_ ? static_cast<const int64_t*>(data_)[k] : static_cast<const int32_t*>(data_)[k];
+  }
 
  private:
-  const int64_t* data_ = nullptr;
-  std::vector<int64_t> widened_;
-  at::Tensor converted_;
+  const void* data_;
+  bool is64_;
+  int64_t row_stride_, elem_stride_;
 };
+
+// Row t's request slot, or -1 when idx_mapping points outside [0, num_slots).
+inline int64_t slot_of(const IndexView& slots, int64_t t, int64_t num_slots) {
+  const int64_t r = slots[t];
+  return (r >= 0 && r < num_slots) ? r : -1;
+}
 
 inline bool is_finite(float x) { return std::abs(x) < std::numeric_limits<float>::infinity(); }
 

@@ -9,26 +9,6 @@
 namespace tso {
 namespace {
 
-// An int32 or int64 index tensor read in place (no int64 copy): 1-D, or 2-D with unit last stride.
-class IndexView {
- public:
-  explicit IndexView(const at::Tensor& t)
-      : data_(t.data_ptr()),
-        is64_(t.scalar_type() == at::kLong),
-        row_stride_(t.dim() == 2 ? t.stride(0) : 0),
-        elem_stride_(t.dim() == 1 ? t.stride(0) : 1) {}
-  int64_t operator[](int64_t i) const { return at(0, i); }
-  int64_t at(int64_t row, int64_t i) const {
-    const int64_t k = row * row_stride_ + i * elem_stride_;
-    return is64_ ? static_cast<const int64_t*>(data_)[k] : static_cast<const int32_t*>(data_)[k];
-  }
-
- private:
-  const void* data_;
-  bool is64_;
-  int64_t row_stride_, elem_stride_;
-};
-
 // A ragged per-slot list read in place: slot r holds ids[r, :clamp(num[r], 0, W)], the count
 // clamped in 64 bits. `visit(r, f)` calls f(ids, n) with the slot's ids as an int32 or int64
 // pointer.
@@ -125,8 +105,8 @@ void logit_bias_kernel(at::Tensor& logits, const IndexView& slots, const IndexVi
     std::vector<scalar_t> saved;
     std::vector<float> biased;
     for (int64_t t = begin; t < end; ++t) {
-      const int64_t r = slots[t];
-      if (r < 0 || r >= R) continue;
+      const int64_t r = slot_of(slots, t, R);
+      if (r < 0) continue;
       scalar_t* row = base + t * row_stride;
 
       const bool restricted = allowed.size(r) > 0;
@@ -178,7 +158,7 @@ void logit_bias_kernel(at::Tensor& logits, const IndexView& slots, const IndexVi
 }
 
 template <typename scalar_t>
-void token_bitmask_kernel(at::Tensor& logits, const at::Tensor& bitmask, const int64_t* slot_p) {
+void token_bitmask_kernel(at::Tensor& logits, const at::Tensor& bitmask, const IndexView* slots) {
   // Works on the raw bits of the logits: a branch-free select that the compiler vectorizes
   // (a branch per token mispredicts on half the tokens of a random mask).
   using bits_t = std::conditional_t<sizeof(scalar_t) == 4, uint32_t, uint16_t>;
@@ -195,7 +175,7 @@ void token_bitmask_kernel(at::Tensor& logits, const at::Tensor& bitmask, const i
 
   at::parallel_for(0, T, 1, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
-      const int64_t r = slot_p ? slot_p[t] : t;
+      const int64_t r = slots ? (*slots)[t] : t;
       if (r < 0 || r >= mask_rows) continue;
       bits_t* row = base + t * row_stride;
       const uint32_t* mask_row = reinterpret_cast<const uint32_t*>(mask_p + r * mask_stride);
@@ -230,9 +210,9 @@ void logit_bias(at::Tensor logits, const at::Tensor& idx_mapping, const at::Tens
 
 void apply_token_bitmask(at::Tensor logits, const at::Tensor& bitmask,
                          const std::optional<at::Tensor>& idx_mapping) {
-  const std::optional<Int64Index> slots =
-      idx_mapping ? std::optional<Int64Index>(std::in_place, *idx_mapping) : std::nullopt;
-  const int64_t* slot_p = slots ? slots->data() : nullptr;
+  const std::optional<IndexView> slots =
+      idx_mapping ? std::optional<IndexView>(*idx_mapping) : std::nullopt;
+  const IndexView* slot_p = slots ? &*slots : nullptr;
   TSO_DISPATCH_LOGITS(logits.scalar_type(), "apply_token_bitmask",
                       [&] { token_bitmask_kernel<scalar_t>(logits, bitmask, slot_p); });
 }

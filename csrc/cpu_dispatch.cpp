@@ -68,11 +68,6 @@ bool append_arg(std::string& key, int64_t v) {
   return true;
 }
 
-bool append_arg(std::string& key, double v) {
-  append_float_key(key, v);
-  return true;
-}
-
 const at::Tensor* tensor_of(const at::Tensor& t) { return &t; }
 const at::Tensor* tensor_of(const std::optional<at::Tensor>& t) {
   return t.has_value() ? &*t : nullptr;

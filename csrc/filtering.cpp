@@ -24,14 +24,8 @@ inline float bits_to_float(bits_t<scalar_t> b) {
   }
 }
 
-// A row's request slot, or -1 when idx_mapping points outside [0, num_slots).
-inline int64_t slot_of(const int64_t* slots, int64_t t, int64_t num_slots) {
-  const int64_t r = slots[t];
-  return (r >= 0 && r < num_slots) ? r : -1;
-}
-
 template <typename scalar_t>
-void temperature_kernel(at::Tensor& logits, const int64_t* slots, const float* temps, int64_t R) {
+void temperature_kernel(at::Tensor& logits, const IndexView& slots, const float* temps, int64_t R) {
   const int64_t T = logits.size(0), V = logits.size(1), row_stride = logits.stride(0);
   scalar_t* base = logits.data_ptr<scalar_t>();
   at::parallel_for(0, T, 1, [&](int64_t begin, int64_t end) {
@@ -75,7 +69,7 @@ float row_max_ignoring_nan(const bits_t<scalar_t>* row, int64_t V) {
 }
 
 template <typename scalar_t>
-void min_p_kernel(at::Tensor& logits, const int64_t* slots, const float* min_ps, int64_t R) {
+void min_p_kernel(at::Tensor& logits, const IndexView& slots, const float* min_ps, int64_t R) {
   const int64_t T = logits.size(0), V = logits.size(1), row_stride = logits.stride(0);
   using bits = bits_t<scalar_t>;
   static_assert(sizeof(bits) == sizeof(scalar_t));
@@ -105,18 +99,18 @@ void min_p_kernel(at::Tensor& logits, const int64_t* slots, const float* min_ps,
 }  // namespace
 
 void temperature(at::Tensor logits, const at::Tensor& idx_mapping, const at::Tensor& temperature) {
-  const Int64Index slots(idx_mapping);
+  const IndexView slots(idx_mapping);
   const at::Tensor temps = temperature.contiguous();
   TSO_DISPATCH_LOGITS(logits.scalar_type(), "temperature", [&] {
-    temperature_kernel<scalar_t>(logits, slots.data(), temps.data_ptr<float>(), temps.size(0));
+    temperature_kernel<scalar_t>(logits, slots, temps.data_ptr<float>(), temps.size(0));
   });
 }
 
 void min_p(at::Tensor logits, const at::Tensor& idx_mapping, const at::Tensor& min_p) {
-  const Int64Index slots(idx_mapping);
+  const IndexView slots(idx_mapping);
   const at::Tensor ps = min_p.contiguous();
   TSO_DISPATCH_LOGITS(logits.scalar_type(), "min_p", [&] {
-    min_p_kernel<scalar_t>(logits, slots.data(), ps.data_ptr<float>(), ps.size(0));
+    min_p_kernel<scalar_t>(logits, slots, ps.data_ptr<float>(), ps.size(0));
   });
 }
 

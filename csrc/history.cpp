@@ -9,12 +9,6 @@
 namespace tso {
 namespace {
 
-// A row's request slot, or -1 when idx_mapping points outside [0, num_slots).
-inline int64_t slot_of(const int64_t* slots, int64_t t, int64_t num_slots) {
-  const int64_t r = slots[t];
-  return (r >= 0 && r < num_slots) ? r : -1;
-}
-
 // Seen tokens of a mask word above which all 32 are processed at once.
 constexpr int kDenseBits = 6;
 
@@ -45,7 +39,7 @@ inline float repeat(float x, float rep) {
 }
 
 template <typename scalar_t>
-void penalties_kernel(at::Tensor& logits, const int64_t* slots, const at::Tensor& prompt_mask,
+void penalties_kernel(at::Tensor& logits, const IndexView& slots, const at::Tensor& prompt_mask,
                       const at::Tensor& output_mask, const at::Tensor& output_counts,
                       const float* rep_p, const float* freq_p, const float* pres_p, int64_t R) {
   const int64_t T = logits.size(0), V = logits.size(1), row_stride = logits.stride(0);
@@ -109,10 +103,10 @@ void penalties_kernel(at::Tensor& logits, const int64_t* slots, const at::Tensor
 }
 
 template <typename scalar_t>
-void bad_words_kernel(at::Tensor& logits, const int64_t* slots, const int64_t* ids, int64_t W,
-                      const int32_t* offsets, int64_t offsets_stride, int64_t N, const int64_t* num,
-                      const int32_t* history, int64_t history_stride, int64_t L,
-                      const int64_t* hist_lens, int64_t R) {
+void bad_words_kernel(at::Tensor& logits, const IndexView& slots, const IndexView& ids, int64_t W,
+                      const int32_t* offsets, int64_t offsets_stride, int64_t N,
+                      const IndexView& num, const int32_t* history, int64_t history_stride,
+                      int64_t L, const IndexView& hist_lens, int64_t R) {
   const int64_t T = logits.size(0), V = logits.size(1), row_stride = logits.stride(0);
   scalar_t* base = logits.data_ptr<scalar_t>();
   // A row costs about its slot's list length: short lists stay on one thread (a parallel region
@@ -124,7 +118,6 @@ void bad_words_kernel(at::Tensor& logits, const int64_t* slots, const int64_t* i
       if (r < 0) continue;
       const int64_t n_words = std::clamp<int64_t>(num[r], 0, N);
       const int64_t hist_len = std::clamp<int64_t>(hist_lens[t], 0, L);
-      const int64_t* ids_row = ids + r * W;
       const int32_t* offsets_row = offsets + r * offsets_stride;
       const int32_t* hist_row = history + r * history_stride;
       scalar_t* row = base + t * row_stride;
@@ -133,12 +126,12 @@ void bad_words_kernel(at::Tensor& logits, const int64_t* slots, const int64_t* i
         const int64_t end = std::clamp<int64_t>(offsets_row[i + 1], 0, W);
         const int64_t prefix = end - start - 1;  // < 0: an empty sequence, which bans nothing
         if (prefix < 0 || prefix > hist_len) continue;  // longer than the history + 1: cannot match
-        const int64_t last = ids_row[end - 1];
+        const int64_t last = ids.at(r, end - 1);
         if (last < 0 || last >= V) continue;
         const int32_t* tail = hist_row + (hist_len - prefix);
         bool match = true;
         for (int64_t k = 0; k < prefix && match; ++k)
-          match = ids_row[start + k] == static_cast<int64_t>(tail[k]);
+          match = ids.at(r, start + k) == static_cast<int64_t>(tail[k]);
         if (match) row[last] = kNegInf;
       }
     }
@@ -151,11 +144,11 @@ void penalties(at::Tensor logits, const at::Tensor& idx_mapping, const at::Tenso
                const at::Tensor& output_mask, const at::Tensor& output_counts,
                const at::Tensor& repetition_penalty, const at::Tensor& frequency_penalty,
                const at::Tensor& presence_penalty) {
-  const Int64Index slots(idx_mapping);
+  const IndexView slots(idx_mapping);
   const at::Tensor rep = repetition_penalty.contiguous(), freq = frequency_penalty.contiguous(),
                    pres = presence_penalty.contiguous();
   TSO_DISPATCH_LOGITS(logits.scalar_type(), "penalties", [&] {
-    penalties_kernel<scalar_t>(logits, slots.data(), prompt_mask, output_mask, output_counts,
+    penalties_kernel<scalar_t>(logits, slots, prompt_mask, output_mask, output_counts,
                                rep.data_ptr<float>(), freq.data_ptr<float>(),
                                pres.data_ptr<float>(), rep.size(0));
   });
@@ -163,16 +156,14 @@ void penalties(at::Tensor logits, const at::Tensor& idx_mapping, const at::Tenso
 
 void update_output_counts(at::Tensor output_counts, at::Tensor output_mask,
                           const at::Tensor& idx_mapping, const at::Tensor& token_ids) {
-  const Int64Index slots(idx_mapping), tokens(token_ids);
+  const IndexView slots(idx_mapping), tokens(token_ids);
   const int64_t T = idx_mapping.size(0), R = output_counts.size(0), V = output_counts.size(1);
-  const int64_t* slot_p = slots.data();
-  const int64_t* tok_p = tokens.data();
   int32_t* counts = output_counts.data_ptr<int32_t>();
   uint32_t* mask = reinterpret_cast<uint32_t*>(output_mask.data_ptr<int32_t>());
   const int64_t counts_stride = output_counts.stride(0), mask_stride = output_mask.stride(0);
   // Serial: rows may name the same slot and token, and T is a few hundred rows at most.
   for (int64_t t = 0; t < T; ++t) {
-    const int64_t r = slot_p[t], tok = tok_p[t];
+    const int64_t r = slots[t], tok = tokens[t];
     if (r < 0 || r >= R || tok < 0 || tok >= V)
       continue;  // -1 and out-of-range ids or slots count nothing
     int32_t& count = counts[r * counts_stride + tok];
@@ -187,12 +178,11 @@ void bad_words(at::Tensor logits, const at::Tensor& idx_mapping, const at::Tenso
                const at::Tensor& history, const at::Tensor& history_lens) {
   const int64_t W = bad_word_ids.size(1), N = bad_word_offsets.size(1) - 1, L = history.size(1);
   if (logits.size(0) == 0 || W == 0 || N <= 0) return;  // no sequence can be listed
-  const Int64Index slots(idx_mapping), ids(bad_word_ids), num(num_bad_words), lens(history_lens);
+  const IndexView slots(idx_mapping), ids(bad_word_ids), num(num_bad_words), lens(history_lens);
   TSO_DISPATCH_LOGITS(logits.scalar_type(), "bad_words", [&] {
-    bad_words_kernel<scalar_t>(logits, slots.data(), ids.data(), W,
-                               bad_word_offsets.data_ptr<int32_t>(), bad_word_offsets.stride(0), N,
-                               num.data(), history.data_ptr<int32_t>(), history.stride(0), L,
-                               lens.data(), num_bad_words.size(0));
+    bad_words_kernel<scalar_t>(logits, slots, ids, W, bad_word_offsets.data_ptr<int32_t>(),
+                               bad_word_offsets.stride(0), N, num, history.data_ptr<int32_t>(),
+                               history.stride(0), L, lens, num_bad_words.size(0));
   });
 }
 

@@ -74,8 +74,8 @@ void logprobs_row(const float* x, int64_t V, int64_t tok, TopK& top, int64_t* to
 }
 
 template <typename scalar_t>
-void logprobs_kernel(const at::Tensor& logits, const int64_t* tokens, int64_t k, int64_t* topk_ids,
-                     float* topk_lp, float* token_lp, int64_t* ranks) {
+void logprobs_kernel(const at::Tensor& logits, const IndexView& tokens, int64_t k,
+                     int64_t* topk_ids, float* topk_lp, float* token_lp, int64_t* ranks) {
   const int64_t T = logits.size(0), V = logits.size(1), row_stride = logits.stride(0);
   const scalar_t* base = logits.data_ptr<scalar_t>();
   at::parallel_for(0, T, 1, [&](int64_t begin, int64_t end) {
@@ -119,9 +119,9 @@ float min_p_row(float* x, int64_t V, float m, float min_p) {
 // slot out of range. A processed row is scaled into a thread's buffer, min_p applied there, and
 // drawn over the tokens at least top_k_top_p's threshold, without writing its mask.
 template <typename scalar_t>
-void sample_kernel(const at::Tensor& logits, const int64_t* slots, const float* temps,
+void sample_kernel(const at::Tensor& logits, const IndexView& slots, const float* temps,
                    const int32_t* top_ks, const float* top_ps, const float* min_ps,
-                   const int64_t* seeds, const int64_t* positions, int64_t R, float tol,
+                   const IndexView& seeds, const IndexView& positions, int64_t R, float tol,
                    int64_t* out) {
   const int64_t T = logits.size(0), V = logits.size(1), row_stride = logits.stride(0);
   const scalar_t* base = logits.data_ptr<scalar_t>();
@@ -129,8 +129,8 @@ void sample_kernel(const at::Tensor& logits, const int64_t* slots, const float* 
   at::parallel_for(0, T, 1, [&](int64_t begin, int64_t end) {
     float* x = thread_row_buffer(V);
     for (int64_t t = begin; t < end; ++t) {
-      const int64_t r = slots[t];
-      if (r < 0 || r >= R) {
+      const int64_t r = slot_of(slots, t, R);
+      if (r < 0) {
         out[t] = -1;
         continue;
       }
@@ -159,12 +159,11 @@ void sample_kernel(const at::Tensor& logits, const int64_t* slots, const float* 
 std::tuple<at::Tensor, at::Tensor> random_stream(const at::Tensor& seeds,
                                                  const at::Tensor& positions,
                                                  const at::Tensor& tokens) {
-  const Int64Index s(seeds), p(positions), j(tokens);
+  const IndexView s(seeds), p(positions), j(tokens);
   at::Tensor bits = at::empty(seeds.sizes(), seeds.options().dtype(at::kLong));
   at::Tensor noise = at::empty(seeds.sizes(), seeds.options().dtype(at::kFloat));
   for (int64_t i = 0; i < seeds.numel(); ++i) {
-    const uint32_t h =
-        stream_bits(stream_key(s.data()[i], p.data()[i]), static_cast<uint32_t>(j.data()[i]));
+    const uint32_t h = stream_bits(stream_key(s[i], p[i]), static_cast<uint32_t>(j[i]));
     bits.data_ptr<int64_t>()[i] = h;
     noise.data_ptr<float>()[i] = stream_gumbel(h);
   }
@@ -172,17 +171,16 @@ std::tuple<at::Tensor, at::Tensor> random_stream(const at::Tensor& seeds,
 }
 
 std::tuple<at::Tensor, at::Tensor> gumbel_noise(const at::Tensor& bits) {
-  const Int64Index b(bits);
+  const IndexView b(bits);
   const int64_t n = bits.numel();
   at::Tensor exact = at::empty(bits.sizes(), bits.options().dtype(at::kFloat));
   at::Tensor approx = at::empty(bits.sizes(), bits.options().dtype(at::kFloat));
-  const int64_t* src = b.data();
   float* ex = exact.data_ptr<float>();
   float* ap = approx.data_ptr<float>();
   at::parallel_for(0, n, 4096, [&](int64_t begin, int64_t end) {
     std::vector<uint32_t> words(end - begin);
     for (int64_t i = begin; i < end; ++i) {
-      words[i - begin] = static_cast<uint32_t>(src[i]);
+      words[i - begin] = static_cast<uint32_t>(b[i]);
       ex[i] = stream_gumbel(words[i - begin]);
     }
     gumbel_approx(words.data(), end - begin, ap + begin);
@@ -194,14 +192,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> logprobs(const at::Te
                                                                     const at::Tensor& token_ids,
                                                                     int64_t num_logprobs) {
   const int64_t T = logits.size(0);
-  const Int64Index tokens(token_ids);
+  const IndexView tokens(token_ids);
   const auto opts = logits.options();
   at::Tensor topk_ids = at::empty({T, num_logprobs}, opts.dtype(at::kLong));
   at::Tensor topk_lp = at::empty({T, num_logprobs}, opts.dtype(at::kFloat));
   at::Tensor token_lp = at::empty({T}, opts.dtype(at::kFloat));
   at::Tensor ranks = at::empty({T}, opts.dtype(at::kLong));
   TSO_DISPATCH_LOGITS(logits.scalar_type(), "logprobs", [&] {
-    logprobs_kernel<scalar_t>(logits, tokens.data(), num_logprobs, topk_ids.data_ptr<int64_t>(),
+    logprobs_kernel<scalar_t>(logits, tokens, num_logprobs, topk_ids.data_ptr<int64_t>(),
                               topk_lp.data_ptr<float>(), token_lp.data_ptr<float>(),
                               ranks.data_ptr<int64_t>());
   });
@@ -213,15 +211,14 @@ at::Tensor sample(const at::Tensor& logits, const at::Tensor& idx_mapping,
                   const at::Tensor& min_p, const at::Tensor& seeds, const at::Tensor& output_lens,
                   double tol) {
   const int64_t T = logits.size(0);
-  const Int64Index slots(idx_mapping), positions(output_lens), seed(seeds);
+  const IndexView slots(idx_mapping), positions(output_lens), seed(seeds);
   const at::Tensor temps = temperature.contiguous(), k = top_k.contiguous(), p = top_p.contiguous(),
                    mp = min_p.contiguous();
   at::Tensor out = at::empty({T}, logits.options().dtype(at::kLong));
   TSO_DISPATCH_LOGITS(logits.scalar_type(), "sample", [&] {
-    sample_kernel<scalar_t>(logits, slots.data(), temps.data_ptr<float>(), k.data_ptr<int32_t>(),
-                            p.data_ptr<float>(), mp.data_ptr<float>(), seed.data(),
-                            positions.data(), temps.size(0), static_cast<float>(tol),
-                            out.data_ptr<int64_t>());
+    sample_kernel<scalar_t>(logits, slots, temps.data_ptr<float>(), k.data_ptr<int32_t>(),
+                            p.data_ptr<float>(), mp.data_ptr<float>(), seed, positions,
+                            temps.size(0), static_cast<float>(tol), out.data_ptr<int64_t>());
   });
   return out;
 }

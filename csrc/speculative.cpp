@@ -147,10 +147,11 @@ inline int64_t residual_draw_fast(const float* row, const float* probs, int64_t 
 }
 
 template <typename scalar_t>
-void rejection_sample_kernel(const at::Tensor& logits, const int64_t* drafts, const float* probs,
-                             int64_t probs_stride, const int64_t* cu, const float* temps,
-                             const int64_t* seeds, const int64_t* positions, int64_t B, int64_t N,
-                             int64_t max_spec_len, float tol, int64_t* out, int32_t* num) {
+void rejection_sample_kernel(const at::Tensor& logits, const IndexView& drafts, const float* probs,
+                             int64_t probs_stride, const IndexView& cu, const float* temps,
+                             const IndexView& seeds, const IndexView& positions, int64_t B,
+                             int64_t N, int64_t max_spec_len, float tol, int64_t* out,
+                             int32_t* num) {
   const int64_t V = logits.size(1), stride = logits.stride(0);
   const scalar_t* base = logits.data_ptr<scalar_t>();
   at::parallel_for(0, B, 1, [&](int64_t begin, int64_t end) {
@@ -209,7 +210,7 @@ std::tuple<at::Tensor, at::Tensor> rejection_sample(
   at::Tensor out = at::empty({B, max_spec_len + 1}, opts.dtype(at::kLong));
   at::Tensor num = at::empty({B}, opts.dtype(at::kInt));
   if (B == 0) return {out, num};
-  const Int64Index drafts(draft_token_ids), cu(cu_num_draft), seed(seeds), positions(output_lens);
+  const IndexView drafts(draft_token_ids), cu(cu_num_draft), seed(seeds), positions(output_lens);
   const at::Tensor temps = temperature.contiguous();
   const float* probs = nullptr;
   int64_t probs_stride = 0;
@@ -218,10 +219,9 @@ std::tuple<at::Tensor, at::Tensor> rejection_sample(
     probs_stride = draft_probs->stride(0);
   }
   TSO_DISPATCH_LOGITS(target_logits.scalar_type(), "rejection_sample", [&] {
-    rejection_sample_kernel<scalar_t>(target_logits, drafts.data(), probs, probs_stride, cu.data(),
-                                      temps.data_ptr<float>(), seed.data(), positions.data(), B, N,
-                                      max_spec_len, static_cast<float>(tol),
-                                      out.data_ptr<int64_t>(), num.data_ptr<int32_t>());
+    rejection_sample_kernel<scalar_t>(
+        target_logits, drafts, probs, probs_stride, cu, temps.data_ptr<float>(), seed, positions, B,
+        N, max_spec_len, static_cast<float>(tol), out.data_ptr<int64_t>(), num.data_ptr<int32_t>());
   });
   return {out, num};
 }

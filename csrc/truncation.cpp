@@ -387,7 +387,7 @@ __attribute__((noinline)) RowBuffers& thread_buffers() {
 }
 
 template <typename scalar_t>
-void top_k_top_p_kernel(at::Tensor& logits, const int64_t* slot_p, const int32_t* top_k_p,
+void top_k_top_p_kernel(at::Tensor& logits, const IndexView& slots, const int32_t* top_k_p,
                         const float* top_p_p, int64_t num_slots) {
   const int64_t T = logits.size(0), V = logits.size(1), row_stride = logits.stride(0);
   scalar_t* base = logits.data_ptr<scalar_t>();
@@ -395,8 +395,8 @@ void top_k_top_p_kernel(at::Tensor& logits, const int64_t* slot_p, const int32_t
   at::parallel_for(0, T, 1, [&](int64_t begin, int64_t end) {
     float* x = thread_row_buffer(V);
     for (int64_t t = begin; t < end; ++t) {
-      const int64_t r = slot_p[t];
-      if (r < 0 || r >= num_slots) continue;
+      const int64_t r = slot_of(slots, t, num_slots);
+      if (r < 0) continue;
       const int64_t k = top_k_p[r];
       const float p = top_p_p[r];
       if (!top_k_on(k, V) && !top_p_on(p)) continue;
@@ -448,10 +448,10 @@ float top_k_top_p_threshold(const float* x, int64_t V, float row_max, int64_t k,
 
 void top_k_top_p(at::Tensor logits, const at::Tensor& idx_mapping, const at::Tensor& top_k,
                  const at::Tensor& top_p) {
-  const Int64Index slots(idx_mapping);
+  const IndexView slots(idx_mapping);
   const at::Tensor k = top_k.contiguous(), p = top_p.contiguous();
   TSO_DISPATCH_LOGITS(logits.scalar_type(), "top_k_top_p", [&] {
-    top_k_top_p_kernel<scalar_t>(logits, slots.data(), k.data_ptr<int32_t>(), p.data_ptr<float>(),
+    top_k_top_p_kernel<scalar_t>(logits, slots, k.data_ptr<int32_t>(), p.data_ptr<float>(),
                                  k.size(0));
   });
 }
