@@ -302,6 +302,48 @@ struct Skips {
 };
 #endif
 
+#if defined(CPU_CAPABILITY_AVX2)
+// When the certificate leaves a near tie: the exact argmax among the lanes' leaders and the best of
+// the exactly scored tokens (`exact`, scored before the lanes joined it), provided every other
+// token stays below A - err(A), A the largest score (the winner's exact score is at least that):
+// the lanes' seconds and `exact`'s runner-up plus their err, and the skipped tokens' exact bound.
+// Only the candidates within reach, s + err(s) >= A - err(A), are rescored exactly, in index order
+// (the lower token among equal scores, as row_argmax). -2 when that does not hold (the exact pass
+// decides), as the CUDA draw's _rescore_lane_leaders.
+inline int64_t settle_among_leaders(const float* row, uint32_t key, const LaneTop2& lanes,
+                                    const Top2& exact, const Skips& skips, float tol) {
+  auto err = [tol](float s) { return tol * (35.0f + std::fabs(s)); };
+  alignas(32) float firsts[8], seconds[8];
+  alignas(32) int32_t first_js[8];
+  _mm256_store_ps(firsts, lanes.first);
+  _mm256_store_ps(seconds, lanes.second);
+  _mm256_store_si256(reinterpret_cast<__m256i*>(first_js), lanes.first_j);
+  float top = exact.first_j >= 0 ? exact.first : kNegInf, others = exact.second;
+  for (int k = 0; k < 8; ++k) {
+    if (first_js[k] >= 0) top = std::max(top, firsts[k]);
+    others = std::max(others, seconds[k]);
+  }
+  const float reach = top - err(top);  // -inf when top is -FLT_MAX
+  if (!(top < -kNegInf) || !(reach > kNegInf)) return -2;
+  if (others > kNegInf && !(others + err(others) < reach)) return -2;
+  const float skipped = LaneTop2::largest_of(skips.exact_bound);
+  if (skipped > kNegInf && !(skipped < reach)) return -2;
+  int64_t near[9];
+  int n = 0;
+  if (exact.first_j >= 0 && exact.first + err(exact.first) >= reach) near[n++] = exact.first_j;
+  for (int k = 0; k < 8; ++k) {
+    if (first_js[k] >= 0 && firsts[k] + err(firsts[k]) >= reach) near[n++] = first_js[k];
+  }
+  std::sort(near, near + n);
+  Argmax am;
+  for (int i = 0; i < n; ++i) {
+    am.offer(row[near[i]] + stream_gumbel(stream_bits(key, static_cast<uint32_t>(near[i]))),
+             near[i]);
+  }
+  return am.index;
+}
+#endif
+
 // row_argmax's Gumbel draw over a float32 row from approximate scores certified by Top2, as the
 // CUDA draw (gumbel_argmax in sampling.py) does; -1 without a live token. The live tokens are
 // those above `floor` (a filtered row drawn without writing its mask: as if every other token
@@ -313,7 +355,8 @@ struct Skips {
 // With AVX2, 8 tokens whose noise cannot lift them near the running best are not scored (Skips:
 // the stream bits, computed anyway, bound each lane's noise); the skipped tokens' exact scores then
 // stay below their bounds, the largest of which joins the certificate as one more runner-up (else
-// the exact pass decides). The token is the same as scoring every one. A token at or below a floor
+// the exact pass decides). A near tie between lanes' leaders is settled by rescoring those leaders
+// (settle_among_leaders). The token is the same as scoring every one. A token at or below a floor
 // above -inf may enter a skipped group's bound: that bound is then only larger.
 inline int64_t gumbel_argmax_row(const float* row, int64_t V, uint32_t key, float tol,
                                  float floor = kNegInf) {
@@ -409,13 +452,16 @@ inline int64_t gumbel_argmax_row(const float* row, int64_t V, uint32_t key, floa
 #endif
   }
 #if defined(CPU_CAPABILITY_AVX2)
+  const Top2 exact = top;  // the tokens scored exactly, before the lanes join
   lanes.merge_into(top);
-  if (top.first_j >= 0 && !skips.lose_to(top, tol)) {
-    return row_argmax(row, V, /*noise=*/true, key, floor);
-  }
-#endif
+  if (top.first_j < 0) return -1;  // no live token (nothing is skipped before a first score)
+  if (skips.lose_to(top, tol) && top.certified(tol)) return top.first_j;
+  const int64_t settled = settle_among_leaders(row, key, lanes, exact, skips, tol);
+  return settled != -2 ? settled : row_argmax(row, V, /*noise=*/true, key, floor);
+#else
   if (top.first_j < 0) return -1;
   return top.certified(tol) ? top.first_j : row_argmax(row, V, /*noise=*/true, key, floor);
+#endif
 }
 
 }  // namespace tso
