@@ -307,11 +307,12 @@ struct Skips {
 // the exactly scored tokens (`exact`, scored before the lanes joined it), provided every other
 // token stays below A - err(A), A the largest score (the winner's exact score is at least that):
 // the lanes' seconds and `exact`'s runner-up plus their err, and the skipped tokens' exact bound.
-// Only the candidates within reach, s + err(s) >= A - err(A), are rescored exactly, in index order
-// (the lower token among equal scores, as row_argmax). -2 when that does not hold (the exact pass
-// decides), as the CUDA draw's _rescore_lane_leaders.
-inline int64_t settle_among_leaders(const float* row, uint32_t key, const LaneTop2& lanes,
-                                    const Top2& exact, const Skips& skips, float tol) {
+// Only the candidates within reach, s + err(s) >= A - err(A), are rescored, by `exact_score(j)`, in
+// index order (the lower token among equal scores, as the exact passes). -2 when that does not hold
+// (the exact pass decides), as the CUDA draw's _rescore_lane_leaders.
+template <typename ExactScore>
+int64_t settle_among_leaders(const LaneTop2& lanes, const Top2& exact, const Skips& skips,
+                             float tol, ExactScore&& exact_score) {
   auto err = [tol](float s) { return tol * (35.0f + std::fabs(s)); };
   alignas(32) float firsts[8], seconds[8];
   alignas(32) int32_t first_js[8];
@@ -336,10 +337,7 @@ inline int64_t settle_among_leaders(const float* row, uint32_t key, const LaneTo
   }
   std::sort(near, near + n);
   Argmax am;
-  for (int i = 0; i < n; ++i) {
-    am.offer(row[near[i]] + stream_gumbel(stream_bits(key, static_cast<uint32_t>(near[i]))),
-             near[i]);
-  }
+  for (int i = 0; i < n; ++i) am.offer(exact_score(near[i]), near[i]);
   return am.index;
 }
 #endif
@@ -456,7 +454,9 @@ inline int64_t gumbel_argmax_row(const float* row, int64_t V, uint32_t key, floa
   lanes.merge_into(top);
   if (top.first_j < 0) return -1;  // no live token (nothing is skipped before a first score)
   if (skips.lose_to(top, tol) && top.certified(tol)) return top.first_j;
-  const int64_t settled = settle_among_leaders(row, key, lanes, exact, skips, tol);
+  const int64_t settled = settle_among_leaders(lanes, exact, skips, tol, [&](int64_t j) {
+    return row[j] + stream_gumbel(stream_bits(key, static_cast<uint32_t>(j)));
+  });
   return settled != -2 ? settled : row_argmax(row, V, /*noise=*/true, key, floor);
 #else
   if (top.first_j < 0) return -1;

@@ -81,8 +81,9 @@ int64_t residual_draw(const float* row, const float* probs, int64_t draft, float
 }
 
 // residual_draw over a float32 row from approximate scores (log_x8 of r, gumbel_approx_x8)
-// certified by Top2, with AVX2; the exact pass when the draw does not certify, when a positive r is
-// subnormal (log_x8 takes normal floats), and without AVX2. Without a positive r it is the draw
+// certified by Top2 (a near tie between lanes' leaders settled by rescoring them), with AVX2; the
+// exact pass when neither decides, when a positive r is subnormal (log_x8 takes normal floats), and
+// without AVX2. Without a positive r it is the draw
 // from p, argmax_k x_k + g_k: gumbel_argmax_row's token (the same scores, the same noise).
 inline int64_t residual_draw_fast(const float* row, const float* probs, int64_t draft, float m,
                                   float s, uint32_t key, int64_t V, float tol) {
@@ -137,10 +138,21 @@ inline int64_t residual_draw_fast(const float* row, const float* probs, int64_t 
     if (r > 0.0f)
       top_r.offer(std::log(r) + stream_gumbel(stream_bits(key, static_cast<uint32_t>(j))), j);
   }
+  const Top2 exact_r = top_r;  // the tokens scored exactly, before the lanes join
   lanes_r.merge_into(top_r);
-  if (_mm256_movemask_ps(subnormal) == 0 && skips.lose_to(top_r, tol)) {
-    if (top_r.first_j >= 0 && top_r.certified(tol)) return top_r.first_j;
-    if (top_r.first_j < 0) return gumbel_argmax_row(row, V, key, tol);
+  if (_mm256_movemask_ps(subnormal) == 0) {
+    if (skips.lose_to(top_r, tol)) {
+      if (top_r.first_j >= 0 && top_r.certified(tol)) return top_r.first_j;
+      if (top_r.first_j < 0) return gumbel_argmax_row(row, V, key, tol);
+    }
+    // A near tie between the lanes' leaders: residual_draw's exact scores for them (r > 0).
+    if (top_r.first_j >= 0) {
+      const int64_t settled = settle_among_leaders(lanes_r, exact_r, skips, tol, [&](int64_t k) {
+        const float r = residual_at(logit_at(row, k), k, probs, draft, m, s);
+        return std::log(r) + stream_gumbel(stream_bits(key, static_cast<uint32_t>(k)));
+      });
+      if (settled != -2) return settled;
+    }
   }
 #endif
   return residual_draw(row, probs, draft, m, s, key, V);

@@ -226,6 +226,40 @@ def test_cpu_residual_draw_with_skipped_tokens_gives_the_exact_draws(scale, draf
     assert torch.equal(fast[0], exact[0]) and torch.equal(fast[1], exact[1])
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_residual_near_ties_give_the_exact_draw(backend):
+    """Requests of one rejected draft (its logit -30, no draft probabilities) whose residual draw,
+    argmax of log(p) + g over the other tokens, has its two or three best scores 2e-4 apart: the
+    token each must emit, whether the tie lies across the draw's lanes or inside one."""
+    gen = torch.Generator().manual_seed(9)
+    offsets = [1, 3, 37, 8, 2048, 5]
+    B, V = len(offsets), 2 * speculative._CHUNK + 9
+    seeds = torch.randint(0, 2**62, (B,), generator=gen)
+    output_lens = torch.randint(0, 1000, (B,), generator=gen)
+    noise = reference.stream_gumbel(reference.stream_bits(reference.stream_key(seeds, output_lens).unsqueeze(1),
+                                                          torch.arange(V)), torch.float32)
+    logits = torch.randn(2 * B, V, generator=gen) * 3
+    drafts, expected = [], []
+    for i, d in enumerate(offsets):
+        row, g = logits[2 * i], noise[i]
+        score = (row + g).double()
+        a = int(score.argmax())
+        others = [(a + d) % V] + ([(a + 2 * d + 11) % V] if i == B - 1 else [])
+        for k, b in enumerate(others):
+            row[b] = float(score[a]) + 2e-4 * (k + 1) * (1 if i % 2 else -1) - float(g[b])
+        draft = (a + V // 2) % V
+        row[draft] = -30.0
+        drafts.append(draft)
+        top2 = (row + g).double().topk(2)
+        assert float(top2.values[0] - top2.values[1]) > 5e-5
+        expected.append(int(top2.indices[0]))
+    args = [logits, torch.tensor(drafts), None, cu_of([1] * B), torch.ones(B), seeds, output_lens]
+    args = [None if a is None else a.to(device_of(backend)) for a in args] + [1]
+    out, num = run_op(backend, "rejection_sample", *args)
+    assert out.cpu().tolist() == [[t, -1] for t in expected]
+    assert num.cpu().tolist() == [1] * B
+
+
 # ----------------------------------------------------------------------------------------------
 # Greedy and zero-draft requests by hand
 
