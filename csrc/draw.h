@@ -176,6 +176,9 @@ inline int64_t argmax_row(const float* row, int64_t V) {
   return best_j;
 }
 
+// err(s): how far an approximate score s of the draws below may lie from its exact value.
+inline float approx_err(float s, float tol) { return tol * (35.0f + std::fabs(s)); }
+
 // The largest and second-largest of approximate scores, with the largest's token: the certificate
 // of the draws below. Each score lies within err(s) = tol * (35 + |s|) of its exact value (tol >=
 // 2**-16 leaves a wide margin: the approximate noise is within 2**-17 * (1 + |g|), log_x8 within
@@ -194,8 +197,8 @@ struct Top2 {
     }
   }
   bool certified(float tol) const {
-    auto err = [tol](float s) { return tol * (35.0f + std::fabs(s)); };
-    return first < -kNegInf && (second == kNegInf || second + err(second) < first - err(first));
+    return first < -kNegInf &&
+           (second == kNegInf || second + approx_err(second, tol) < first - approx_err(first, tol));
   }
 };
 
@@ -281,8 +284,7 @@ struct Skips {
   float level = kNegInf;  // lanes below it are skipped; -inf: none
   // best: the best approximate score so far (-inf for none).
   void update(float best, float tol) {
-    level =
-        best > kNegInf && best < -kNegInf ? best - 2.0f * tol * (35.0f + std::fabs(best)) : kNegInf;
+    level = best > kNegInf && best < -kNegInf ? best - 2.0f * approx_err(best, tol) : kNegInf;
   }
   // Whether the 8 tokens with stream bits `bits` are skipped; bound: at least each lane's exact
   // score less its noise (NaN: the lane is scored).
@@ -297,7 +299,7 @@ struct Skips {
   // Whether every skipped token loses to the certified winner of `top`.
   bool lose_to(const Top2& top, float tol) const {
     const float bound = LaneTop2::largest_of(exact_bound);
-    return bound == kNegInf || bound < top.first - tol * (35.0f + std::fabs(top.first));
+    return bound == kNegInf || bound < top.first - approx_err(top.first, tol);
   }
 };
 #endif
@@ -313,7 +315,6 @@ struct Skips {
 template <typename ExactScore>
 int64_t settle_among_leaders(const LaneTop2& lanes, const Top2& exact, const Skips& skips,
                              float tol, ExactScore&& exact_score) {
-  auto err = [tol](float s) { return tol * (35.0f + std::fabs(s)); };
   alignas(32) float firsts[8], seconds[8];
   alignas(32) int32_t first_js[8];
   _mm256_store_ps(firsts, lanes.first);
@@ -324,16 +325,18 @@ int64_t settle_among_leaders(const LaneTop2& lanes, const Top2& exact, const Ski
     if (first_js[k] >= 0) top = std::max(top, firsts[k]);
     others = std::max(others, seconds[k]);
   }
-  const float reach = top - err(top);  // -inf when top is -FLT_MAX
+  const float reach = top - approx_err(top, tol);  // -inf when top is -FLT_MAX
   if (!(top < -kNegInf) || !(reach > kNegInf)) return -2;
-  if (others > kNegInf && !(others + err(others) < reach)) return -2;
+  if (others > kNegInf && !(others + approx_err(others, tol) < reach)) return -2;
   const float skipped = LaneTop2::largest_of(skips.exact_bound);
   if (skipped > kNegInf && !(skipped < reach)) return -2;
   int64_t near[9];
   int n = 0;
-  if (exact.first_j >= 0 && exact.first + err(exact.first) >= reach) near[n++] = exact.first_j;
+  if (exact.first_j >= 0 && exact.first + approx_err(exact.first, tol) >= reach)
+    near[n++] = exact.first_j;
   for (int k = 0; k < 8; ++k) {
-    if (first_js[k] >= 0 && firsts[k] + err(firsts[k]) >= reach) near[n++] = first_js[k];
+    if (first_js[k] >= 0 && firsts[k] + approx_err(firsts[k], tol) >= reach)
+      near[n++] = first_js[k];
   }
   std::sort(near, near + n);
   Argmax am;
