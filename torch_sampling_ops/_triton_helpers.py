@@ -24,6 +24,23 @@ def program_range(count, GROUP: tl.constexpr):
 
 
 @triton.jit
+def fast_log2(x, NORMAL: tl.constexpr = False):
+    """log2(x) for x > 0 by the hardware approximation (PTX lg2.approx: absolute error at most
+    2**-22.6 on [0.5, 2], 2 ulp elsewhere); with NORMAL (x a normal float) its ftz form, the same
+    value without the denormal handling (three instructions); tl.log2 under the interpreter, which
+    runs no PTX."""
+    if ON_GPU:
+        if NORMAL:
+            return tl.inline_asm_elementwise("lg2.approx.ftz.f32 $0, $1;", "=r,r", [x], dtype=tl.float32,
+                                             is_pure=True, pack=1)
+        else:
+            return tl.inline_asm_elementwise("lg2.approx.f32 $0, $1;", "=r,r", [x], dtype=tl.float32,
+                                             is_pure=True, pack=1)
+    else:
+        return tl.log2(x)
+
+
+@triton.jit
 def exp_flush_tiny(x):
     """exp(x) as tl.exp computes it on the GPU (ex2.approx of x * log2(e)), with results below
     2**-126 flushed to 0 (the ftz form, without the denormal handling: three instructions fewer);

@@ -23,7 +23,7 @@ import triton
 import triton.language as tl
 
 from ._launch import cdiv
-from ._triton_helpers import ON_GPU
+from ._triton_helpers import fast_log2
 
 # The tolerance of the approximate Gumbel scores (gumbel_argmax, rejection_sample's residual), a
 # kernel argument: above their analysed error with room to spare; larger only costs exact passes
@@ -78,28 +78,6 @@ def stream_gumbel(bits):
 
 
 @triton.jit
-def fast_log2(x):
-    """log2(x) for x > 0 by the hardware approximation (PTX lg2.approx: absolute error at most
-    2**-22.6 on [0.5, 2], 2 ulp elsewhere); tl.log2 under the interpreter, which runs no PTX."""
-    if ON_GPU:
-        return tl.inline_asm_elementwise("lg2.approx.f32 $0, $1;", "=r,r", [x], dtype=tl.float32, is_pure=True,
-                                         pack=1)
-    else:
-        return tl.log2(x)
-
-
-@triton.jit
-def _fast_log2_normal(x):
-    """fast_log2(x) for a normal float32 x > 0: lg2.approx.ftz, the same approximation without the
-    denormal handling (three instructions) that the non-ftz form adds."""
-    if ON_GPU:
-        return tl.inline_asm_elementwise("lg2.approx.ftz.f32 $0, $1;", "=r,r", [x], dtype=tl.float32,
-                                         is_pure=True, pack=1)
-    else:
-        return tl.log2(x)
-
-
-@triton.jit
 def stream_gumbel_approx(bits):
     """stream_gumbel(bits) to within 2**-17 * (1 + |result|), from two hardware log2.
 
@@ -111,8 +89,8 @@ def stream_gumbel_approx(bits):
     w = 1.0 - u
     e_series = w * (1.0 + w * (0.5 + w * (0.3333333432674408 + w * 0.25)))
     # u >= 2**-24 and e >= min(w, -log(15 / 16)) >= 2**-24: both logs take normal floats.
-    e = tl.where(w < 0.0625, e_series, -0.6931471805599453 * _fast_log2_normal(u))
-    return -0.6931471805599453 * _fast_log2_normal(e)
+    e = tl.where(w < 0.0625, e_series, -0.6931471805599453 * fast_log2(u, NORMAL=True))
+    return -0.6931471805599453 * fast_log2(e, NORMAL=True)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -166,6 +144,12 @@ def top2_update(first, second, first_j, score, offs):
 
 
 @triton.jit
+def _score_err(s, tol):
+    """err(s): how far an approximate score s may lie from its exact value (see gumbel_argmax)."""
+    return tol * (35.0 + tl.abs(s))
+
+
+@triton.jit
 def top2_certified(first, second, first_j, tol, BLOCK_V: tl.constexpr):
     """(token, certified) of per-lane top-2 approximate scores, each within err(s) = tol * (35 + |s|)
     of its exact score, -inf only where no token is: the token of the largest (-1 without one), and
@@ -176,8 +160,8 @@ def top2_certified(first, second, first_j, tol, BLOCK_V: tl.constexpr):
     top_lane = tl.min(tl.where(first == top, lane, BLOCK_V), axis=0)
     runner_up = tl.maximum(tl.max(second, axis=0), tl.max(tl.where(lane == top_lane, float("-inf"), first), axis=0))
     token = tl.max(tl.where(lane == top_lane, first_j, -1), axis=0)
-    runner_up_bound = tl.where(runner_up > float("-inf"), runner_up + tol * (35.0 + tl.abs(runner_up)), float("-inf"))
-    certified = (top == float("-inf")) | ((top < float("inf")) & (runner_up_bound < top - tol * (35.0 + tl.abs(top))))
+    runner_up_bound = tl.where(runner_up > float("-inf"), runner_up + _score_err(runner_up, tol), float("-inf"))
+    certified = (top == float("-inf")) | ((top < float("inf")) & (runner_up_bound < top - _score_err(top, tol)))
     return token, certified
 
 
@@ -190,11 +174,11 @@ def _rescore_lane_leaders(row_ptr, first, second, first_j, key, temp, tol, SCALE
     least A - err(A)). Those leaders (usually two) are rescored exactly, the lowest token among equal
     scores; not decided (the caller's exact pass) when a second comes that close, or A is infinite."""
     top = tl.max(first, axis=0)
-    floor = top - tol * (35.0 + tl.abs(top))  # -inf when top is -FLT_MAX (or -inf)
+    floor = top - _score_err(top, tol)  # -inf when top is -FLT_MAX (or -inf)
     runner = tl.max(second, axis=0)
-    runner_bound = tl.where(runner > float("-inf"), runner + tol * (35.0 + tl.abs(runner)), float("-inf"))
+    runner_bound = tl.where(runner > float("-inf"), runner + _score_err(runner, tol), float("-inf"))
     decided = (top < float("inf")) & (floor > float("-inf")) & (runner_bound < floor)
-    near = (first_j >= 0) & (first + tol * (35.0 + tl.abs(first)) >= floor)  # its result unused if not decided
+    near = (first_j >= 0) & (first + _score_err(first, tol) >= floor)  # its result unused if not decided
     x = tl.load(row_ptr + tl.where(near, first_j, 0), mask=near, other=float("-inf")).to(tl.float32)
     if SCALE:
         x = tl.math.div_rn(x, temp)

@@ -41,13 +41,12 @@ import triton.language as tl
 from . import _checks, gumbel
 from ._launch import cdiv, next_power_of_2
 from ._registry import define_op, launch
-from ._triton_helpers import exp_flush_tiny
+from ._triton_helpers import exp_flush_tiny, fast_log2
 from .gumbel import (
     argmax_finish,
     argmax_init,
     argmax_tokens,
     argmax_update,
-    fast_log2,
     gumbel_argmax,
     stream_bits,
     stream_gumbel,
