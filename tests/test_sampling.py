@@ -514,18 +514,12 @@ def test_sample_exact_rescoring_at_the_edges(backend, monkeypatch):
             assert torch.equal(run_op(backend, "sample", *args).cpu(), exact)
 
 
-def _near_tie_rows(V, gen):
-    """sample's arguments for rows whose best Gumbel scores are near ties (2e-4 apart, well inside the
-    approximate scores' tolerance): two tokens 1 to 8192 apart (so in different or the same lanes of
-    the draw's tiles), and one row with three; with the token each row must draw."""
-    offsets = [1, 3, 37, 1024, 2048, 4096, 8192, 5]
-    T = len(offsets)
-    temperature = torch.tensor([1.0, 0.7, 1.0, 1.3, 1.0, 0.7, 1.0, 1.0])
-    seeds = torch.randint(0, 2**62, (T,), generator=gen)
-    output_lens = torch.randint(0, 1000, (T,), generator=gen)
-    noise = reference.stream_gumbel(reference.stream_bits(reference.stream_key(seeds, output_lens).unsqueeze(1),
-                                                          torch.arange(V)), torch.float32)
-    logits = torch.randn(T, V, generator=gen) * 3
+def make_near_ties(logits, noise, offsets, temperature):
+    """Makes the best Gumbel scores x / temperature + noise of row t of `logits` (in place) near ties,
+    2e-4 apart (well inside the approximate scores' tolerance): its best token a and a + offsets[t]
+    (in different or the same lanes of the draws' tiles), and a third token in the last row. Returns
+    the token each row must draw."""
+    T, V = logits.shape
     expected = []
     for t, d in enumerate(offsets):
         temp = float(temperature[t])
@@ -539,6 +533,25 @@ def _near_tie_rows(V, gen):
         top2 = score.topk(2)
         assert float(top2.values[0] - top2.values[1]) > 5e-5  # the winner stands clear of float32 rounding
         expected.append(int(top2.indices[0]))
+    return expected
+
+
+def stream_noise(seeds, output_lens, V):
+    """[len(seeds), V] float32 Gumbel noise of the reference stream at each (seed, position)."""
+    return reference.stream_gumbel(reference.stream_bits(reference.stream_key(seeds, output_lens).unsqueeze(1),
+                                                         torch.arange(V)), torch.float32)
+
+
+def _near_tie_rows(V, gen):
+    """sample's arguments for rows whose best Gumbel scores are near ties (`make_near_ties`: two
+    tokens 1 to 8192 apart, three in the last row), with the token each row must draw."""
+    offsets = [1, 3, 37, 1024, 2048, 4096, 8192, 5]
+    T = len(offsets)
+    temperature = torch.tensor([1.0, 0.7, 1.0, 1.3, 1.0, 0.7, 1.0, 1.0])
+    seeds = torch.randint(0, 2**62, (T,), generator=gen)
+    output_lens = torch.randint(0, 1000, (T,), generator=gen)
+    logits = torch.randn(T, V, generator=gen) * 3
+    expected = make_near_ties(logits, stream_noise(seeds, output_lens, V), offsets, temperature)
     zeros = torch.zeros(T)
     args = [logits, torch.arange(T), temperature, torch.zeros(T, dtype=torch.int32), torch.ones(T), zeros, seeds,
             output_lens]

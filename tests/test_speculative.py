@@ -4,7 +4,7 @@ import math
 
 import pytest
 import torch
-from test_sampling import _chi_square, _chi_square_bound
+from test_sampling import _chi_square, _chi_square_bound, make_near_ties, stream_noise
 
 from torch_sampling_ops import _C, gumbel, reference, speculative
 
@@ -236,23 +236,16 @@ def test_residual_near_ties_give_the_exact_draw(backend):
     B, V = len(offsets), 2 * speculative._CHUNK + 9
     seeds = torch.randint(0, 2**62, (B,), generator=gen)
     output_lens = torch.randint(0, 1000, (B,), generator=gen)
-    noise = reference.stream_gumbel(reference.stream_bits(reference.stream_key(seeds, output_lens).unsqueeze(1),
-                                                          torch.arange(V)), torch.float32)
+    noise = stream_noise(seeds, output_lens, V)
     logits = torch.randn(2 * B, V, generator=gen) * 3
-    drafts, expected = [], []
-    for i, d in enumerate(offsets):
-        row, g = logits[2 * i], noise[i]
-        score = (row + g).double()
-        a = int(score.argmax())
-        others = [(a + d) % V] + ([(a + 2 * d + 11) % V] if i == B - 1 else [])
-        for k, b in enumerate(others):
-            row[b] = float(score[a]) + 2e-4 * (k + 1) * (1 if i % 2 else -1) - float(g[b])
-        draft = (a + V // 2) % V
-        row[draft] = -30.0
-        drafts.append(draft)
-        top2 = (row + g).double().topk(2)
+    draft_rows = logits[0::2]  # each request's draft position; its bonus row is not reached
+    expected = make_near_ties(draft_rows, noise, offsets, torch.ones(B))
+    drafts = [(e + V // 2) % V for e in expected]  # far from every near-tied token
+    for i, draft in enumerate(drafts):
+        draft_rows[i, draft] = -30.0
+        top2 = (draft_rows[i] + noise[i]).double().topk(2)
         assert float(top2.values[0] - top2.values[1]) > 5e-5
-        expected.append(int(top2.indices[0]))
+        assert int(top2.indices[0]) == expected[i]
     args = [logits, torch.tensor(drafts), None, cu_of([1] * B), torch.ones(B), seeds, output_lens]
     args = [None if a is None else a.to(device_of(backend)) for a in args] + [1]
     out, num = run_op(backend, "rejection_sample", *args)
