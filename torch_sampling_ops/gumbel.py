@@ -166,25 +166,40 @@ def top2_certified(first, second, first_j, tol, BLOCK_V: tl.constexpr):
 
 
 @triton.jit
-def _rescore_lane_leaders(row_ptr, first, second, first_j, key, temp, tol, SCALE: tl.constexpr):
-    """For per-lane top-2 approximate scores that `top2_certified` leaves open: (decided, score,
-    token). With A the largest and every lane's second plus its err below A - err(A), the exact
-    argmax is a lane's leader whose score s reaches A - err(A) - err(s): any other token scores at
-    most its lane's second, and so do tokens tied with the winner (the winner's exact score is at
-    least A - err(A)). Those leaders (usually two) are rescored exactly, the lowest token among equal
-    scores; not decided (the caller's exact pass) when a second comes that close, or A is infinite."""
+def lane_leaders_within_reach(first, second, first_j, tol):
+    """For per-lane top-2 approximate scores that `top2_certified` leaves open: (decided, near).
+    With A the largest and every lane's second plus its err below A - err(A) (decided), the exact
+    argmax is a lane's leader whose score s reaches A - err(A) - err(s) (near): any other token
+    scores at most its lane's second, and so do tokens tied with the winner (the winner's exact score
+    is at least A - err(A)). Not decided (the caller's exact pass) when a second comes that close,
+    or A is infinite; `near` is then meaningless."""
     top = tl.max(first, axis=0)
     floor = top - _score_err(top, tol)  # -inf when top is -FLT_MAX (or -inf)
     runner = tl.max(second, axis=0)
     runner_bound = tl.where(runner > float("-inf"), runner + _score_err(runner, tol), float("-inf"))
     decided = (top < float("inf")) & (floor > float("-inf")) & (runner_bound < floor)
-    near = (first_j >= 0) & (first + _score_err(first, tol) >= floor)  # its result unused if not decided
+    near = (first_j >= 0) & (first + _score_err(first, tol) >= floor)
+    return decided, near
+
+
+@triton.jit
+def best_rescored(exact, near, first_j):
+    """(score, token) of the leaders `near` rescored exactly (`exact`, -inf elsewhere): the largest
+    exact score, the lowest token among equal ones."""
+    score = tl.max(exact, axis=0)
+    return score, tl.min(tl.where(near & (exact == score), first_j, 2147483647), axis=0)
+
+
+@triton.jit
+def _rescore_lane_leaders(row_ptr, first, second, first_j, key, temp, tol, SCALE: tl.constexpr):
+    """(decided, score, token): gumbel_argmax's near tie settled among the lanes' leaders
+    (`lane_leaders_within_reach`), each rescored exactly."""
+    decided, near = lane_leaders_within_reach(first, second, first_j, tol)
     x = tl.load(row_ptr + tl.where(near, first_j, 0), mask=near, other=float("-inf")).to(tl.float32)
     if SCALE:
         x = tl.math.div_rn(x, temp)
     exact = tl.where(near, x + stream_gumbel(stream_bits(key, tl.where(near, first_j, 0))), float("-inf"))
-    score = tl.max(exact, axis=0)
-    token = tl.min(tl.where(near & (exact == score), first_j, 2147483647), axis=0)
+    score, token = best_rescored(exact, near, first_j)
     return decided, score, token
 
 

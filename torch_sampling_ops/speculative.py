@@ -9,7 +9,8 @@ Random numbers come from the stream of `sample` (gumbel.py), keyed by the reques
 position `output_lens[i] + j`: the acceptance uniform of position j uses the reserved token index
 `ACCEPT_TOKEN = 2**31 - 1` (outside every vocabulary), the residual and bonus draws use the Gumbel
 noise of the token indices, as `sample` does, and like its draw score approximately, keep each
-lane's top two and rescore the certified winner exactly (an exact pass where it is not certified).
+lane's top two and rescore the certified winner exactly (a near tie among the lanes' leaders, or
+else an exact pass, where it is not certified).
 So a request's tokens depend only on its own rows, seed and position, never on the batch.
 
 CUDA, in levels: each target row is cut into chunks of `_CHUNK` tokens (a constant), and each
@@ -47,7 +48,9 @@ from .gumbel import (
     argmax_init,
     argmax_tokens,
     argmax_update,
+    best_rescored,
     gumbel_argmax,
+    lane_leaders_within_reach,
     stream_bits,
     stream_gumbel,
     stream_gumbel_approx,
@@ -137,7 +140,8 @@ def _residual_chunk(row_ptr, probs_row_ptr, draft, row_max, row_sum, key, start,
                     HAS_PROBS: tl.constexpr, BLOCK_V: tl.constexpr, STAGES: tl.constexpr):
     """_exact_residual_chunk's result, bit for bit, as gumbel.gumbel_argmax gets it: approximate
     scores (log(r) and the noise from the hardware log2, each within the tolerance), per-lane top-2,
-    the certified winners rescored exactly, a second exact pass when either is not certified."""
+    the certified winners rescored exactly; a near tie between lanes' leaders is settled by rescoring
+    them, a second exact pass decides the rest."""
     first_r, second_r, first_rj = top2_init(BLOCK_V)
     first_p, second_p, first_pj = top2_init(BLOCK_V)
     for tile in tl.range(start, limit, BLOCK_V, num_stages=STAGES):
@@ -164,8 +168,28 @@ def _residual_chunk(row_ptr, probs_row_ptr, draft, row_max, row_sum, key, start,
         if token_p >= 0:
             score_p = tl.load(row_ptr + token_p).to(tl.float32) + stream_gumbel(stream_bits(key, token_p))
     else:
-        score_r, token_r, score_p, token_p = _exact_residual_chunk(row_ptr, probs_row_ptr, draft, row_max, row_sum,
-                                                                   key, start, limit, vocab_size, HAS_PROBS, BLOCK_V)
+        # A near tie: settled among the lanes' leaders within reach, rescored exactly (a certified
+        # list has one such leader), else by the exact pass.
+        decided_r, near_r = lane_leaders_within_reach(first_r, second_r, first_rj, tol)
+        decided_p, near_p = lane_leaders_within_reach(first_p, second_p, first_pj, tol)
+        if decided_r & decided_p:
+            leader_r = tl.where(near_r, first_rj, 0)
+            x_r = tl.load(row_ptr + leader_r, mask=near_r, other=0.0).to(tl.float32)
+            p_r = tl.exp(x_r - row_max) / row_sum
+            if HAS_PROBS:
+                q_r = tl.load(probs_row_ptr + leader_r, mask=near_r, other=0.0)
+            else:
+                q_r = tl.where(leader_r == draft, 1.0, 0.0)
+            exact_r = tl.where(near_r, tl.log(p_r - q_r) + stream_gumbel(stream_bits(key, leader_r)), float("-inf"))
+            score_r, token_r = best_rescored(exact_r, near_r, first_rj)
+            leader_p = tl.where(near_p, first_pj, 0)
+            x_p = tl.load(row_ptr + leader_p, mask=near_p, other=0.0).to(tl.float32)
+            exact_p = tl.where(near_p, x_p + stream_gumbel(stream_bits(key, leader_p)), float("-inf"))
+            score_p, token_p = best_rescored(exact_p, near_p, first_pj)
+        else:
+            score_r, token_r, score_p, token_p = _exact_residual_chunk(row_ptr, probs_row_ptr, draft, row_max,
+                                                                       row_sum, key, start, limit, vocab_size,
+                                                                       HAS_PROBS, BLOCK_V)
     return score_r, token_r, score_p, token_p
 
 
