@@ -38,6 +38,7 @@ import os
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from . import _checks, gumbel
 from ._launch import cdiv, next_power_of_2
@@ -59,6 +60,7 @@ from .gumbel import (
     top2_init,
     top2_update,
 )
+from .truncation import plan as truncation_plan
 
 ACCEPT_TOKEN = 2**31 - 1  # the token index of the acceptance uniform in a position's stream
 # Each target row is cut into chunks of _CHUNK tokens, one program a chunk; a program walks its
@@ -72,6 +74,7 @@ _NUM_WARPS = 4
 # Tiles a chunk program keeps in flight (Triton's software pipelining of the tile loops: the next
 # tiles' loads are issued before the current one is reduced). It changes no sum order.
 _STAGES = 3
+_ARGMAX_STAGES = 4  # a greedy row's argmax, whose loop holds fewer registers a tile
 # A request's status after a level (status[i, level, :]): the state, the drafts accepted, the token.
 _ALIVE = tl.constexpr(0)  # the level scores position `level` (a draft's or the bonus row)
 _RESIDUAL = tl.constexpr(1)  # position level - 1 was rejected: the level draws its residual
@@ -225,7 +228,7 @@ def _rejection_level_kernel(logits_ptr, logits_stride, draft_ids_ptr, probs_ptr,
                             out_ptr, num_ptr, num_drafts, max_spec_len, vocab_size, num_chunks, tol,
                             level, HAS_PROBS: tl.constexpr, FINAL: tl.constexpr, CHUNK: tl.constexpr,
                             BLOCK_V: tl.constexpr, CHUNKS_P2: tl.constexpr, BLOCK_OUT: tl.constexpr,
-                            STAGES: tl.constexpr):
+                            STAGES: tl.constexpr, ARGMAX_STAGES: tl.constexpr, PDL: tl.constexpr):
     """Level `level` of request program_id(0), chunk program_id(1): decides position level - 1 from
     the partials level - 1 left (the same in every chunk program), then writes this chunk's partial
     of the level's pass. FINAL (grid (B, 1), level = max_spec_len + 1): decides the last position and
@@ -233,16 +236,30 @@ def _rejection_level_kernel(logits_ptr, logits_stride, draft_ids_ptr, probs_ptr,
 
     Workspace: part_f float32 / part_i int32 [B, levels, 2, num_chunks] (two partials a chunk: (max,
     sum), (score, token) or the residual's two (score, token) pairs), status int32 [B, levels, 3],
-    levels = max_spec_len + 1. (The batch size is no argument: Triton would specialise B == 1.)"""
+    levels = max_spec_len + 1. (The batch size is no argument: Triton would specialise B == 1.)
+
+    PDL: every launch is a programmatic dependent one. A program reads the op's inputs (which no
+    launch of the op writes; level 0 first waits for the launches before the op), then waits for the
+    previous level before it reads the workspace, so a level's end implies the end of every launch
+    before it. The next level may be placed once every program has called `gdc_launch_dependents`:
+    a greedy request's programs call it at their start, the others at their end (placed beside a
+    level's softmax and residual passes, the next level's programs slowed batches of 24 to 32
+    requests by up to 11 µs)."""
     i = tl.program_id(0).to(tl.int64)
     s = tl.program_id(1).to(tl.int64)
     level64 = i * 0 + level
     levels = max_spec_len + 1
+    if PDL:
+        if level == 0:
+            gdc_wait()  # for the launches before the op, which may have written its inputs
     # Clamped layout: draft rows [lo, lo + n) within [0, N), target rows lo + i + j <= N + i < N + B.
     lo = tl.minimum(tl.maximum(tl.load(cu_ptr + i).to(tl.int64), 0), num_drafts)
     hi = tl.minimum(tl.maximum(tl.load(cu_ptr + i + 1).to(tl.int64), 0), num_drafts)
     n = tl.minimum(tl.maximum(hi - lo, 0), max_spec_len)
     greedy = tl.load(temperature_ptr + i) == 0.0
+    if PDL:
+        if greedy:
+            gdc_launch_dependents()
     seed = tl.load(seeds_ptr + i).to(tl.int64)
     position = tl.load(output_lens_ptr + i).to(tl.int64)
     # Position level - 1: its draft (-1 at the bonus row) and its draft row of probabilities.
@@ -251,6 +268,8 @@ def _rejection_level_kernel(logits_ptr, logits_stride, draft_ids_ptr, probs_ptr,
     prev_draft_ok = (prev_draft >= 0) & (prev_draft < vocab_size)
     prev_key = stream_key(seed, position + prev)
     prev_probs_ptr = probs_ptr + (lo + prev) * probs_stride
+    if PDL:
+        gdc_wait()
 
     # (a) The decision of position level - 1.
     state = tl.full([], _ALIVE, tl.int32)
@@ -323,7 +342,7 @@ def _rejection_level_kernel(logits_ptr, logits_stride, draft_ids_ptr, probs_ptr,
         if state == _ALIVE:
             row_ptr = logits_ptr + (lo + i + level64) * logits_stride
             if greedy:
-                score, best = argmax_tokens(row_ptr, start, limit, BLOCK_V, STAGES)
+                score, best = argmax_tokens(row_ptr, start, limit, BLOCK_V, ARGMAX_STAGES)
                 tl.store(part_f_ptr + part, score)
                 tl.store(part_i_ptr + part, best)
             elif level64 >= n:  # the bonus row: the Gumbel argmax, as `sample` draws
@@ -346,6 +365,8 @@ def _rejection_level_kernel(logits_ptr, logits_stride, draft_ids_ptr, probs_ptr,
             tl.store(part_i_ptr + part, token_r)
             tl.store(part_f_ptr + part + num_chunks, score_p)
             tl.store(part_i_ptr + part + num_chunks, token_p)
+    if PDL:
+        gdc_launch_dependents()  # a no-op where the program already called it
 
 
 def _check_rejection_sample(target_logits, draft_token_ids, draft_probs, cu_num_draft, temperature, seeds,
@@ -425,8 +446,10 @@ def _rejection_sample_triton(target_logits, draft_token_ids, draft_probs, cu_num
     status = target_logits.new_empty((B, levels, 3), dtype=torch.int32)
     args = (target_logits, target_logits.stride()[0], drafts, probs, probs_stride, cu_num_draft, temperature, seeds,
             output_lens, part_f, part_i, status, out, num, N, max_spec_len, V, chunks, gumbel.GUMBEL_APPROX_TOL)
+    pdl = truncation_plan._uses_pdl(target_logits.device)
     meta = dict(HAS_PROBS=has_probs, CHUNK=_CHUNK, BLOCK_V=_BLOCK_V, CHUNKS_P2=next_power_of_2(chunks),
-                BLOCK_OUT=next_power_of_2(max_spec_len + 1), STAGES=_STAGES, num_warps=_NUM_WARPS)
+                BLOCK_OUT=next_power_of_2(max_spec_len + 1), STAGES=_STAGES, ARGMAX_STAGES=_ARGMAX_STAGES, PDL=pdl,
+                num_warps=_NUM_WARPS, launch_pdl=pdl)
     for level in range(levels):
         launch(_rejection_level_kernel, (B, chunks), *args, level, FINAL=False, **meta)
     launch(_rejection_level_kernel, (B, 1), *args, levels, FINAL=True, **meta)
