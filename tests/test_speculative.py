@@ -399,6 +399,25 @@ def test_batch_invariance(backend, gen):
         assert torch.equal(alone[0][0], tokens[i]) and int(alone[1][0]) == int(num[i])
 
 
+@pytest.mark.cuda
+@pytest.mark.parametrize("B", [3, 40])
+def test_dependent_launches_change_no_bit(B, gen):
+    """On Hopper and later the levels are programmatic dependent launches (greedy and random
+    requests let the next level start at different points): the outputs are those of plain
+    launches, bit for bit, in a batch mixing greedy and random requests, ragged drafts included."""
+    from torch_sampling_ops.truncation import use_settings
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("programmatic dependent launch needs compute capability 9.0")
+    counts = [i % 4 for i in range(B)]
+    args = spec_args(counts, 40000, gen, "cuda", match=0.7)
+    outs = []
+    for pdl in (False, True):
+        with use_settings(dependent_launches=pdl):
+            outs.append(torch.ops.sampling.rejection_sample(*args))
+    assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])
+    assert_matches_reference(outs[1], args)
+
+
 # ----------------------------------------------------------------------------------------------
 # Bad values: the documented result, no out-of-bounds access
 
