@@ -120,6 +120,19 @@ def _residual_terms(row_ptr, probs_row_ptr, draft, row_max, row_sum, offs, limit
 
 
 @triton.jit
+def _exact_residual_scores(row_ptr, probs_row_ptr, draft, row_max, row_sum, key, tokens, live, limit,
+                           HAS_PROBS: tl.constexpr):
+    """The exact scores at `tokens` (a scalar or a vector; -inf where not `live`) of the residual
+    draw, log(r) + g over r > 0, and of the draw from p, x + g over x above -inf. The exact pass and
+    the rescoring of its winners both take them from here: the same bits at every site."""
+    safe = tl.where(live, tokens, 0)
+    x, r, has = _residual_terms(row_ptr, probs_row_ptr, draft, row_max, row_sum, safe, limit, HAS_PROBS)
+    g = stream_gumbel(stream_bits(key, safe))
+    score_r = tl.where(live & has, tl.log(tl.where(has, r, 1.0)) + g, float("-inf"))
+    return score_r, tl.where(live & (x > float("-inf")), x + g, float("-inf"))
+
+
+@triton.jit
 def _exact_residual_chunk(row_ptr, probs_row_ptr, draft, row_max, row_sum, key, start, limit, vocab_size,
                     HAS_PROBS: tl.constexpr, BLOCK_V: tl.constexpr):
     """Over row tokens [start, limit): the (score, token) argmax of log(r_k) + g_k over r = p - q > 0
@@ -129,10 +142,10 @@ def _exact_residual_chunk(row_ptr, probs_row_ptr, draft, row_max, row_sum, key, 
     best_p, best_pj = argmax_init(BLOCK_V)
     for tile in range(start, limit, BLOCK_V):
         offs = tile + tl.arange(0, BLOCK_V)
-        x, r, has = _residual_terms(row_ptr, probs_row_ptr, draft, row_max, row_sum, offs, limit, HAS_PROBS)
-        g = stream_gumbel(stream_bits(key, offs))
-        best_r, best_rj = argmax_update(best_r, best_rj, tl.log(tl.where(has, r, 1.0)) + g, has, offs)
-        best_p, best_pj = argmax_update(best_p, best_pj, x + g, x > float("-inf"), offs)
+        score_r, score_p = _exact_residual_scores(row_ptr, probs_row_ptr, draft, row_max, row_sum, key, offs,
+                                                  offs < limit, limit, HAS_PROBS)
+        best_r, best_rj = argmax_update(best_r, best_rj, score_r, score_r > float("-inf"), offs)
+        best_p, best_pj = argmax_update(best_p, best_pj, score_p, score_p > float("-inf"), offs)
     score_r, token_r = argmax_finish(best_r, best_rj, vocab_size)
     score_p, token_p = argmax_finish(best_p, best_pj, vocab_size)
     return score_r, token_r, score_p, token_p
@@ -158,36 +171,21 @@ def _residual_chunk(row_ptr, probs_row_ptr, draft, row_max, row_sum, key, start,
     token_r, certified_r = top2_certified(first_r, second_r, first_rj, tol, BLOCK_V)
     token_p, certified_p = top2_certified(first_p, second_p, first_pj, tol, BLOCK_V)
     if certified_r & certified_p:
-        score_r = float("-inf")
-        if token_r >= 0:
-            x_r = tl.load(row_ptr + token_r).to(tl.float32)
-            p_r = tl.exp(x_r - row_max) / row_sum
-            if HAS_PROBS:
-                q_r = tl.load(probs_row_ptr + token_r)
-            else:
-                q_r = tl.where(token_r == draft, 1.0, 0.0)
-            score_r = tl.log(p_r - q_r) + stream_gumbel(stream_bits(key, token_r))
-        score_p = float("-inf")
-        if token_p >= 0:
-            score_p = tl.load(row_ptr + token_p).to(tl.float32) + stream_gumbel(stream_bits(key, token_p))
+        score_r, _ = _exact_residual_scores(row_ptr, probs_row_ptr, draft, row_max, row_sum, key, token_r,
+                                            token_r >= 0, limit, HAS_PROBS)
+        _, score_p = _exact_residual_scores(row_ptr, probs_row_ptr, draft, row_max, row_sum, key, token_p,
+                                            token_p >= 0, limit, HAS_PROBS)
     else:
         # A near tie: settled among the lanes' leaders within reach, rescored exactly (a certified
         # list has one such leader), else by the exact pass.
         decided_r, near_r = lane_leaders_within_reach(first_r, second_r, first_rj, tol)
         decided_p, near_p = lane_leaders_within_reach(first_p, second_p, first_pj, tol)
         if decided_r & decided_p:
-            leader_r = tl.where(near_r, first_rj, 0)
-            x_r = tl.load(row_ptr + leader_r, mask=near_r, other=0.0).to(tl.float32)
-            p_r = tl.exp(x_r - row_max) / row_sum
-            if HAS_PROBS:
-                q_r = tl.load(probs_row_ptr + leader_r, mask=near_r, other=0.0)
-            else:
-                q_r = tl.where(leader_r == draft, 1.0, 0.0)
-            exact_r = tl.where(near_r, tl.log(p_r - q_r) + stream_gumbel(stream_bits(key, leader_r)), float("-inf"))
+            exact_r, _ = _exact_residual_scores(row_ptr, probs_row_ptr, draft, row_max, row_sum, key, first_rj,
+                                                near_r, limit, HAS_PROBS)
+            _, exact_p = _exact_residual_scores(row_ptr, probs_row_ptr, draft, row_max, row_sum, key, first_pj,
+                                                near_p, limit, HAS_PROBS)
             score_r, token_r = best_rescored(exact_r, near_r, first_rj)
-            leader_p = tl.where(near_p, first_pj, 0)
-            x_p = tl.load(row_ptr + leader_p, mask=near_p, other=0.0).to(tl.float32)
-            exact_p = tl.where(near_p, x_p + stream_gumbel(stream_bits(key, leader_p)), float("-inf"))
             score_p, token_p = best_rescored(exact_p, near_p, first_pj)
         else:
             score_r, token_r, score_p, token_p = _exact_residual_chunk(row_ptr, probs_row_ptr, draft, row_max,
@@ -243,8 +241,8 @@ def _rejection_level_kernel(logits_ptr, logits_stride, draft_ids_ptr, probs_ptr,
     previous level before it reads the workspace, so a level's end implies the end of every launch
     before it. The next level may be placed once every program has called `gdc_launch_dependents`:
     a greedy request's programs call it at their start, the others at their end (placed beside a
-    level's softmax and residual passes, the next level's programs slowed batches of 24 to 32
-    requests by up to 11 µs)."""
+    level's softmax and residual passes, the next level's programs slowed some batch sizes: see
+    docs/notes/sampling-tuning.md)."""
     i = tl.program_id(0).to(tl.int64)
     s = tl.program_id(1).to(tl.int64)
     level64 = i * 0 + level
