@@ -58,7 +58,7 @@ int64_t row_argmax(const scalar_t* row, int64_t V, bool noise, uint32_t key,
     if (!noise) {
       am.offer(x, j);
     } else if (am.index < 0 || !(x + kMaxGumbel < am.best)) {
-      am.offer(x + stream_gumbel(stream_bits(key, static_cast<uint32_t>(j))), j);
+      am.offer(x + token_noise(key, j), j);
     }
   }
   return am.index;
@@ -364,7 +364,7 @@ inline int64_t gumbel_argmax_row(const float* row, int64_t V, uint32_t key, floa
   constexpr float kLowest = -std::numeric_limits<float>::max();
   Top2 top;
   auto offer_exact = [&](float x, int64_t j) {
-    top.offer(std::max(x + stream_gumbel(stream_bits(key, static_cast<uint32_t>(j))), kLowest), j);
+    top.offer(std::max(x + token_noise(key, j), kLowest), j);
   };
 #if defined(CPU_CAPABILITY_AVX2)
   const __m256 neg_inf = _mm256_set1_ps(kNegInf), lowest = _mm256_set1_ps(kLowest),
@@ -457,9 +457,8 @@ inline int64_t gumbel_argmax_row(const float* row, int64_t V, uint32_t key, floa
   lanes.merge_into(top);
   if (top.first_j < 0) return -1;  // no live token (nothing is skipped before a first score)
   if (skips.lose_to(top, tol) && top.certified(tol)) return top.first_j;
-  const int64_t settled = settle_among_leaders(lanes, exact, skips, tol, [&](int64_t j) {
-    return row[j] + stream_gumbel(stream_bits(key, static_cast<uint32_t>(j)));
-  });
+  const int64_t settled = settle_among_leaders(
+      lanes, exact, skips, tol, [&](int64_t j) { return row[j] + token_noise(key, j); });
   return settled != -2 ? settled : row_argmax(row, V, /*noise=*/true, key, floor);
 #else
   if (top.first_j < 0) return -1;

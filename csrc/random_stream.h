@@ -42,4 +42,10 @@ inline float stream_uniform(uint32_t bits) {
 // Gumbel noise -log(-log(u)), in float32.
 inline float stream_gumbel(uint32_t bits) { return -std::log(-std::log(stream_uniform(bits))); }
 
+// The Gumbel noise of token j (a vocabulary index) of the stream `key`: what every exact score
+// adds.
+inline float token_noise(uint32_t key, int64_t j) {
+  return stream_gumbel(stream_bits(key, static_cast<uint32_t>(j)));
+}
+
 }  // namespace tso

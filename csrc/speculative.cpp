@@ -73,7 +73,7 @@ int64_t residual_draw(const float* row, const float* probs, int64_t draft, float
     const bool may_r = r > 0.0f && (from_r.index < 0 || !(log_r + kMaxGumbel < from_r.best));
     const bool may_p = from_p.index < 0 || !(x + kMaxGumbel < from_p.best);
     if (!may_r && !may_p) continue;
-    const float g = stream_gumbel(stream_bits(key, static_cast<uint32_t>(k)));
+    const float g = token_noise(key, k);
     if (may_r) from_r.offer(log_r + g, k);
     if (may_p) from_p.offer(x + g, k);
   }
@@ -135,8 +135,7 @@ inline int64_t residual_draw_fast(const float* row, const float* probs, int64_t 
     const float x = logit_at(row, j);
     if (!(x > kNegInf)) continue;
     const float r = residual_at(x, j, probs, draft, m, s);
-    if (r > 0.0f)
-      top_r.offer(std::log(r) + stream_gumbel(stream_bits(key, static_cast<uint32_t>(j))), j);
+    if (r > 0.0f) top_r.offer(std::log(r) + token_noise(key, j), j);
   }
   const Top2 exact_r = top_r;  // the tokens scored exactly, before the lanes join
   lanes_r.merge_into(top_r);
@@ -149,7 +148,7 @@ inline int64_t residual_draw_fast(const float* row, const float* probs, int64_t 
     if (top_r.first_j >= 0) {
       const int64_t settled = settle_among_leaders(lanes_r, exact_r, skips, tol, [&](int64_t k) {
         const float r = residual_at(logit_at(row, k), k, probs, draft, m, s);
-        return std::log(r) + stream_gumbel(stream_bits(key, static_cast<uint32_t>(k)));
+        return std::log(r) + token_noise(key, k);
       });
       if (settled != -2) return settled;
     }
