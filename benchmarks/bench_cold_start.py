@@ -122,7 +122,10 @@ def offline_compile_times(V: int, max_num_tokens: int, arch: int) -> list[list]:
     from torch_sampling_ops.truncation import op as truncation_op
     from torch_sampling_ops.truncation import plan as truncation_plan
 
-    truncation_op._uses_pdl = truncation_plan._uses_pdl = lambda device, settings=None: arch >= 90
+    def uses_dependent_launches(device, settings=None):
+        return arch >= 90
+
+    truncation_op.uses_dependent_launches = truncation_plan.uses_dependent_launches = uses_dependent_launches
     launch_args = (V, (torch.float32,), max_num_tokens, torch.device("cpu"), max_num_tokens, torch.int32,
                    (LOGIT_BIAS_WIDTHS,), 4, (0, 20))
     variants = _warmup._distinct_variants(launch_args)

@@ -57,7 +57,7 @@ def _launch_all(vocab_size, dtypes, max_num_tokens, device, num_slots, index_dty
         return torch.empty(shape, dtype=dtype, device=device)
 
     calls = 0
-    pdl = truncation_plan._uses_pdl(device)
+    pdl = truncation_plan.uses_dependent_launches(device)
     for dtype in dtypes:
         one = empty(1, V, dtype=dtype)
         for T in sorted({1, min(max_num_tokens, _GROUP_MIN_T)}):  # the filters' one-block and grouped programs

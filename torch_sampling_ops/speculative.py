@@ -444,7 +444,7 @@ def _rejection_sample_triton(target_logits, draft_token_ids, draft_probs, cu_num
     status = target_logits.new_empty((B, levels, 3), dtype=torch.int32)
     args = (target_logits, target_logits.stride()[0], drafts, probs, probs_stride, cu_num_draft, temperature, seeds,
             output_lens, part_f, part_i, status, out, num, N, max_spec_len, V, chunks, gumbel.GUMBEL_APPROX_TOL)
-    pdl = truncation_plan._uses_pdl(target_logits.device)
+    pdl = truncation_plan.uses_dependent_launches(target_logits.device)
     meta = dict(HAS_PROBS=has_probs, CHUNK=_CHUNK, BLOCK_V=_BLOCK_V, CHUNKS_P2=next_power_of_2(chunks),
                 BLOCK_OUT=next_power_of_2(max_spec_len + 1), STAGES=_STAGES, ARGMAX_STAGES=_ARGMAX_STAGES, PDL=pdl,
                 num_warps=_NUM_WARPS, launch_pdl=pdl)
