@@ -191,14 +191,24 @@ def best_rescored(exact, near, first_j):
 
 
 @triton.jit
+def _exact_gumbel_scores(row_ptr, tokens, live, key, temp, SCALE: tl.constexpr):
+    """The exact scores x_j (/ temp with SCALE) + stream_gumbel(key, j) at `tokens` (a scalar or a
+    vector), -inf where not `live` or x_j is not above -inf (NaN never). gumbel_argmax's certified
+    winner, its rescored leaders and its exact pass all take them from here: the same bits at every
+    site."""
+    safe = tl.where(live, tokens, 0)
+    x = tl.load(row_ptr + safe, mask=live, other=float("-inf")).to(tl.float32)
+    if SCALE:
+        x = tl.math.div_rn(x, temp)
+    return tl.where(x > float("-inf"), x + stream_gumbel(stream_bits(key, safe)), float("-inf"))
+
+
+@triton.jit
 def _rescore_lane_leaders(row_ptr, first, second, first_j, key, temp, tol, SCALE: tl.constexpr):
     """(decided, score, token): gumbel_argmax's near tie settled among the lanes' leaders
     (`lane_leaders_within_reach`), each rescored exactly."""
     decided, near = lane_leaders_within_reach(first, second, first_j, tol)
-    x = tl.load(row_ptr + tl.where(near, first_j, 0), mask=near, other=float("-inf")).to(tl.float32)
-    if SCALE:
-        x = tl.math.div_rn(x, temp)
-    exact = tl.where(near, x + stream_gumbel(stream_bits(key, tl.where(near, first_j, 0))), float("-inf"))
+    exact = _exact_gumbel_scores(row_ptr, first_j, near, key, temp, SCALE)
     score, token = best_rescored(exact, near, first_j)
     return decided, score, token
 
@@ -210,10 +220,8 @@ def _exact_gumbel_argmax(row_ptr, begin, end, key, temp, SCALE: tl.constexpr, BL
     best, best_j = argmax_init(BLOCK_V)
     for start in range(begin, end, BLOCK_V):
         offs = start + tl.arange(0, BLOCK_V)
-        x = tl.load(row_ptr + offs, mask=offs < end, other=float("-inf")).to(tl.float32)
-        if SCALE:
-            x = tl.math.div_rn(x, temp)
-        best, best_j = argmax_update(best, best_j, x + stream_gumbel(stream_bits(key, offs)), x > float("-inf"), offs)
+        score = _exact_gumbel_scores(row_ptr, offs, offs < end, key, temp, SCALE)
+        best, best_j = argmax_update(best, best_j, score, score > float("-inf"), offs)
     return argmax_finish(best, best_j, 2147483647)
 
 
@@ -244,13 +252,7 @@ def gumbel_argmax(row_ptr, begin, end, key, temp, tol, SCALE: tl.constexpr, BLOC
         first, second, first_j = top2_update(first, second, first_j, approx_gumbel_score(x, x_scaled, key, offs), offs)
     token, certified = top2_certified(first, second, first_j, tol, BLOCK_V)
     if certified:
-        if token >= 0:
-            x_a = tl.load(row_ptr + token).to(tl.float32)
-            if SCALE:
-                x_a = tl.math.div_rn(x_a, temp)
-            score = x_a + stream_gumbel(stream_bits(key, token))
-        else:
-            score = float("-inf")
+        score = _exact_gumbel_scores(row_ptr, token, token >= 0, key, temp, SCALE)
     else:
         decided, score, token = _rescore_lane_leaders(row_ptr, first, second, first_j, key, temp, tol, SCALE)
         if not decided:
