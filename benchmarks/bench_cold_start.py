@@ -119,13 +119,12 @@ def offline_compile_times(V: int, max_num_tokens: int, arch: int) -> list[list]:
 
     triton.runtime.driver.set_active(TargetOnly())
     # the launch plans of a GPU of this architecture (programmatic dependent launches from sm_90)
-    from torch_sampling_ops.truncation import op as truncation_op
     from torch_sampling_ops.truncation import plan as truncation_plan
 
     def uses_dependent_launches(device, settings=None):
         return arch >= 90
 
-    truncation_op.uses_dependent_launches = truncation_plan.uses_dependent_launches = uses_dependent_launches
+    truncation_plan.uses_dependent_launches = uses_dependent_launches  # every op reads it through the module
     launch_args = (V, (torch.float32,), max_num_tokens, torch.device("cpu"), max_num_tokens, torch.int32,
                    (LOGIT_BIAS_WIDTHS,), 4, (0, 20))
     variants = _warmup._distinct_variants(launch_args)

@@ -8,7 +8,8 @@ import torch
 from .. import _call_cache, _checks
 from .._launch import cdiv
 from .._registry import define_op, launch
-from .plan import _launch_plan, uses_dependent_launches
+from . import plan as launch_plan
+from .plan import _launch_plan
 from .settings import TruncationSettings, current_settings
 from .workspace import _workspace_words
 
@@ -47,7 +48,7 @@ def _truncation_launches(logits, idx_mapping, top_k, top_p, group_scan: bool, dr
     T, V = logits.shape
     settings = current_settings()
     draw = draw_args is not None
-    pdl = uses_dependent_launches(logits.device, settings)
+    pdl = launch_plan.uses_dependent_launches(logits.device, settings)
     setup = _launch_setup if type(T) is int and type(V) is int else _launch_setup.__wrapped__  # SymInts: no cache
     num_segments, ws_stride, plan = setup(T, V, pdl, settings, group_scan, draw)
     ws = logits.new_empty((T, ws_stride), dtype=torch.float32)
