@@ -728,6 +728,31 @@ def test_sample_cuda_graph_replays_draw_fresh_tokens():
 
 
 @pytest.mark.cuda
+@pytest.mark.parametrize("temperature", [0.0, 1.0], ids=["greedy", "plain"])
+def test_sample_tokens_are_ready_for_the_next_kernel(temperature, gen):
+    """In a batch the truncation launches leave alone, their programs leave without waiting for the
+    draw (only each launch's first program waits), yet every launch finishes after the one before
+    it: a kernel queued right after the op reads the drawn tokens, never the poison left in their
+    memory."""
+    T, V = 256, 151936
+    logits = make_logits(T, V, torch.float32, "cuda", generator=gen, scale=3.0)
+    params = [p.cuda() for p in _broadcast_params(T, temperature=temperature)]
+    slots = torch.arange(T, device="cuda")
+    positions = torch.arange(T, device="cuda")
+    expected = torch.ops.sampling.sample(logits, slots, *params, positions)
+    torch.cuda.synchronize()
+    if temperature == 0.0:
+        assert torch.equal(expected, logits.argmax(dim=1))
+    copies = []
+    for _ in range(20):
+        # The allocator hands the op's output this freed block again, poisoned.
+        torch.full((T,), -7, dtype=torch.int64, device="cuda")
+        copies.append(torch.ops.sampling.sample(logits, slots, *params, positions).clone())
+    for c in copies:
+        assert torch.equal(c, expected)
+
+
+@pytest.mark.cuda
 def test_sample_past_2_pow_31_elements():
     from conftest import logits_past_2_pow_31
 

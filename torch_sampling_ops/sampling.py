@@ -50,6 +50,7 @@ from .truncation.workspace import row_settings, store_draw_pair
 # _SPLIT_DRAW_STAGES tiles in flight (a segment is only a few tiles: their loads would otherwise wait
 # on each other). The token is the exact argmax whatever the tiles.
 _DRAW_BLOCK_V = 4096
+_DRAW_STAGES = 1
 _ARGMAX_STAGES = 3
 _SPLIT_DRAW_BLOCK_V = 2048
 _SPLIT_DRAW_STAGES = 3
@@ -476,7 +477,7 @@ def _sample_triton(logits, idx_mapping, temperature, top_k, top_p, min_p, seeds,
         grid, block, stages, argmax_stages = ((T, cdiv(V, settings.draw_segment)), _SPLIT_DRAW_BLOCK_V,
                                               _SPLIT_DRAW_STAGES, _SPLIT_DRAW_STAGES)
     else:
-        grid, block, stages, argmax_stages = (T, 1), _DRAW_BLOCK_V, 1, _ARGMAX_STAGES
+        grid, block, stages, argmax_stages = (T, 1), _DRAW_BLOCK_V, _DRAW_STAGES, _ARGMAX_STAGES
     launch(_draw_kernel, grid, *args, DRAW_SEGMENT=settings.draw_segment, SPLIT=split,
            BLOCK_V=min(block, settings.draw_segment), SAMPLE=settings.sample, SEG_CAP=settings.seg_cap, PDL=pdl,
            STAGES=stages, ARGMAX_STAGES=argmax_stages, num_warps=_DRAW_WARPS)

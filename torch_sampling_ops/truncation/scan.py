@@ -288,10 +288,13 @@ def _scan_segments_kernel(
     leaves alone writes its token: the best of the pairs its split full-row draw (DRAW_SEGMENT
     tokens a program) left in its workspace; -1 for a slot out of range."""
     t = tl.program_id(0)
+    # With DRAW, below SPLIT_DRAW_MAX_T rows a row's first program reads its split draw's pairs.
+    reduces_draw = DRAW & (tl.program_id(1) == 0) & (tl.num_programs(0) < SPLIT_DRAW_MAX_T)
     k, p, k_on, p_on, active, temp, min_p = row_settings(idx_mapping_ptr, top_k_ptr, top_p_ptr, temperature_ptr,
-                                                              min_p_ptr, t, num_slots, vocab_size, PDL, DRAW)
+                                                              min_p_ptr, t, num_slots, vocab_size, PDL, DRAW,
+                                                              reduces_draw)
     if DRAW:
-        if (active == 0) & (tl.program_id(1) == 0) & (tl.num_programs(0) < SPLIT_DRAW_MAX_T):
+        if (active == 0) & reduces_draw:
             token = tl.full([], -1, tl.int32)
             if load_slot(idx_mapping_ptr, t, num_slots) >= 0:
                 token = reduce_draw_pairs(ws_ptr + t.to(tl.int64) * ws_stride,

@@ -166,15 +166,19 @@ def _weighs_row(k_on, p_on, min_p):
 
 @triton.jit
 def row_settings(idx_mapping_ptr, top_k_ptr, top_p_ptr, temperature_ptr, min_p_ptr, t, num_slots, vocab_size,
-                  PDL: tl.constexpr, DRAW: tl.constexpr):
+                  PDL: tl.constexpr, DRAW: tl.constexpr, reads_inactive=False):
     """(k, p, k_on, p_on, active, temp, min_p) of row t; an inactive row (slot out of range, both
     filters off) is left alone. With DRAW (`sample`) the row is also read through its temperature
     (temp) and min_p; a greedy row (temp == 0) is inactive (its argmax is drawn elsewhere) and one
     with min_p alone on is active. Otherwise temp is 1 and min_p 0 (off).
     Every launch starts with it. With programmatic dependent launch (PDL), the next launch may place
     its programs as soon as all of this one's have started, and a launch reads its row settings (the
-    op's inputs, which no launch writes) while the previous one drains, then waits for it to finish:
-    all that comes after may read or write what the previous launches touched."""
+    op's inputs, which no launch writes) while the previous one drains. Then the programs that go on
+    to touch what earlier launches wrote wait for the previous launch to finish (gdc_wait): an active
+    row's, those the caller marks (`reads_inactive`), and the launch's first program, always. An
+    inactive row's other programs leave at once, without holding a launch slot until the previous
+    launch ends; the first program's wait keeps the launches finishing in order (a launch cannot
+    finish before it), so whatever follows the op's last launch finds every launch done."""
     if PDL:
         gdc_launch_dependents()
     slot = load_slot(idx_mapping_ptr, t, num_slots)
@@ -187,12 +191,14 @@ def row_settings(idx_mapping_ptr, top_k_ptr, top_p_ptr, temperature_ptr, min_p_p
     else:
         temp = 1.0
         min_p = 0.0
-    if PDL:
-        gdc_wait()
     k_on = (k > 0) & (k < vocab_size)
     p_on = p < 1.0
     if DRAW:
         active = (slot >= 0) & (temp != 0.0) & (k_on | p_on | (min_p != 0.0))
     else:
         active = (slot >= 0) & (k_on | p_on)
+    if PDL:
+        first = (tl.program_id(0) == 0) & (tl.program_id(1) == 0) & (tl.program_id(2) == 0)
+        if active | reads_inactive | first:
+            gdc_wait()
     return k, p, k_on, p_on, active, temp, min_p
