@@ -173,12 +173,15 @@ def row_settings(idx_mapping_ptr, top_k_ptr, top_p_ptr, temperature_ptr, min_p_p
     with min_p alone on is active. Otherwise temp is 1 and min_p 0 (off).
     Every launch starts with it. With programmatic dependent launch (PDL), the next launch may place
     its programs as soon as all of this one's have started, and a launch reads its row settings (the
-    op's inputs, which no launch writes) while the previous one drains. Then the programs that go on
-    to touch what earlier launches wrote wait for the previous launch to finish (gdc_wait): an active
-    row's, those the caller marks (`reads_inactive`), and the launch's first program, always. An
-    inactive row's other programs leave at once, without holding a launch slot until the previous
-    launch ends; the first program's wait keeps the launches finishing in order (a launch cannot
-    finish before it), so whatever follows the op's last launch finds every launch done."""
+    op's inputs, which no launch writes) while the previous one drains, then waits for it to finish
+    (gdc_wait): all that comes after may read or write what the previous launches touched.
+    With DRAW (`sample`, whose rows mostly have their filters off) only the programs that go on to
+    touch what earlier launches wrote wait: an active row's, those the caller marks
+    (`reads_inactive`), and the launch's first program, always. An inactive row's other programs
+    leave at once instead of holding a launch slot until the full-row draw ends; the first
+    program's wait keeps the launches finishing in order (a launch cannot finish before it), so
+    whatever follows the op's last launch finds every launch done. (top_k_top_p keeps every program
+    waiting: on a batch with 1 row in 8 filtered, leaving early measured slower there.)"""
     if PDL:
         gdc_launch_dependents()
     slot = load_slot(idx_mapping_ptr, t, num_slots)
@@ -198,7 +201,10 @@ def row_settings(idx_mapping_ptr, top_k_ptr, top_p_ptr, temperature_ptr, min_p_p
     else:
         active = (slot >= 0) & (k_on | p_on)
     if PDL:
-        first = (tl.program_id(0) == 0) & (tl.program_id(1) == 0) & (tl.program_id(2) == 0)
-        if active | reads_inactive | first:
+        if DRAW:
+            first = (tl.program_id(0) == 0) & (tl.program_id(1) == 0) & (tl.program_id(2) == 0)
+            if active | reads_inactive | first:
+                gdc_wait()
+        else:
             gdc_wait()
     return k, p, k_on, p_on, active, temp, min_p
