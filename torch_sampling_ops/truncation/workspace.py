@@ -180,8 +180,9 @@ def row_settings(idx_mapping_ptr, top_k_ptr, top_p_ptr, temperature_ptr, min_p_p
     (`reads_inactive`), and the launch's first program, always. An inactive row's other programs
     leave at once instead of holding a launch slot until the full-row draw ends; the first
     program's wait keeps the launches finishing in order (a launch cannot finish before it), so
-    whatever follows the op's last launch finds every launch done. (top_k_top_p keeps every program
-    waiting: on a batch with 1 row in 8 filtered, leaving early measured slower there.)"""
+    whatever follows the op's last launch finds every launch done. top_k_top_p keeps every program
+    waiting: its batches with a few filtered rows ran slower with the early exit
+    (docs/notes/sampling-tuning.md)."""
     if PDL:
         gdc_launch_dependents()
     slot = load_slot(idx_mapping_ptr, t, num_slots)
