@@ -9,7 +9,6 @@ from .. import _call_cache, _checks
 from .._launch import cdiv
 from .._registry import define_op, launch
 from . import plan as launch_plan
-from .plan import _launch_plan
 from .settings import TruncationSettings, current_settings
 from .workspace import _workspace_words
 
@@ -38,7 +37,7 @@ def _launch_setup(T: int, V: int, pdl: bool, settings: TruncationSettings, group
     and settings: building the plan costs more host time than a launch."""
     num_segments = cdiv(V, settings.segment)
     words = _workspace_words(num_segments, settings, V if draw else 0)
-    return num_segments, words, _launch_plan(T, V, pdl, settings, group_scan, draw)
+    return num_segments, words, launch_plan._launch_plan(T, V, pdl, settings, group_scan, draw)
 
 
 def _truncation_launches(logits, idx_mapping, top_k, top_p, group_scan: bool, draw_args: tuple | None = None):
