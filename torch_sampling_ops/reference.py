@@ -218,8 +218,28 @@ def stream_uniform(bits: torch.Tensor, dtype=torch.float64) -> torch.Tensor:
 
 
 def stream_gumbel(bits: torch.Tensor, dtype=torch.float64) -> torch.Tensor:
-    """Gumbel noise -log(-log(u)) of the stream's bits."""
+    """Gumbel noise -log(-log(u)) of bits: a block's noise less log 4 (below)."""
     return -torch.log(-torch.log(stream_uniform(bits, dtype)))
+
+
+# Block b of a stream (the tokens 4b .. 4b + 3) takes its bits at counter BLOCK_COUNTER | b, above
+# every token index and ACCEPT_TOKEN.
+BLOCK_COUNTER = 2**31
+
+
+def stream_noise(key: torch.Tensor, tokens: torch.Tensor, dtype=torch.float64) -> torch.Tensor:
+    """Gumbel noise of token indices `tokens` of the streams `key` (broadcast), exponentials shared
+    by blocks of 4 tokens. Block b = j >> 2 has bits hb = stream_bits(key, BLOCK_COUNTER | b), its
+    first arrival pos = hb & 3 and W = -log(u(hb)) / 4; token j has E = W at pos, else W - log(u(bits
+    of j)), and noise -log(E). The E of a block are iid Exp(1) (the least of 4 is Exp(4), uniform in
+    position, the others it plus fresh Exp(1)), so the noise is iid standard Gumbel; every token of
+    block b has noise at most -log(W), the pos token exactly that."""
+    tokens = tokens.long()
+    block_bits = stream_bits(key, BLOCK_COUNTER | (tokens >> 2))
+    w = -torch.log(stream_uniform(block_bits, dtype)) * 0.25
+    e_token = -torch.log(stream_uniform(stream_bits(key, tokens), dtype))
+    e = torch.where((tokens & 3) == (block_bits & 3), w, w + e_token)
+    return -torch.log(e)
 
 
 def logprobs(logits, token_ids, num_logprobs, *, compute_dtype=torch.float64):
@@ -262,7 +282,7 @@ def sample(logits, idx_mapping, temperature_, top_k, top_p, min_p_, seeds, outpu
     live = x > NEG_INF  # false for NaN
     greedy = (temperature_[slots] == 0).unsqueeze(1)
     key = stream_key(seeds[slots], output_lens).unsqueeze(1)
-    noise = stream_gumbel(stream_bits(key, torch.arange(V, device=logits.device)), compute_dtype)
+    noise = stream_noise(key, torch.arange(V, device=logits.device), compute_dtype)
     score = torch.where(live, torch.where(greedy, x, x + noise), NEG_INF)
     # argmax returns the first maximal index: the lowest among ties.
     token = torch.where(live.any(dim=1) & valid, score.argmax(dim=1), -1)
@@ -334,7 +354,7 @@ def rejection_sample(target_logits, draft_token_ids, draft_probs, cu_num_draft, 
                 emitted.append(tok)
                 break
             key = stream_key(seeds[i : i + 1], output_lens[i : i + 1] + j)
-            g = stream_gumbel(stream_bits(key, tokens), compute_dtype)
+            g = stream_noise(key, tokens, compute_dtype)
             from_p = int(torch.where(live, x + g, NEG_INF).argmax())
             if bonus:
                 emitted.append(from_p)
