@@ -22,25 +22,26 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("bad_words", &tso::bad_words);
   m.def("random_stream", &tso::random_stream);
   m.def("gumbel_noise", &tso::gumbel_noise);
-#if defined(CPU_CAPABILITY_AVX2)
   m.def(
       "noise_upper",
       [](const at::Tensor& bits) {
         const at::Tensor words = bits.to(at::kInt).contiguous();
         const int64_t n = words.numel();
-        at::Tensor upper = at::empty({(n + 7) & ~int64_t{7}}, words.options().dtype(at::kFloat));
-        for (int64_t i = 0; i < n; i += 8) {
-          alignas(32) int32_t lanes[8] = {};
-          std::copy_n(words.data_ptr<int32_t>() + i, std::min<int64_t>(8, n - i), lanes);
-          _mm256_storeu_ps(
-              upper.data_ptr<float>() + i,
-              tso::noise_upper_x8(_mm256_load_si256(reinterpret_cast<const __m256i*>(lanes))));
+        at::Tensor upper = at::empty({n}, words.options().dtype(at::kFloat));
+        const int32_t* w = words.data_ptr<int32_t>();
+        float* out = upper.data_ptr<float>();
+        int64_t i = 0;
+#if defined(CPU_CAPABILITY_AVX2)
+        for (; i + 8 <= n; i += 8) {
+          _mm256_storeu_ps(out + i, tso::block_noise_upper_x8(_mm256_loadu_si256(
+                                        reinterpret_cast<const __m256i*>(w + i))));
         }
-        return upper.narrow(0, 0, n);
-      },
-      "The upper bounds of the stream's float32 noise of stream bits that the CPU draws skip by "
-      "(AVX2 builds).");
 #endif
+        for (; i < n; ++i) out[i] = tso::block_noise_upper(static_cast<uint32_t>(w[i]));
+        return upper;
+      },
+      "The upper bounds of a block's float32 noise -log(-log(u) / 4) of stream bits that the CPU "
+      "draws skip blocks by (in AVX2 builds 8 at a time as the vectorized scan computes them).");
   m.def("logprobs", &tso::logprobs);
   namespace py = pybind11;
   m.def("sample", &tso::sample, py::arg("logits"), py::arg("idx_mapping"), py::arg("temperature"),

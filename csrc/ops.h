@@ -42,8 +42,10 @@ void bad_words(at::Tensor logits, const at::Tensor& idx_mapping, const at::Tenso
                const at::Tensor& bad_word_offsets, const at::Tensor& num_bad_words,
                const at::Tensor& history, const at::Tensor& history_lens);
 
-// (exact, approximate) Gumbel noise of stream bits: the approximation the CPU draw certifies.
+// (exact, approximate) -log(-log u) of stream bits (a block's noise less log 4): the approximation
+// is the CPU twin of the Triton draw's, checked against the exact noise by the tests.
 std::tuple<at::Tensor, at::Tensor> gumbel_noise(const at::Tensor& bits);
+// (stream_bits(key, token), token_noise(key, token)) of each (seed, position, token).
 std::tuple<at::Tensor, at::Tensor> random_stream(const at::Tensor& seeds,
                                                  const at::Tensor& positions,
                                                  const at::Tensor& tokens);
@@ -52,8 +54,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> logprobs(const at::Te
                                                                     const at::Tensor& token_ids,
                                                                     int64_t num_logprobs);
 
-// tol: the approximate draw's tolerance (kGumbelApproxTol in draw.h by default; larger only costs
-// exact passes, which tests force with a large one).
+// tol: the margin of the draws' skip test (kGumbelApproxTol in draw.h by default; the draws are
+// exact whatever it is, a larger one only scores more tokens: a huge one, as tests force, every
+// live token of finite logits well below it).
 at::Tensor sample(const at::Tensor& logits, const at::Tensor& idx_mapping,
                   const at::Tensor& temperature, const at::Tensor& top_k, const at::Tensor& top_p,
                   const at::Tensor& min_p, const at::Tensor& seeds, const at::Tensor& output_lens,

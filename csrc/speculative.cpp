@@ -47,8 +47,7 @@ void row_max_sum(const float* row, int64_t V, float& m, float& s) {
   for (; j < V; ++j) s += std::exp(logit_at(row, j) - m);
 }
 
-// p(x) = exp(x - m) / s through at::vec's exp, lane by lane the same function: the vectorized
-// residual draw and the exact one compute the same bits.
+// p(x) = exp(x - m) / s through at::vec's exp.
 inline float residual_prob(float x, float m, float s) {
   float lanes[Vec::size()];
   Vec(x - m).exp().store(lanes);
@@ -60,101 +59,64 @@ inline float residual_at(float x, int64_t k, const float* probs, int64_t draft, 
   return residual_prob(x, m, s) - (probs != nullptr ? probs[k] : (k == draft ? 1.0f : 0.0f));
 }
 
-// argmax_k log(r_k) + g_k over r = p - q > 0 (residual_at); argmax_k x_k + g_k (a draw from p) if r
-// has no positive entry; -1 for a row without a live logit.
-int64_t residual_draw(const float* row, const float* probs, int64_t draft, float m, float s,
-                      uint32_t key, int64_t V) {
-  Argmax from_r, from_p;
-  for (int64_t k = 0; k < V; ++k) {
-    const float x = logit_at(row, k);
-    if (!(x > kNegInf)) continue;
-    const float r = residual_at(x, k, probs, draft, m, s);
-    const float log_r = r > 0.0f ? std::log(r) : kNegInf;  // r > 0 is false for NaN
-    const bool may_r = r > 0.0f && (from_r.index < 0 || !(log_r + kMaxGumbel < from_r.best));
-    const bool may_p = from_p.index < 0 || !(x + kMaxGumbel < from_p.best);
-    if (!may_r && !may_p) continue;
-    const float g = token_noise(key, k);
-    if (may_r) from_r.offer(log_r + g, k);
-    if (may_p) from_p.offer(x + g, k);
-  }
-  return from_r.index >= 0 ? from_r.index : from_p.index;
-}
+// The residual of a row valued at log r (block_gumbel_argmax): r = p - q > 0 (residual_at) of a
+// live logit, else not live. With q >= 0, log r <= log p = (x - m) - log s up to the roundings of
+// exp, the division and the logs (a few ulp: within kLogPMargin); a p below e**-87 may be
+// subnormal, less accurate, so the bound takes log p at least -87 there. A q that is not >= 0
+// (NaN, negative) bounds nothing (+inf).
+constexpr float kLogPMargin = 2e-4f;
+constexpr float kLogPFloor = -87.0f;
 
-// residual_draw over a float32 row from approximate scores (log_x8 of r, gumbel_approx_x8)
-// certified by Top2 (a near tie between lanes' leaders settled by rescoring them), with AVX2; the
-// exact pass when neither decides, when a positive r is subnormal (log_x8 takes normal floats), and
-// without AVX2. Without a positive r it is the draw
-// from p, argmax_k x_k + g_k: gumbel_argmax_row's token (the same scores, the same noise).
-inline int64_t residual_draw_fast(const float* row, const float* probs, int64_t draft, float m,
-                                  float s, uint32_t key, int64_t V, float tol) {
+struct ResidualRow {
+  const float* row;
+  const float* probs;  // q, or one-hot of `draft` without it
+  int64_t draft;  // in [-1, V]: an int32
+  float m, s, log_s;
+  float value(int64_t k) const {
+    const float x = logit_at(row, k);
+    if (!(x > kNegInf)) return kNegInf;
+    const float r = residual_at(x, k, probs, draft, m, s);
+    return r > 0.0f ? std::log(r) : kNegInf;  // r > 0 is false for NaN
+  }
+  float bound(int64_t k) const {
+    const float x = logit_at(row, k);
+    if (!(x > kNegInf)) return kNegInf;
+    const float q = probs != nullptr ? probs[k] : (k == draft ? 1.0f : 0.0f);
+    const float b = (x - m) - log_s;
+    return q >= 0.0f && b == b ? std::max(kLogPFloor, b) + kLogPMargin : -kNegInf;
+  }
 #if defined(CPU_CAPABILITY_AVX2)
-  Top2 top_r;
-  LaneTop2 lanes_r;
-  const __m256 neg_inf = _mm256_set1_ps(kNegInf), zero = _mm256_setzero_ps();
-  const __m256 smallest = _mm256_set1_ps(std::numeric_limits<float>::min());
-  const __m256i draft_x8 = _mm256_set1_epi32(static_cast<int>(std::clamp<int64_t>(draft, -1, V)));
-  __m256 subnormal = zero;
-  // Tokens whose noise cannot bring them near the best score so far are not scored, as in
-  // gumbel_argmax_row: with q >= 0, log r <= log p = (x - m) - log s, within a margin of 1e-4 +
-  // 1e-6 |bound| for the roundings of exp, the division and the logs.
-  const float log_s = static_cast<float>(std::log(static_cast<double>(s)));
-  const __m256 largest = _mm256_set1_ps(std::numeric_limits<float>::max());
-  Skips skips;
-  int64_t j = 0;
-  for (; j + 8 <= V; j += 8) {
-    if (j % 64 == 0) skips.update(std::max(LaneTop2::largest_of(lanes_r.first), top_r.first), tol);
-    const __m256i tokens = tokens_x8(j);
-    const __m256i bits = stream_bits_x8(key, tokens);
-    const __m256 q = probs != nullptr
-                         ? _mm256_loadu_ps(probs + j)
-                         : _mm256_and_ps(_mm256_castsi256_ps(_mm256_cmpeq_epi32(tokens, draft_x8)),
-                                         _mm256_set1_ps(1.0f));
-    const __m256 x = load_logits(row + j);
-    // The bound of log r (-inf for a logit at -inf: |b| is clamped); none (NaN: scored) for a q
-    // that is not >= 0 (NaN, negative).
-    const __m256 b = _mm256_sub_ps(_mm256_sub_ps(x, _mm256_set1_ps(m)), _mm256_set1_ps(log_s));
-    const __m256 margin =
-        _mm256_add_ps(_mm256_set1_ps(1e-4f),
-                      _mm256_mul_ps(_mm256_set1_ps(1e-6f), _mm256_min_ps(Vec(b).abs(), largest)));
-    const __m256 bound =
-        _mm256_blendv_ps(_mm256_set1_ps(std::numeric_limits<float>::quiet_NaN()),
-                         _mm256_add_ps(b, margin), _mm256_cmp_ps(q, zero, _CMP_GE_OQ));
-    if (skips.skip(bound, bits)) continue;
-    const __m256 live = _mm256_cmp_ps(x, neg_inf, _CMP_GT_OQ);
-    const __m256 p = Vec(_mm256_sub_ps(x, _mm256_set1_ps(m))).exp() / Vec(s);
-    const __m256 r = _mm256_sub_ps(p, q);
-    const __m256 positive = _mm256_and_ps(live, _mm256_cmp_ps(r, zero, _CMP_GT_OQ));
-    if (_mm256_movemask_ps(positive) == 0) continue;
-    subnormal =
-        _mm256_or_ps(subnormal, _mm256_and_ps(positive, _mm256_cmp_ps(r, smallest, _CMP_LT_OQ)));
-    const __m256 log_r = log_x8(_mm256_max_ps(r, smallest));
-    lanes_r.offer(_mm256_blendv_ps(neg_inf, _mm256_add_ps(log_r, gumbel_approx_x8(bits)), positive),
-                  tokens);
-  }
-  for (; j < V; ++j) {  // the last tokens exactly, as residual_draw scores them
-    const float x = logit_at(row, j);
-    if (!(x > kNegInf)) continue;
-    const float r = residual_at(x, j, probs, draft, m, s);
-    if (r > 0.0f) top_r.offer(std::log(r) + token_noise(key, j), j);
-  }
-  const Top2 exact_r = top_r;  // the tokens scored exactly, before the lanes join
-  lanes_r.merge_into(top_r);
-  if (_mm256_movemask_ps(subnormal) == 0) {
-    if (skips.lose_to(top_r, tol)) {
-      if (top_r.first_j >= 0 && top_r.certified(tol)) return top_r.first_j;
-      if (top_r.first_j < 0) return gumbel_argmax_row(row, V, key, tol);
-    }
-    // A near tie between the lanes' leaders: residual_draw's exact scores for them (r > 0).
-    if (top_r.first_j >= 0) {
-      const int64_t settled = settle_among_leaders(lanes_r, exact_r, skips, tol, [&](int64_t k) {
-        const float r = residual_at(logit_at(row, k), k, probs, draft, m, s);
-        return std::log(r) + token_noise(key, k);
-      });
-      if (settled != -2) return settled;
-    }
+  __m256 bound8(int64_t k) const {
+    const __m256 x = load_logits(row + k);
+    const __m256 q =
+        probs != nullptr
+            ? _mm256_loadu_ps(probs + k)
+            : _mm256_and_ps(_mm256_castsi256_ps(_mm256_cmpeq_epi32(
+                                tokens_x8(k), _mm256_set1_epi32(static_cast<int>(draft)))),
+                            _mm256_set1_ps(1.0f));
+    const __m256 b = _mm256_max_ps(
+        _mm256_set1_ps(kLogPFloor),  // the second operand where either is NaN
+        _mm256_sub_ps(_mm256_sub_ps(x, _mm256_set1_ps(m)), _mm256_set1_ps(log_s)));
+    const __m256 known = _mm256_and_ps(_mm256_cmp_ps(q, _mm256_setzero_ps(), _CMP_GE_OQ),
+                                       _mm256_cmp_ps(b, b, _CMP_ORD_Q));
+    const __m256 bound = _mm256_blendv_ps(_mm256_set1_ps(-kNegInf),
+                                          _mm256_add_ps(b, _mm256_set1_ps(kLogPMargin)), known);
+    return _mm256_blendv_ps(_mm256_set1_ps(kNegInf), bound,
+                            _mm256_cmp_ps(x, _mm256_set1_ps(kNegInf), _CMP_GT_OQ));
   }
 #endif
-  return residual_draw(row, probs, draft, m, s, key, V);
+};
+
+// argmax_k fl(log(r_k) + g_k) over r = p - q > 0 (residual_at), the lowest index among equal
+// scores; the draw from p, argmax_k fl(x_k + g_k) (gumbel_argmax_row), if r has no positive entry;
+// -1 for a row without a live logit.
+int64_t residual_draw(const float* row, const float* probs, int64_t draft, float m, float s,
+                      uint32_t key, int64_t V, float tol) {
+  const float log_s = static_cast<float>(std::log(static_cast<double>(s)));
+  const int64_t token =
+      block_gumbel_argmax(ResidualRow{row, probs, std::clamp<int64_t>(draft, -1, V), m, s, log_s},
+                          V, key, tol);
+  return token >= 0 ? token : gumbel_argmax_row(row, V, key, tol);
 }
 
 template <typename scalar_t>
@@ -195,7 +157,7 @@ void rejection_sample_kernel(const at::Tensor& logits, const IndexView& drafts, 
           const float q_d = probs_row != nullptr && draft_ok ? probs_row[draft] : 1.0f;
           const float u = stream_uniform(stream_bits(key, kAcceptToken));
           accept = draft_ok && u * q_d < p_d;
-          if (!accept) token = residual_draw_fast(row, probs_row, draft, m, s, key, V, tol);
+          if (!accept) token = residual_draw(row, probs_row, draft, m, s, key, V, tol);
         } else {
           token = gumbel_argmax_row(row, V, key, tol);
         }
