@@ -1,22 +1,26 @@
 """The random stream of sampling and the Gumbel-max draw over a row (`sample`, `rejection_sample`).
 
-The random stream. Token j of a row with seed s and position p (its `output_lens`) gets 32 random
-bits h = stream_bits(stream_key(s, p), j): the key mixes the four 32-bit words of (s, p), low word
-first, through the murmur3 finalizer (`_mix32`), and the token's bits are two more rounds over
-key ^ j. Every step is a wrapping uint32 operation, so Triton, the C++ kernels
-(csrc/random_stream.h) and the reference (torch int64 arithmetic masked to 32 bits, the
-definition) compute the same bits. The uniform u = ((h >> 9) + 1/2) / 2**23 lies in (0, 1) and is
-exact in float32 (23 bits, not 24: (2m + 1) / 2**25 for a 24-bit m would round to 1.0 at the
-top); the Gumbel noise -log(-log(u)) is computed in float32, where the two logs are the only steps
-whose last bit may differ between devices. The stream has no state: a row's draw depends only on
-(seed, position, token), never on the batch, the launch grid or a CUDA-graph replay count.
+The random stream. A row with seed s and position p (its `output_lens`) has the key
+stream_key(s, p): the four 32-bit words of (s, p), low word first, through the murmur3 finalizer
+(`_mix32`). Counter c of the stream gets 32 random bits stream_bits(key, c), two more rounds over
+key ^ c, and the uniform u = ((h >> 9) + 1/2) / 2**23 in (0, 1), exact in float32 (23 bits, not
+24: (2m + 1) / 2**25 for a 24-bit m would round to 1.0 at the top). Every step is a wrapping uint32
+operation, so Triton, the C++ kernels (csrc/random_stream.h) and the reference (torch int64
+arithmetic masked to 32 bits, the definition) compute the same bits.
 
-The draw (`gumbel_argmax`, also rejection_sample's) scores every token approximately, from two
-hardware log2 (`stream_gumbel_approx`) and a multiplication by 1 / temperature, each score within
-a tolerance of its exact value, and keeps each lane's two largest. When the largest minus the
-tolerance stays above the runner-up plus it, that token wins the exact scores too: its exact score
-alone is computed. Otherwise (a near tie, an infinite score) a second pass scores every token
-exactly. So the token is the exact scores' argmax, bit for bit, at about half the arithmetic.
+The noise of token j shares an exponential with its block of 4 (b = j >> 2, counter 2**31 | b):
+W = -log(u_b) / 4 is the least of the block's four Exp(1) variables, the block's first arrival
+(token 4b + (h_b & 3)) takes E = W and the others E = W - log(u_j); the noise is -log(E). The
+four E are iid Exp(1) (the least of 4 is Exp(4), uniform in position, the others it plus fresh
+Exp(1)), so the noise is iid standard Gumbel, and every token of block b has noise at most
+M_b = -log(W), its first arrival exactly M_b. Three float32 logs are the only steps whose last bit
+may differ between devices. The stream has no state: a row's draw depends only on (seed, position,
+token), never on the batch, the launch grid or a CUDA-graph replay count.
+
+The draw (`gumbel_argmax`, also rejection_sample's bonus draws) bounds each block's scores by its
+largest logit plus M_b, from one hash and two hardware logs per block, and scores exactly only the
+blocks whose bound reaches a score already realised by a first arrival: the exact scores' argmax,
+bit for bit.
 """
 import torch
 import triton
@@ -71,25 +75,72 @@ def stream_bits(key, token):
 
 
 @triton.jit
+def stream_uniform(bits):
+    """u = ((bits >> 9) + 1/2) / 2**23 in (0, 1), exact in float32."""
+    return ((bits >> 9).to(tl.float32) + 0.5) * 1.1920928955078125e-07
+
+
+@triton.jit
 def stream_gumbel(bits):
-    """Gumbel noise -log(-log(u)) in float32, u = ((bits >> 9) + 1/2) / 2**23 in (0, 1)."""
-    u = ((bits >> 9).to(tl.float32) + 0.5) * 1.1920928955078125e-07
-    return -tl.log(-tl.log(u))
+    """Gumbel noise -log(-log(u)) in float32 of bits (a block's noise less log 4)."""
+    return -tl.log(-tl.log(stream_uniform(bits)))
+
+
+@triton.jit
+def block_bits(key, blocks):
+    """uint32 bits of blocks `blocks` (int32, the tokens 4b .. 4b + 3) of the stream `key`: its
+    counters BLOCK_COUNTER | b lie above every token index and ACCEPT_TOKEN."""
+    return stream_bits(key, blocks.to(tl.uint32) | 0x80000000)
+
+
+@triton.jit
+def stream_noise(key, tokens):
+    """The exact float32 Gumbel noise of token indices `tokens` (int32) of the stream `key`: with hb
+    the bits of the token's block, W = -log(u(hb)) / 4 and E = W at the block's first arrival
+    (hb & 3), W - log(u(bits of the token)) elsewhere; the noise is -log(E)."""
+    hb = block_bits(key, tokens >> 2)
+    w = -tl.log(stream_uniform(hb)) * 0.25
+    e = tl.where((tokens & 3) == (hb & 3).to(tl.int32), w, w - tl.log(stream_uniform(stream_bits(key, tokens))))
+    return -tl.log(e)
+
+
+@triton.jit
+def _neg_log_uniform_approx(bits):
+    """-log(u) of bits to a relative error below 2**-18.3, from one hardware log2.
+
+    u is exact as stream_uniform takes it (Sterbenz). Where w = 1 - u < 1/16 (exact), the series
+    of -log(1 - w) (relative error below w**4 / 5 <= 2**-18.3), as lg2.approx's absolute error
+    would swamp a small result; elsewhere -ln 2 * log2(u) (result >= 1/16: relative error below
+    2**-19). u >= 2**-24 is a normal float."""
+    u = ((bits >> 9) | 0x3F800000).to(tl.float32, bitcast=True) - 0.99999994039535522  # (m + 1/2) / 2**23
+    w = 1.0 - u
+    e_series = w * (1.0 + w * (0.5 + w * (0.3333333432674408 + w * 0.25)))
+    return tl.where(w < 0.0625, e_series, -0.6931471805599453 * fast_log2(u, NORMAL=True))
 
 
 @triton.jit
 def stream_gumbel_approx(bits):
-    """stream_gumbel(bits) to within 2**-17 * (1 + |result|), from two hardware log2.
+    """stream_gumbel(bits) to within 2**-17 * (1 + |result|), from two hardware log2: the outer log
+    adds at most 2**-22 * (1 + |g|) to the relative error of -log(u) (its argument is at least
+    min(w, -log(15 / 16)) >= 2**-24, a normal float)."""
+    return -0.6931471805599453 * fast_log2(_neg_log_uniform_approx(bits), NORMAL=True)
 
-    u (exact: Sterbenz) as stream_gumbel takes it. E = -log(u) comes from the series of
-    -log(1 - w), w = 1 - u (exact there), where w < 1/16 (relative error below w**4 / 5 <= 2**-18.3),
-    as lg2.approx's absolute error would swamp a small E; elsewhere from -ln 2 * log2(u) (E >= 1/16:
-    relative error below 2**-19). The outer log adds at most 2**-22 * (1 + |g|)."""
-    u = ((bits >> 9) | 0x3F800000).to(tl.float32, bitcast=True) - 0.99999994039535522  # (m + 1/2) / 2**23
-    w = 1.0 - u
-    e_series = w * (1.0 + w * (0.5 + w * (0.3333333432674408 + w * 0.25)))
-    # u >= 2**-24 and e >= min(w, -log(15 / 16)) >= 2**-24: both logs take normal floats.
-    e = tl.where(w < 0.0625, e_series, -0.6931471805599453 * fast_log2(u, NORMAL=True))
+
+@triton.jit
+def block_noise_approx(bits):
+    """The largest noise of a block, -log(W), from its bits (block_bits) within 2**-17 * (1 +
+    |result|): stream_gumbel_approx plus log 4."""
+    return stream_gumbel_approx(bits) + 1.3862943611198906
+
+
+@triton.jit
+def stream_noise_approx(key, tokens):
+    """stream_noise(key, tokens) to within 2**-17 * (1 + |result|): the sum of two positive terms
+    each within a relative 2**-18.3 keeps that error, and the outer hardware log2 (of at least
+    2**-26, normal) adds at most 2**-22 * (1 + |g|)."""
+    hb = block_bits(key, tokens >> 2)
+    w = _neg_log_uniform_approx(hb) * 0.25
+    e = tl.where((tokens & 3) == (hb & 3).to(tl.int32), w, w + _neg_log_uniform_approx(stream_bits(key, tokens)))
     return -0.6931471805599453 * fast_log2(e, NORMAL=True)
 
 
@@ -124,7 +175,7 @@ def approx_gumbel_score(x, x_scaled, key, tokens):
     """The approximate score x_scaled + stream_gumbel_approx of `tokens` (within the tolerance that
     top2_certified takes), -inf where x is -inf or NaN alone (never first, never second); a token
     whose score overflows to -inf counts at -FLT_MAX (its exact score is lower)."""
-    score = tl.maximum(x_scaled + stream_gumbel_approx(stream_bits(key, tokens)), -3.4028234663852886e38)
+    score = tl.maximum(x_scaled + stream_noise_approx(key, tokens), -3.4028234663852886e38)
     return tl.where(x > float("-inf"), score, float("-inf"))
 
 
@@ -192,7 +243,7 @@ def best_rescored(exact, near, first_j):
 
 @triton.jit
 def _exact_gumbel_scores(row_ptr, tokens, live, key, temp, SCALE: tl.constexpr):
-    """The exact scores x_j (/ temp with SCALE) + stream_gumbel(key, j) at `tokens` (a scalar or a
+    """The exact scores x_j (/ temp with SCALE) + stream_noise(key, j) at `tokens` (a scalar or a
     vector), -inf where not `live` or x_j is not above -inf (NaN never). gumbel_argmax's certified
     winner, its rescored leaders and its exact pass all take them from here: the same bits at every
     site."""
@@ -200,7 +251,7 @@ def _exact_gumbel_scores(row_ptr, tokens, live, key, temp, SCALE: tl.constexpr):
     x = tl.load(row_ptr + safe, mask=live, other=float("-inf")).to(tl.float32)
     if SCALE:
         x = tl.math.div_rn(x, temp)
-    return tl.where(x > float("-inf"), x + stream_gumbel(stream_bits(key, safe)), float("-inf"))
+    return tl.where(x > float("-inf"), x + stream_noise(key, safe), float("-inf"))
 
 
 @triton.jit
@@ -215,7 +266,7 @@ def _rescore_lane_leaders(row_ptr, first, second, first_j, key, temp, tol, SCALE
 
 @triton.jit
 def _exact_gumbel_argmax(row_ptr, begin, end, key, temp, SCALE: tl.constexpr, BLOCK_V: tl.constexpr):
-    """(score, token) of argmax_j of x_j (/ temp with SCALE) + stream_gumbel(key, j) over the tokens
+    """(score, token) of argmax_j of x_j (/ temp with SCALE) + stream_noise(key, j) over the tokens
     of [begin, end) above -inf, the lower index among ties; (-inf, -1) without one."""
     best, best_j = argmax_init(BLOCK_V)
     for start in range(begin, end, BLOCK_V):
@@ -226,37 +277,95 @@ def _exact_gumbel_argmax(row_ptr, begin, end, key, temp, SCALE: tl.constexpr, BL
 
 
 @triton.jit
+def _block_candidates_update(c1, c1_block, c2, c2_block, c3, bound, blocks):
+    """Per lane: the largest block bound (and its block), the second (and its block), and the largest
+    of the others (c3, a value only). Strictly larger displaces, so -inf and NaN bounds never enter."""
+    above_first = bound > c1
+    above_second = bound > c2
+    c3 = tl.maximum(c3, tl.where(above_second, c2, bound))
+    c2_block = tl.where(above_first, c1_block, tl.where(above_second, blocks, c2_block))
+    c2 = tl.where(above_first, c1, tl.where(above_second, bound, c2))
+    c1_block = tl.where(above_first, blocks, c1_block)
+    c1 = tl.where(above_first, bound, c1)
+    return c1, c1_block, c2, c2_block, c3
+
+
+@triton.jit
 def gumbel_argmax(row_ptr, begin, end, key, temp, tol, SCALE: tl.constexpr, BLOCK_V: tl.constexpr,
                   STAGES: tl.constexpr = 1):
-    """(score, token) of argmax_j of x_j (/ temp with SCALE) + stream_gumbel(key, j) over the tokens
+    """(score, token) of argmax_j of x_j (/ temp with SCALE) + stream_noise(key, j) over the tokens
     of row_ptr[begin:end] above -inf (NaN never), the lower index among ties; (-inf, -1) without
-    one. The exact scores' result, bit for bit, mostly from approximate ones:
+    one. The exact scores' result, bit for bit, from one hash and two hardware logs per block of 4:
 
-    One pass scores every token approximately (x * (1 / temp), stream_gumbel_approx), each within
-    err(s) = tol * (35 + |s|) of its exact score (tol >= GUMBEL_APPROX_TOL; |g| <= 16.7, so err bounds
-    the noise's and the product's errors and both roundings), and keeps per lane the largest and the
-    second largest approximate score. With A the largest (token a) and S the largest of the others,
-    S + err(S) < A - err(A) proves every other token's exact score below a's: a wins, and its exact
-    score alone is computed (x reloaded). A near tie between lanes' leaders is settled by rescoring
-    those leaders exactly (`_rescore_lane_leaders`); otherwise (a lane's second within reach, an
-    infinite score) a second pass scores every token exactly."""
+    Every token of block b has noise at most M_b = -log(W_b), its first arrival exactly M_b
+    (stream_noise). One pass computes per block U_b = max x_j + M_b, an upper bound of the block's
+    exact scores, and L_b = x_pos + M_b, the first arrival's score, both approximately (within
+    err(s) = tol * (35 + |s|), as the per-token scores of top2_certified), and keeps per lane the
+    largest L, the two blocks of largest U, and the largest U of the lane's other blocks. With A the
+    largest L, the winner scores at least floor = A - err(A) exactly; a block whose U + err(U)
+    stays below it cannot hold the winner. The blocks that reach it are scored exactly,
+    REACH_SLOTS at a time. When a lane's third block reaches the floor, or a bound is infinite, a
+    second pass scores every token exactly."""
     inv_temp = tl.math.div_rn(1.0, temp)
-    first, second, first_j = top2_init(BLOCK_V)
-    for start in tl.range(begin, end, BLOCK_V, num_stages=STAGES):
-        offs = start + tl.arange(0, BLOCK_V)
-        x = tl.load(row_ptr + offs, mask=offs < end, other=float("-inf")).to(tl.float32)
+    NUM_LANES: tl.constexpr = BLOCK_V // 4
+    lanes = tl.arange(0, NUM_LANES)
+    column = tl.arange(0, 4)
+    realised = tl.full((NUM_LANES,), float("-inf"), dtype=tl.float32)
+    c1 = tl.full((NUM_LANES,), float("-inf"), dtype=tl.float32)
+    c2 = tl.full((NUM_LANES,), float("-inf"), dtype=tl.float32)
+    c3 = tl.full((NUM_LANES,), float("-inf"), dtype=tl.float32)
+    c1_block = tl.full((NUM_LANES,), -1, dtype=tl.int32)
+    c2_block = tl.full((NUM_LANES,), -1, dtype=tl.int32)
+    for start in tl.range(begin - begin % 4, end, BLOCK_V, num_stages=STAGES):
+        blocks = start // 4 + lanes
+        offs = blocks[:, None] * 4 + column[None, :]
+        x = tl.load(row_ptr + offs, mask=(offs >= begin) & (offs < end), other=float("-inf")).to(tl.float32)
         if SCALE:
-            x_scaled = x * inv_temp
-        else:
-            x_scaled = x
-        first, second, first_j = top2_update(first, second, first_j, approx_gumbel_score(x, x_scaled, key, offs), offs)
-    token, certified = top2_certified(first, second, first_j, tol, BLOCK_V)
-    if certified:
-        score = _exact_gumbel_scores(row_ptr, token, token >= 0, key, temp, SCALE)
+            x = x * inv_temp
+        hb = block_bits(key, blocks)
+        noise_max = block_noise_approx(hb)
+        first_arrival = column[None, :] == (hb & 3).to(tl.int32)[:, None]
+        bound = tl.max(x, axis=1) + noise_max
+        realised = tl.maximum(realised, tl.max(tl.where(first_arrival, x, float("-inf")), axis=1) + noise_max)
+        c1, c1_block, c2, c2_block, c3 = _block_candidates_update(c1, c1_block, c2, c2_block, c3, bound, blocks)
+    top = tl.max(realised, axis=0)
+    floor = top - _score_err(top, tol)  # -inf without a realised score: every finite block reaches it
+    third = tl.max(c3, axis=0)
+    exhaustive = (tl.max(c1, axis=0) == float("inf")) | (top == float("inf")) \
+        | ((third > float("-inf")) & (third + _score_err(third, tol) >= floor))
+    reach1 = (c1 > float("-inf")) & (c1 + _score_err(c1, tol) >= floor)
+    reach2 = (c2 > float("-inf")) & (c2 + _score_err(c2, tol) >= floor)
+    # The reaching blocks, numbered in lane order (the first list's, then the second's), are scored
+    # exactly REACH_SLOTS at a time: a [lanes, slots] selection of 16384 entries gathers them. Most
+    # rows take one round; their count has a long tail (docs/notes/sampling-tuning.md).
+    REACH_SLOTS: tl.constexpr = 16384 // NUM_LANES
+    f1 = reach1.to(tl.int32)
+    f2 = reach2.to(tl.int32)
+    count1 = tl.sum(f1, axis=0)
+    reaching = count1 + tl.sum(f2, axis=0)
+    slot1 = tl.cumsum(f1, axis=0) - f1
+    slot2 = count1 + tl.cumsum(f2, axis=0) - f2
+    if exhaustive:
+        score, token = _exact_gumbel_argmax(row_ptr, begin, end, key, temp, SCALE, BLOCK_V)
     else:
-        decided, score, token = _rescore_lane_leaders(row_ptr, first, second, first_j, key, temp, tol, SCALE)
-        if not decided:
-            score, token = _exact_gumbel_argmax(row_ptr, begin, end, key, temp, SCALE, BLOCK_V)
+        score = tl.full([], float("-inf"), tl.float32)
+        token = tl.full([], 2147483647, tl.int32)
+        first_slot = 0
+        while first_slot < reaching:
+            slots = first_slot + tl.arange(0, REACH_SLOTS)
+            slot_blocks = tl.max(tl.maximum(
+                tl.where(reach1[:, None] & (slot1[:, None] == slots[None, :]), c1_block[:, None], -1),
+                tl.where(reach2[:, None] & (slot2[:, None] == slots[None, :]), c2_block[:, None], -1)), axis=0)
+            tokens = slot_blocks[:, None] * 4 + column[None, :]
+            live = (slot_blocks[:, None] >= 0) & (tokens >= begin) & (tokens < end)
+            exact = _exact_gumbel_scores(row_ptr, tokens, live, key, temp, SCALE)
+            round_score = tl.max(tl.max(exact, axis=1), axis=0)
+            round_token = tl.min(tl.min(tl.where(exact == round_score, tokens, 2147483647), axis=1), axis=0)
+            better = (round_score > score) | ((round_score == score) & (round_token < token))
+            score = tl.where(better, round_score, score)
+            token = tl.where(better, round_token, token)
+            first_slot += REACH_SLOTS
+        token = tl.where(score > float("-inf"), token, -1)
     return score, token
 
 
@@ -281,9 +390,10 @@ def _random_stream_kernel(seeds_ptr, positions_ptr, tokens_ptr, bits_ptr, noise_
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     ok = offs < n
     key = stream_key(tl.load(seeds_ptr + offs, mask=ok).to(tl.int64), tl.load(positions_ptr + offs, mask=ok).to(tl.int64))
-    bits = stream_bits(key, tl.load(tokens_ptr + offs, mask=ok))
+    tokens = tl.load(tokens_ptr + offs, mask=ok)
+    bits = stream_bits(key, tokens)
     tl.store(bits_ptr + offs, bits.to(tl.int64), mask=ok)
-    tl.store(noise_ptr + offs, stream_gumbel(bits), mask=ok)
+    tl.store(noise_ptr + offs, stream_noise(key, tokens), mask=ok)
 
 
 @triton.jit

@@ -53,9 +53,9 @@ from .gumbel import (
     gumbel_argmax,
     lane_leaders_within_reach,
     stream_bits,
-    stream_gumbel,
-    stream_gumbel_approx,
     stream_key,
+    stream_noise,
+    stream_noise_approx,
     top2_certified,
     top2_init,
     top2_update,
@@ -127,7 +127,7 @@ def _exact_residual_scores(row_ptr, probs_row_ptr, draft, row_max, row_sum, key,
     the rescoring of its winners both take them from here: the same bits at every site."""
     safe = tl.where(live, tokens, 0)
     x, r, has = _residual_terms(row_ptr, probs_row_ptr, draft, row_max, row_sum, safe, limit, HAS_PROBS)
-    g = stream_gumbel(stream_bits(key, safe))
+    g = stream_noise(key, safe)
     score_r = tl.where(live & has, tl.log(tl.where(has, r, 1.0)) + g, float("-inf"))
     return score_r, tl.where(live & (x > float("-inf")), x + g, float("-inf"))
 
@@ -163,7 +163,7 @@ def _residual_chunk(row_ptr, probs_row_ptr, draft, row_max, row_sum, key, start,
     for tile in tl.range(start, limit, BLOCK_V, num_stages=STAGES):
         offs = tile + tl.arange(0, BLOCK_V)
         x, r, has = _residual_terms(row_ptr, probs_row_ptr, draft, row_max, row_sum, offs, limit, HAS_PROBS)
-        g = stream_gumbel_approx(stream_bits(key, offs))
+        g = stream_noise_approx(key, offs)
         score_r = tl.where(has, 0.6931471805599453 * fast_log2(tl.where(has, r, 1.0)) + g, float("-inf"))
         first_r, second_r, first_rj = top2_update(first_r, second_r, first_rj, score_r, offs)
         score_p = tl.where(x > float("-inf"), x + g, float("-inf"))

@@ -9,9 +9,8 @@ from ..gumbel import (
     approx_gumbel_score,
     argmax_finish,
     gumbel_argmax,
-    stream_bits,
-    stream_gumbel,
     stream_key,
+    stream_noise,
     top2_certified,
     top2_init,
     top2_update,
@@ -254,7 +253,7 @@ def _select_row(row_ptr, ws_row, flag, pairs_ptr, values_ptr, buffer_ptr, scratc
 
 @triton.jit
 def _draw_candidates(values_ptr, positions_ptr, count, threshold, key, tol, TILE: tl.constexpr):
-    """The token of argmax over the listed candidates >= threshold of value + stream_gumbel(key,
+    """The token of argmax over the listed candidates >= threshold of value + stream_noise(key,
     position), the lower position among ties; -1 without one. As gumbel_argmax: each candidate
     scored approximately (per-lane top two), and when the tolerance separates the winner, it is the
     exact scores' winner; otherwise every candidate is scored exactly. The next tile loads while one
@@ -284,7 +283,7 @@ def _draw_candidates_exactly(values_ptr, positions_ptr, count, threshold, key, T
     for start in range(0, count, TILE):
         values, present = _candidate_values(values_ptr, count, start, TILE)
         positions = tl.load(positions_ptr + start + tl.arange(0, TILE), mask=present, other=0)
-        score = values + stream_gumbel(stream_bits(key, positions))
+        score = values + stream_noise(key, positions)
         take = present & (values >= threshold) & (
             (best_j < 0) | (score > best) | ((score == best) & (positions < best_j)))
         best = tl.where(take, score, best)
