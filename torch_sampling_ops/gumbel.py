@@ -217,51 +217,15 @@ def top2_certified(first, second, first_j, tol, BLOCK_V: tl.constexpr):
 
 
 @triton.jit
-def lane_leaders_within_reach(first, second, first_j, tol):
-    """For per-lane top-2 approximate scores that `top2_certified` leaves open: (decided, near).
-    With A the largest and every lane's second plus its err below A - err(A) (decided), the exact
-    argmax is a lane's leader whose score s reaches A - err(A) - err(s) (near): any other token
-    scores at most its lane's second, and so do tokens tied with the winner (the winner's exact score
-    is at least A - err(A)). Not decided (the caller's exact pass) when a second comes that close,
-    or A is infinite; `near` is then meaningless."""
-    top = tl.max(first, axis=0)
-    floor = top - _score_err(top, tol)  # -inf when top is -FLT_MAX (or -inf)
-    runner = tl.max(second, axis=0)
-    runner_bound = tl.where(runner > float("-inf"), runner + _score_err(runner, tol), float("-inf"))
-    decided = (top < float("inf")) & (floor > float("-inf")) & (runner_bound < floor)
-    near = (first_j >= 0) & (first + _score_err(first, tol) >= floor)
-    return decided, near
-
-
-@triton.jit
-def best_rescored(exact, near, first_j):
-    """(score, token) of the leaders `near` rescored exactly (`exact`, -inf elsewhere): the largest
-    exact score, the lowest token among equal ones."""
-    score = tl.max(exact, axis=0)
-    return score, tl.min(tl.where(near & (exact == score), first_j, 2147483647), axis=0)
-
-
-@triton.jit
 def _exact_gumbel_scores(row_ptr, tokens, live, key, temp, SCALE: tl.constexpr):
     """The exact scores x_j (/ temp with SCALE) + stream_noise(key, j) at `tokens` (a scalar or a
-    vector), -inf where not `live` or x_j is not above -inf (NaN never). gumbel_argmax's certified
-    winner, its rescored leaders and its exact pass all take them from here: the same bits at every
-    site."""
+    vector), -inf where not `live` or x_j is not above -inf (NaN never). gumbel_argmax's rounds and
+    its exact pass both take them from here: the same bits at every site."""
     safe = tl.where(live, tokens, 0)
     x = tl.load(row_ptr + safe, mask=live, other=float("-inf")).to(tl.float32)
     if SCALE:
         x = tl.math.div_rn(x, temp)
     return tl.where(x > float("-inf"), x + stream_noise(key, safe), float("-inf"))
-
-
-@triton.jit
-def _rescore_lane_leaders(row_ptr, first, second, first_j, key, temp, tol, SCALE: tl.constexpr):
-    """(decided, score, token): gumbel_argmax's near tie settled among the lanes' leaders
-    (`lane_leaders_within_reach`), each rescored exactly."""
-    decided, near = lane_leaders_within_reach(first, second, first_j, tol)
-    exact = _exact_gumbel_scores(row_ptr, first_j, near, key, temp, SCALE)
-    score, token = best_rescored(exact, near, first_j)
-    return decided, score, token
 
 
 @triton.jit
@@ -288,6 +252,33 @@ def _block_candidates_update(c1, c1_block, c2, c2_block, c3, bound, blocks):
     c1_block = tl.where(above_first, blocks, c1_block)
     c1 = tl.where(above_first, bound, c1)
     return c1, c1_block, c2, c2_block, c3
+
+
+@triton.jit
+def _block_reach(c1, c2, c3, realised, tol):
+    """(exhaustive, reach1, reach2) of the per-lane candidate state (_block_candidates_update) and
+    the per-lane largest realised scores: with A the largest realised score the winner scores at
+    least floor = A - err(A) exactly, so the blocks that may hold it are the lanes' first and second
+    whose bound U + err(U) reaches the floor (reach1, reach2). Exhaustive (every token must be
+    scored) when a lane's third block reaches it too, or a bound or A is infinite."""
+    top = tl.max(realised, axis=0)
+    floor = top - _score_err(top, tol)  # -inf without a realised score: every finite block reaches it
+    third = tl.max(c3, axis=0)
+    exhaustive = (tl.max(c1, axis=0) == float("inf")) | (top == float("inf")) \
+        | ((third > float("-inf")) & (third + _score_err(third, tol) >= floor))
+    reach1 = (c1 > float("-inf")) & (c1 + _score_err(c1, tol) >= floor)
+    reach2 = (c2 > float("-inf")) & (c2 + _score_err(c2, tol) >= floor)
+    return exhaustive, reach1, reach2
+
+
+@triton.jit
+def _round_best(score, token, exact, tokens):
+    """The running (score, token) with a round's exact scores at `tokens` (same shape, 2-D, -inf
+    where not scored) taken in: the largest score, the lowest token among equal ones."""
+    round_score = tl.max(tl.max(exact, axis=1), axis=0)
+    round_token = tl.min(tl.min(tl.where(exact == round_score, tokens, 2147483647), axis=1), axis=0)
+    better = (round_score > score) | ((round_score == score) & (round_token < token))
+    return tl.where(better, round_score, score), tl.where(better, round_token, token)
 
 
 @triton.jit
@@ -328,13 +319,7 @@ def gumbel_argmax(row_ptr, begin, end, key, temp, tol, SCALE: tl.constexpr, BLOC
         bound = tl.max(x, axis=1) + noise_max
         realised = tl.maximum(realised, tl.max(tl.where(first_arrival, x, float("-inf")), axis=1) + noise_max)
         c1, c1_block, c2, c2_block, c3 = _block_candidates_update(c1, c1_block, c2, c2_block, c3, bound, blocks)
-    top = tl.max(realised, axis=0)
-    floor = top - _score_err(top, tol)  # -inf without a realised score: every finite block reaches it
-    third = tl.max(c3, axis=0)
-    exhaustive = (tl.max(c1, axis=0) == float("inf")) | (top == float("inf")) \
-        | ((third > float("-inf")) & (third + _score_err(third, tol) >= floor))
-    reach1 = (c1 > float("-inf")) & (c1 + _score_err(c1, tol) >= floor)
-    reach2 = (c2 > float("-inf")) & (c2 + _score_err(c2, tol) >= floor)
+    exhaustive, reach1, reach2 = _block_reach(c1, c2, c3, realised, tol)
     # The reaching blocks, numbered in lane order (the first list's, then the second's), are scored
     # exactly REACH_SLOTS at a time: a [lanes, slots] selection of 16384 entries gathers them. Most
     # rows take one round; their count has a long tail (docs/notes/sampling-tuning.md).
@@ -359,11 +344,7 @@ def gumbel_argmax(row_ptr, begin, end, key, temp, tol, SCALE: tl.constexpr, BLOC
             tokens = slot_blocks[:, None] * 4 + column[None, :]
             live = (slot_blocks[:, None] >= 0) & (tokens >= begin) & (tokens < end)
             exact = _exact_gumbel_scores(row_ptr, tokens, live, key, temp, SCALE)
-            round_score = tl.max(tl.max(exact, axis=1), axis=0)
-            round_token = tl.min(tl.min(tl.where(exact == round_score, tokens, 2147483647), axis=1), axis=0)
-            better = (round_score > score) | ((round_score == score) & (round_token < token))
-            score = tl.where(better, round_score, score)
-            token = tl.where(better, round_token, token)
+            score, token = _round_best(score, token, exact, tokens)
             first_slot += REACH_SLOTS
         token = tl.where(score > float("-inf"), token, -1)
     return score, token

@@ -8,9 +8,9 @@ at the rejected position (elsewhere the one probability `q(x)` of the draft toke
 Random numbers come from the stream of `sample` (gumbel.py), keyed by the request's seed and the
 position `output_lens[i] + j`: the acceptance uniform of position j uses the reserved token index
 `ACCEPT_TOKEN = 2**31 - 1` (outside every vocabulary), the residual and bonus draws use the Gumbel
-noise of the token indices, as `sample` does, and like its draw score approximately, keep each
-lane's top two and rescore the certified winner exactly (a near tie among the lanes' leaders, or
-else an exact pass, where it is not certified).
+noise of the token indices, as `sample` does, and like its draw (gumbel_argmax) bound each block of
+4 tokens by its noise bound and score exactly only the blocks that reach a realised score (else an
+exact pass): the exact scores' argmax.
 So a request's tokens depend only on its own rows, seed and position, never on the batch.
 
 CUDA, in levels: each target row is cut into chunks of `_CHUNK` tokens (a constant), and each
@@ -45,29 +45,27 @@ from ._launch import cdiv, next_power_of_2
 from ._registry import define_op, launch
 from ._triton_helpers import exp_flush_tiny, fast_log2
 from .gumbel import (
+    _block_candidates_update,
+    _block_reach,
+    _round_best,
     argmax_finish,
     argmax_init,
     argmax_tokens,
     argmax_update,
-    best_rescored,
+    block_bits,
+    block_noise_approx,
     gumbel_argmax,
-    lane_leaders_within_reach,
     stream_bits,
     stream_key,
     stream_noise,
-    stream_noise_approx,
-    top2_certified,
-    top2_init,
-    top2_update,
 )
 from .truncation import plan as truncation_plan
 
 ACCEPT_TOKEN = 2**31 - 1  # the token index of the acceptance uniform in a position's stream
 # Each target row is cut into chunks of _CHUNK tokens, one program a chunk; a program walks its
-# chunk in tiles of _BLOCK_V tokens over _NUM_WARPS warps (8 values a thread: the residual pass keeps
-# two per-lane top-2 lists in registers). _CHUNK is a constant (smaller under the
-# interpreter, so that the tests' vocabularies span several chunks): a request's tokens never
-# depend on the batch or the launch grid.
+# chunk in tiles of _BLOCK_V tokens over _NUM_WARPS warps (8 values a thread). _CHUNK is a constant
+# (smaller under the interpreter, so that the tests' vocabularies span several chunks): a request's
+# tokens never depend on the batch or the launch grid.
 _CHUNK = 16384 if os.environ.get("TRITON_INTERPRET") != "1" else 1024
 _BLOCK_V = 1024 if os.environ.get("TRITON_INTERPRET") != "1" else 256
 _NUM_WARPS = 4
@@ -154,43 +152,91 @@ def _exact_residual_chunk(row_ptr, probs_row_ptr, draft, row_max, row_sum, key, 
 @triton.jit
 def _residual_chunk(row_ptr, probs_row_ptr, draft, row_max, row_sum, key, start, limit, vocab_size, tol,
                     HAS_PROBS: tl.constexpr, BLOCK_V: tl.constexpr, STAGES: tl.constexpr):
-    """_exact_residual_chunk's result, bit for bit, as gumbel.gumbel_argmax gets it: approximate
-    scores (log(r) and the noise from the hardware log2, each within the tolerance), per-lane top-2,
-    the certified winners rescored exactly; a near tie between lanes' leaders is settled by rescoring
-    them, a second exact pass decides the rest."""
-    first_r, second_r, first_rj = top2_init(BLOCK_V)
-    first_p, second_p, first_pj = top2_init(BLOCK_V)
-    for tile in tl.range(start, limit, BLOCK_V, num_stages=STAGES):
-        offs = tile + tl.arange(0, BLOCK_V)
+    """_exact_residual_chunk's result, bit for bit, on block bounds as gumbel.gumbel_argmax draws, for
+    both lists at once: per block of 4 tokens one hash and M_b (block_noise_approx) bound the block's
+    exact scores by U = log(max r) + M_b (over its r > 0) and U = max x + M_b, and its first
+    arrival realises L = log(r_pos) + M_b (r_pos > 0) and L = x_pos + M_b. Per lane and list: the two
+    blocks of largest U, the largest other U, the largest L (gumbel._block_reach). The blocks that
+    reach either list's floor are scored exactly for both lists (a block outside a list's reach
+    scores below its winner), REACH_SLOTS at a time; the exact pass when either list would take it.
+
+    log r comes from one hardware log2 (non-ftz: r may be denormal), within 2**-21.7 * |log r| +
+    2**-23.1, and |log r| <= |U| + |M_b| <= |U| + 18.1; with M_b's error (2**-17 * (1 + |M_b|)) a
+    bound or realised score stays within 2**-17 * 21 + 2**-20 * |U| of its exact value, below
+    err(U) = 2**-16 * (35 + |U|)."""
+    NUM_LANES: tl.constexpr = BLOCK_V // 4
+    lanes = tl.arange(0, NUM_LANES)
+    column = tl.arange(0, 4)
+    neg = tl.full((NUM_LANES,), float("-inf"), dtype=tl.float32)
+    none = tl.full((NUM_LANES,), -1, dtype=tl.int32)
+    realised_r, r1, r2, r3, r1_block, r2_block = neg, neg, neg, neg, none, none
+    realised_p, p1, p2, p3, p1_block, p2_block = neg, neg, neg, neg, none, none
+    for tile in tl.range(start - start % 4, limit, BLOCK_V, num_stages=STAGES):
+        blocks = tile // 4 + lanes
+        offs = blocks[:, None] * 4 + column[None, :]
         x, r, has = _residual_terms(row_ptr, probs_row_ptr, draft, row_max, row_sum, offs, limit, HAS_PROBS)
-        g = stream_noise_approx(key, offs)
-        score_r = tl.where(has, 0.6931471805599453 * fast_log2(tl.where(has, r, 1.0)) + g, float("-inf"))
-        first_r, second_r, first_rj = top2_update(first_r, second_r, first_rj, score_r, offs)
-        score_p = tl.where(x > float("-inf"), x + g, float("-inf"))
-        first_p, second_p, first_pj = top2_update(first_p, second_p, first_pj, score_p, offs)
-    token_r, certified_r = top2_certified(first_r, second_r, first_rj, tol, BLOCK_V)
-    token_p, certified_p = top2_certified(first_p, second_p, first_pj, tol, BLOCK_V)
-    if certified_r & certified_p:
-        score_r, _ = _exact_residual_scores(row_ptr, probs_row_ptr, draft, row_max, row_sum, key, token_r,
-                                            token_r >= 0, limit, HAS_PROBS)
-        _, score_p = _exact_residual_scores(row_ptr, probs_row_ptr, draft, row_max, row_sum, key, token_p,
-                                            token_p >= 0, limit, HAS_PROBS)
+        hb = block_bits(key, blocks)
+        noise_max = block_noise_approx(hb)
+        arrival = (hb & 3).to(tl.int32)
+        # A first arrival below `start` realises nothing (the tokens below `start` of a block only
+        # raise its bounds; the exact scoring skips them).
+        first_arrival = (column[None, :] == arrival[:, None]) & (blocks * 4 + arrival >= start)[:, None]
+        # the draw from p
+        bound = tl.max(x, axis=1) + noise_max
+        realised_p = tl.maximum(realised_p, tl.max(tl.where(first_arrival, x, float("-inf")), axis=1) + noise_max)
+        p1, p1_block, p2, p2_block, p3 = _block_candidates_update(p1, p1_block, p2, p2_block, p3, bound, blocks)
+        # the residual draw, over r > 0
+        r_max = tl.max(tl.where(has, r, 0.0), axis=1)
+        r_pos = tl.max(tl.where(has & first_arrival, r, 0.0), axis=1)
+        bound = tl.where(r_max > 0.0, 0.6931471805599453 * fast_log2(tl.where(r_max > 0.0, r_max, 1.0)) + noise_max,
+                         float("-inf"))
+        realised_r = tl.maximum(realised_r, tl.where(
+            r_pos > 0.0, 0.6931471805599453 * fast_log2(tl.where(r_pos > 0.0, r_pos, 1.0)) + noise_max,
+            float("-inf")))
+        r1, r1_block, r2, r2_block, r3 = _block_candidates_update(r1, r1_block, r2, r2_block, r3, bound, blocks)
+    exhaustive_r, reach_r1, reach_r2 = _block_reach(r1, r2, r3, realised_r, tol)
+    exhaustive_p, reach_p1, reach_p2 = _block_reach(p1, p2, p3, realised_p, tol)
+    # A block in both lists is scored once.
+    reach_p1 = reach_p1 & ~((reach_r1 & (p1_block == r1_block)) | (reach_r2 & (p1_block == r2_block)))
+    reach_p2 = reach_p2 & ~((reach_r1 & (p2_block == r1_block)) | (reach_r2 & (p2_block == r2_block)))
+    # The reaching blocks of a lane take consecutive slots (r1, r2, p1, p2), the lanes in order; a
+    # [lanes, slots] selection gathers a round's blocks (-1 where a block does not reach).
+    REACH_SLOTS: tl.constexpr = 16
+    f_r1 = reach_r1.to(tl.int32)
+    f_r2 = reach_r2.to(tl.int32)
+    f_p1 = reach_p1.to(tl.int32)
+    count = f_r1 + f_r2 + f_p1 + reach_p2.to(tl.int32)
+    reaching = tl.sum(count, axis=0)
+    base = tl.cumsum(count, axis=0) - count
+    slot_r1 = tl.where(reach_r1, base, -1)
+    slot_r2 = tl.where(reach_r2, base + f_r1, -1)
+    slot_p1 = tl.where(reach_p1, base + f_r1 + f_r2, -1)
+    slot_p2 = tl.where(reach_p2, base + f_r1 + f_r2 + f_p1, -1)
+    if exhaustive_r | exhaustive_p:
+        score_r, token_r, score_p, token_p = _exact_residual_chunk(row_ptr, probs_row_ptr, draft, row_max, row_sum,
+                                                                   key, start, limit, vocab_size, HAS_PROBS, BLOCK_V)
     else:
-        # A near tie: settled among the lanes' leaders within reach, rescored exactly (a certified
-        # list has one such leader), else by the exact pass.
-        decided_r, near_r = lane_leaders_within_reach(first_r, second_r, first_rj, tol)
-        decided_p, near_p = lane_leaders_within_reach(first_p, second_p, first_pj, tol)
-        if decided_r & decided_p:
-            exact_r, _ = _exact_residual_scores(row_ptr, probs_row_ptr, draft, row_max, row_sum, key, first_rj,
-                                                near_r, limit, HAS_PROBS)
-            _, exact_p = _exact_residual_scores(row_ptr, probs_row_ptr, draft, row_max, row_sum, key, first_pj,
-                                                near_p, limit, HAS_PROBS)
-            score_r, token_r = best_rescored(exact_r, near_r, first_rj)
-            score_p, token_p = best_rescored(exact_p, near_p, first_pj)
-        else:
-            score_r, token_r, score_p, token_p = _exact_residual_chunk(row_ptr, probs_row_ptr, draft, row_max,
-                                                                       row_sum, key, start, limit, vocab_size,
-                                                                       HAS_PROBS, BLOCK_V)
+        score_r = tl.full([], float("-inf"), tl.float32)
+        token_r = tl.full([], 2147483647, tl.int32)
+        score_p = tl.full([], float("-inf"), tl.float32)
+        token_p = tl.full([], 2147483647, tl.int32)
+        first_slot = 0
+        while first_slot < reaching:
+            slots = (first_slot + tl.arange(0, REACH_SLOTS))[None, :]
+            picked = tl.where(slot_r1[:, None] == slots, r1_block[:, None],
+                              tl.where(slot_r2[:, None] == slots, r2_block[:, None],
+                                       tl.where(slot_p1[:, None] == slots, p1_block[:, None],
+                                                tl.where(slot_p2[:, None] == slots, p2_block[:, None], -1))))
+            slot_blocks = tl.max(picked, axis=0)
+            tokens = slot_blocks[:, None] * 4 + column[None, :]
+            live = (slot_blocks[:, None] >= 0) & (tokens >= start) & (tokens < limit)
+            exact_r, exact_p = _exact_residual_scores(row_ptr, probs_row_ptr, draft, row_max, row_sum, key, tokens,
+                                                      live, limit, HAS_PROBS)
+            score_r, token_r = _round_best(score_r, token_r, exact_r, tokens)
+            score_p, token_p = _round_best(score_p, token_p, exact_p, tokens)
+            first_slot += REACH_SLOTS
+        token_r = tl.where(score_r > float("-inf"), token_r, -1)
+        token_p = tl.where(score_p > float("-inf"), token_p, -1)
     return score_r, token_r, score_p, token_p
 
 
