@@ -43,9 +43,10 @@ from .truncation.scan import store_row_bound
 from .truncation.workspace import row_settings, store_draw_pair
 
 # The full-row draw's programs walk their tokens over _DRAW_WARPS warps: a whole row in tiles of
-# _DRAW_BLOCK_V, _ARGMAX_STAGES at a time for a greedy row's argmax and _DRAW_STAGES for the Gumbel
-# draw (both bound by the read; the staging buffers are shared memory, so the kernel's registers do
-# not grow); below `split_draw_max_t` rows,
+# _DRAW_BLOCK_V, _ARGMAX_STAGES at a time for a greedy row's argmax (bound by the read) and
+# _DRAW_STAGES for the Gumbel draw (its block bounds leave it near the read too; whether staging
+# pays there is open, docs/notes/sampling-tuning.md); the staging buffers are shared memory, so
+# the kernel's registers do not grow; below `split_draw_max_t` rows,
 # the `draw_segment` tokens of a program (truncation.settings) in tiles of _SPLIT_DRAW_BLOCK_V, with
 # _SPLIT_DRAW_STAGES tiles in flight (a segment is only a few tiles: their loads would otherwise wait
 # on each other). The token is the exact argmax whatever the tiles.
