@@ -283,7 +283,7 @@ def _round_best(score, token, exact, tokens):
 
 @triton.jit
 def gumbel_argmax(row_ptr, begin, end, key, temp, tol, SCALE: tl.constexpr, BLOCK_V: tl.constexpr,
-                  STAGES: tl.constexpr = 1):
+                  REACH_SLOTS: tl.constexpr, STAGES: tl.constexpr = 1):
     """(score, token) of argmax_j of x_j (/ temp with SCALE) + stream_noise(key, j) over the tokens
     of row_ptr[begin:end] above -inf (NaN never), the lower index among ties; (-inf, -1) without
     one. The exact scores' result, bit for bit, from one hash and two hardware logs per block of 4:
@@ -321,9 +321,7 @@ def gumbel_argmax(row_ptr, begin, end, key, temp, tol, SCALE: tl.constexpr, BLOC
         c1, c1_block, c2, c2_block, c3 = _block_candidates_update(c1, c1_block, c2, c2_block, c3, bound, blocks)
     exhaustive, reach1, reach2 = _block_reach(c1, c2, c3, realised, tol)
     # The reaching blocks, numbered in lane order (the first list's, then the second's), are scored
-    # exactly REACH_SLOTS at a time: a [lanes, slots] selection of 16384 entries gathers them. Most
-    # rows take one round; their count has a long tail (docs/notes/sampling-tuning.md).
-    REACH_SLOTS: tl.constexpr = 16384 // NUM_LANES
+    # exactly REACH_SLOTS at a time, gathered by a [lanes, REACH_SLOTS] selection.
     f1 = reach1.to(tl.int32)
     f2 = reach2.to(tl.int32)
     count1 = tl.sum(f1, axis=0)

@@ -73,6 +73,9 @@ _NUM_WARPS = 4
 # tiles' loads are issued before the current one is reduced). It changes no sum order.
 _STAGES = 3
 _ARGMAX_STAGES = 4  # a greedy row's argmax, whose loop holds fewer registers a tile
+# Reaching blocks a round of the residual draw and of the bonus rows' draw scores exactly
+# (gumbel.gumbel_argmax's REACH_SLOTS).
+_REACH_SLOTS = 16
 # A request's status after a level (status[i, level, :]): the state, the drafts accepted, the token.
 _ALIVE = tl.constexpr(0)  # the level scores position `level` (a draft's or the bonus row)
 _RESIDUAL = tl.constexpr(1)  # position level - 1 was rejected: the level draws its residual
@@ -151,7 +154,7 @@ def _exact_residual_chunk(row_ptr, probs_row_ptr, draft, row_max, row_sum, key, 
 
 @triton.jit
 def _residual_chunk(row_ptr, probs_row_ptr, draft, row_max, row_sum, key, start, limit, vocab_size, tol,
-                    HAS_PROBS: tl.constexpr, BLOCK_V: tl.constexpr, STAGES: tl.constexpr):
+                    HAS_PROBS: tl.constexpr, BLOCK_V: tl.constexpr, REACH_SLOTS: tl.constexpr, STAGES: tl.constexpr):
     """_exact_residual_chunk's result, bit for bit, on block bounds as gumbel.gumbel_argmax draws, for
     both lists at once: per block of 4 tokens one hash and M_b (block_noise_approx) bound the block's
     exact scores by U = log(max r) + M_b (over its r > 0) and U = max x + M_b, and its first
@@ -201,7 +204,6 @@ def _residual_chunk(row_ptr, probs_row_ptr, draft, row_max, row_sum, key, start,
     reach_p2 = reach_p2 & ~((reach_r1 & (p2_block == r1_block)) | (reach_r2 & (p2_block == r2_block)))
     # The reaching blocks of a lane take consecutive slots (r1, r2, p1, p2), the lanes in order; a
     # [lanes, slots] selection gathers a round's blocks (-1 where a block does not reach).
-    REACH_SLOTS: tl.constexpr = 16
     f_r1 = reach_r1.to(tl.int32)
     f_r2 = reach_r2.to(tl.int32)
     f_p1 = reach_p1.to(tl.int32)
@@ -272,7 +274,8 @@ def _rejection_level_kernel(logits_ptr, logits_stride, draft_ids_ptr, probs_ptr,
                             out_ptr, num_ptr, num_drafts, max_spec_len, vocab_size, num_chunks, tol,
                             level, HAS_PROBS: tl.constexpr, FINAL: tl.constexpr, CHUNK: tl.constexpr,
                             BLOCK_V: tl.constexpr, CHUNKS_P2: tl.constexpr, BLOCK_OUT: tl.constexpr,
-                            STAGES: tl.constexpr, ARGMAX_STAGES: tl.constexpr, PDL: tl.constexpr):
+                            STAGES: tl.constexpr, ARGMAX_STAGES: tl.constexpr, REACH_SLOTS: tl.constexpr,
+                            PDL: tl.constexpr):
     """Level `level` of request program_id(0), chunk program_id(1): decides position level - 1 from
     the partials level - 1 left (the same in every chunk program), then writes this chunk's partial
     of the level's pass. FINAL (grid (B, 1), level = max_spec_len + 1): decides the last position and
@@ -391,7 +394,7 @@ def _rejection_level_kernel(logits_ptr, logits_stride, draft_ids_ptr, probs_ptr,
                 tl.store(part_i_ptr + part, best)
             elif level64 >= n:  # the bonus row: the Gumbel argmax, as `sample` draws
                 key = stream_key(seed, position + level64)
-                score, best = gumbel_argmax(row_ptr, start, limit, key, 1.0, tol, False, BLOCK_V, STAGES)
+                score, best = gumbel_argmax(row_ptr, start, limit, key, 1.0, tol, False, BLOCK_V, REACH_SLOTS, STAGES)
                 tl.store(part_f_ptr + part, score)
                 tl.store(part_i_ptr + part, best)
             else:
@@ -404,7 +407,7 @@ def _rejection_level_kernel(logits_ptr, logits_stride, draft_ids_ptr, probs_ptr,
             draft32 = tl.where(prev_draft_ok, prev_draft, -1).to(tl.int32)
             score_r, token_r, score_p, token_p = _residual_chunk(row_ptr, prev_probs_ptr, draft32, row_max, row_sum,
                                                                  prev_key, start, limit, vocab_size, tol,
-                                                                 HAS_PROBS, BLOCK_V, STAGES)
+                                                                 HAS_PROBS, BLOCK_V, REACH_SLOTS, STAGES)
             tl.store(part_f_ptr + part, score_r)
             tl.store(part_i_ptr + part, token_r)
             tl.store(part_f_ptr + part + num_chunks, score_p)
@@ -492,7 +495,8 @@ def _rejection_sample_triton(target_logits, draft_token_ids, draft_probs, cu_num
             output_lens, part_f, part_i, status, out, num, N, max_spec_len, V, chunks, gumbel.GUMBEL_APPROX_TOL)
     pdl = truncation_plan.uses_dependent_launches(target_logits.device)
     meta = dict(HAS_PROBS=has_probs, CHUNK=_CHUNK, BLOCK_V=_BLOCK_V, CHUNKS_P2=next_power_of_2(chunks),
-                BLOCK_OUT=next_power_of_2(max_spec_len + 1), STAGES=_STAGES, ARGMAX_STAGES=_ARGMAX_STAGES, PDL=pdl,
+                BLOCK_OUT=next_power_of_2(max_spec_len + 1), STAGES=_STAGES, ARGMAX_STAGES=_ARGMAX_STAGES,
+                REACH_SLOTS=_REACH_SLOTS, PDL=pdl,
                 num_warps=_NUM_WARPS, launch_pdl=pdl)
     for level in range(levels):
         launch(_rejection_level_kernel, (B, chunks), *args, level, FINAL=False, **meta)
