@@ -196,8 +196,9 @@ def top2_update(first, second, first_j, score, offs):
 
 @triton.jit
 def _score_err(s, tol):
-    """err(s): how far an approximate score s may lie from its exact value (see gumbel_argmax)."""
-    return tol * (35.0 + tl.abs(s))
+    """err(s): how far an approximate score s may lie from its exact value (see gumbel_argmax). Finite
+    for an infinite s (which is exact), so that s +- err(s) stays s rather than giving NaN."""
+    return tol * (35.0 + tl.abs(tl.where(tl.abs(s) < float("inf"), s, 0.0)))
 
 
 @triton.jit
