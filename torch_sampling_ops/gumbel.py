@@ -256,16 +256,20 @@ def _block_candidates_update(c1, c1_block, c2, c2_block, c3, bound, blocks):
 
 
 @triton.jit
+def _max3(a0, b0, c0, a1, b1, c1):
+    return tl.maximum(a0, a1), tl.maximum(b0, b1), tl.maximum(c0, c1)
+
+
+@triton.jit
 def _block_reach(c1, c2, c3, realised, tol):
     """(exhaustive, reach1, reach2) of the per-lane candidate state (_block_candidates_update) and
     the per-lane largest realised scores: with A the largest realised score the winner scores at
     least floor = A - err(A) exactly, so the blocks that may hold it are the lanes' first and second
     whose bound U + err(U) reaches the floor (reach1, reach2). Exhaustive (every token must be
     scored) when a lane's third block reaches it too, or a bound or A is infinite."""
-    top = tl.max(realised, axis=0)
+    top, third, first = tl.reduce((realised, c3, c1), 0, _max3)  # one reduction for the three maxima
     floor = top - _score_err(top, tol)  # -inf without a realised score: every finite block reaches it
-    third = tl.max(c3, axis=0)
-    exhaustive = (tl.max(c1, axis=0) == float("inf")) | (top == float("inf")) \
+    exhaustive = (first == float("inf")) | (top == float("inf")) \
         | ((third > float("-inf")) & (third + _score_err(third, tol) >= floor))
     reach1 = (c1 > float("-inf")) & (c1 + _score_err(c1, tol) >= floor)
     reach2 = (c2 > float("-inf")) & (c2 + _score_err(c2, tol) >= floor)
@@ -273,13 +277,29 @@ def _block_reach(c1, c2, c3, realised, tol):
 
 
 @triton.jit
-def _round_best(score, token, exact, tokens):
-    """The running (score, token) with a round's exact scores at `tokens` (same shape, 2-D, -inf
-    where not scored) taken in: the largest score, the lowest token among equal ones."""
-    round_score = tl.max(tl.max(exact, axis=1), axis=0)
-    round_token = tl.min(tl.min(tl.where(exact == round_score, tokens, 2147483647), axis=1), axis=0)
-    better = (round_score > score) | ((round_score == score) & (round_token < token))
-    return tl.where(better, round_score, score), tl.where(better, round_token, token)
+def score_token_key(score, token):
+    """int64 keys that order (score, token) pairs as a draw ranks them: the larger score, then the
+    lower token (score not NaN, -0.0 equal to +0.0; token in (-2**31, 2**31)), so that one max
+    reduction finds the winner. score_token_of inverts them."""
+    bits = score.to(tl.int32, bitcast=True)
+    bits = tl.where(bits == -2147483648, 0, bits)  # -0.0
+    signed = bits ^ ((bits >> 31) & 0x7FFFFFFF)  # orders as the float does
+    return (signed.to(tl.int64) << 32) | (2147483647 - token.to(tl.int64))
+
+
+@triton.jit
+def score_token_of(key):
+    """The (score, token) of a score_token_key key (-0.0 comes back as +0.0)."""
+    signed = (key >> 32).to(tl.int32)
+    score = (signed ^ ((signed >> 31) & 0x7FFFFFFF)).to(tl.float32, bitcast=True)
+    return score, (2147483647 - (key & 0xFFFFFFFF)).to(tl.int32)
+
+
+@triton.jit
+def _round_best(best, exact, tokens):
+    """The running score_token_key `best` with a round's exact scores at `tokens` (same shape, 2-D,
+    -inf where not scored) taken in."""
+    return tl.maximum(best, tl.max(tl.max(score_token_key(exact, tokens), axis=1), axis=0))
 
 
 @triton.jit
@@ -323,17 +343,20 @@ def gumbel_argmax(row_ptr, begin, end, key, temp, tol, SCALE: tl.constexpr, BLOC
     exhaustive, reach1, reach2 = _block_reach(c1, c2, c3, realised, tol)
     # The reaching blocks, numbered in lane order (the first list's, then the second's), are scored
     # exactly REACH_SLOTS at a time, gathered by a [lanes, REACH_SLOTS] selection.
+    # Both lists' counts in one int32 (a list holds at most NUM_LANES < 2**16): one sum, one scan.
     f1 = reach1.to(tl.int32)
     f2 = reach2.to(tl.int32)
-    count1 = tl.sum(f1, axis=0)
-    reaching = count1 + tl.sum(f2, axis=0)
-    slot1 = tl.cumsum(f1, axis=0) - f1
-    slot2 = count1 + tl.cumsum(f2, axis=0) - f2
+    flags = f1 + (f2 << 16)
+    counts = tl.sum(flags, axis=0)
+    count1 = counts & 0xFFFF
+    reaching = count1 + (counts >> 16)
+    before = tl.cumsum(flags, axis=0) - flags
+    slot1 = before & 0xFFFF
+    slot2 = count1 + (before >> 16)
     if exhaustive:
         score, token = _exact_gumbel_argmax(row_ptr, begin, end, key, temp, SCALE, BLOCK_V)
     else:
-        score = tl.full([], float("-inf"), tl.float32)
-        token = tl.full([], 2147483647, tl.int32)
+        best = score_token_key(tl.full([], float("-inf"), tl.float32), tl.full([], 2147483647, tl.int32))
         first_slot = 0
         while first_slot < reaching:
             slots = first_slot + tl.arange(0, REACH_SLOTS)
@@ -343,8 +366,9 @@ def gumbel_argmax(row_ptr, begin, end, key, temp, tol, SCALE: tl.constexpr, BLOC
             tokens = slot_blocks[:, None] * 4 + column[None, :]
             live = (slot_blocks[:, None] >= 0) & (tokens >= begin) & (tokens < end)
             exact = _exact_gumbel_scores(row_ptr, tokens, live, key, temp, SCALE)
-            score, token = _round_best(score, token, exact, tokens)
+            best = _round_best(best, exact, tokens)
             first_slot += REACH_SLOTS
+        score, token = score_token_of(best)
         token = tl.where(score > float("-inf"), token, -1)
     return score, token
 

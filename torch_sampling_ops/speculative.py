@@ -55,6 +55,8 @@ from .gumbel import (
     block_bits,
     block_noise_approx,
     gumbel_argmax,
+    score_token_key,
+    score_token_of,
     stream_bits,
     stream_key,
     stream_noise,
@@ -218,10 +220,8 @@ def _residual_chunk(row_ptr, probs_row_ptr, draft, row_max, row_sum, key, start,
         score_r, token_r, score_p, token_p = _exact_residual_chunk(row_ptr, probs_row_ptr, draft, row_max, row_sum,
                                                                    key, start, limit, vocab_size, HAS_PROBS, BLOCK_V)
     else:
-        score_r = tl.full([], float("-inf"), tl.float32)
-        token_r = tl.full([], 2147483647, tl.int32)
-        score_p = tl.full([], float("-inf"), tl.float32)
-        token_p = tl.full([], 2147483647, tl.int32)
+        best_r = score_token_key(tl.full([], float("-inf"), tl.float32), tl.full([], 2147483647, tl.int32))
+        best_p = best_r
         first_slot = 0
         while first_slot < reaching:
             slots = (first_slot + tl.arange(0, REACH_SLOTS))[None, :]
@@ -234,9 +234,11 @@ def _residual_chunk(row_ptr, probs_row_ptr, draft, row_max, row_sum, key, start,
             live = (slot_blocks[:, None] >= 0) & (tokens >= start) & (tokens < limit)
             exact_r, exact_p = _exact_residual_scores(row_ptr, probs_row_ptr, draft, row_max, row_sum, key, tokens,
                                                       live, limit, HAS_PROBS)
-            score_r, token_r = _round_best(score_r, token_r, exact_r, tokens)
-            score_p, token_p = _round_best(score_p, token_p, exact_p, tokens)
+            best_r = _round_best(best_r, exact_r, tokens)
+            best_p = _round_best(best_p, exact_p, tokens)
             first_slot += REACH_SLOTS
+        score_r, token_r = score_token_of(best_r)
+        score_p, token_p = score_token_of(best_p)
         token_r = tl.where(score_r > float("-inf"), token_r, -1)
         token_p = tl.where(score_p > float("-inf"), token_p, -1)
     return score_r, token_r, score_p, token_p
