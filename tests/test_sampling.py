@@ -429,6 +429,25 @@ def test_approximate_gumbel_noise_is_within_its_tolerance(backend):
     assert 2.0**-17 * 35 <= gumbel.GUMBEL_APPROX_TOL * 35  # the draw's err(s) covers the noise's
 
 
+@pytest.mark.parametrize("backend", TRITON_BACKENDS)
+def test_score_token_keys_rank_pairs_as_the_draw_does(backend):
+    """The int64 keys the draws reduce a round's exact scores with order (score, token) pairs by the
+    larger score, then the lower token, on signed zeros, infinities, subnormals and ties, and give
+    both back (-0.0 as +0.0)."""
+    gen = torch.Generator().manual_seed(41)
+    specials = torch.tensor([0.0, -0.0, float("inf"), float("-inf"), 1e-45, -1e-45, 1.5, -1.5, 3.4e38, -3.4e38])
+    scores = torch.cat([specials, torch.randn(500, generator=gen) * 10, torch.randn(6, generator=gen).repeat(20)])
+    tokens = torch.cat([torch.tensor([-1, 2**31 - 1]), torch.randint(-4, 2**31 - 1, (scores.numel() - 2,),
+                                                                        generator=gen)]).to(torch.int32)
+    keys, back_scores, back_tokens = gumbel.score_token_keys_triton(scores.to(device_of(backend)),
+                                                                    tokens.to(device_of(backend)))
+    keys, back_scores, back_tokens = keys.cpu(), back_scores.cpu(), back_tokens.cpu()
+    assert torch.equal(back_scores, scores + 0.0) and torch.equal(back_tokens, tokens)  # + 0.0: -0.0 to +0.0
+    i, j = torch.meshgrid(torch.arange(scores.numel()), torch.arange(scores.numel()), indexing="ij")
+    ranks_above = (scores[i] > scores[j]) | ((scores[i] == scores[j]) & (tokens[i] < tokens[j]))
+    assert torch.equal(keys[i] > keys[j], ranks_above)
+
+
 def test_cpu_draw_skips_only_blocks_whose_noise_is_below_the_level():
     """The CPU draws skip a block of 4 tokens when its largest logit plus `noise_upper` of its block
     bits stays below a level: on all 2**23 uniforms, the bound lies above the block's largest noise

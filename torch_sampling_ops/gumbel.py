@@ -419,6 +419,28 @@ def gumbel_noise_triton(bits: torch.Tensor):
     return exact, approx
 
 
+@triton.jit
+def _score_token_key_kernel(scores_ptr, tokens_ptr, keys_ptr, back_scores_ptr, back_tokens_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    ok = offs < n
+    key = score_token_key(tl.load(scores_ptr + offs, mask=ok), tl.load(tokens_ptr + offs, mask=ok))
+    score, token = score_token_of(key)
+    tl.store(keys_ptr + offs, key, mask=ok)
+    tl.store(back_scores_ptr + offs, score, mask=ok)
+    tl.store(back_tokens_ptr + offs, token, mask=ok)
+
+
+def score_token_keys_triton(scores: torch.Tensor, tokens: torch.Tensor):
+    """(score_token_key int64, then score_token_of's float32 scores and int32 tokens) of 1-D float32
+    `scores` and int32 `tokens`, computed by the Triton functions the kernels use (for tests)."""
+    n = scores.numel()
+    keys = torch.empty(n, dtype=torch.int64, device=scores.device)
+    back_scores, back_tokens = torch.empty_like(scores), torch.empty_like(tokens)
+    if n:
+        _score_token_key_kernel[(cdiv(n, 1024),)](scores, tokens, keys, back_scores, back_tokens, n, BLOCK=1024)
+    return keys, back_scores, back_tokens
+
+
 def random_stream_triton(seeds: torch.Tensor, positions: torch.Tensor, tokens: torch.Tensor):
     """(bits int64, noise float32) of the stream at each (seed, position, token), elementwise over
     1-D int64 tensors, computed by the Triton functions the kernels use (for tests)."""
