@@ -296,10 +296,31 @@ def score_token_of(key):
 
 
 @triton.jit
+def slot_pick(slot, block, slots, other):
+    """[lanes, slots]: a lane's `block` at its `slot` (-1: none), `other` elsewhere (-1, or the picks
+    of the next list). Its max over the lanes gathers a round's blocks (reach_round_tokens)."""
+    return tl.where(slot[:, None] == slots[None, :], block[:, None], other)
+
+
+@triton.jit
+def reach_round_tokens(picked, begin, end):
+    """(tokens, live) [slots, 4] of the blocks a round gathers from `picked` (slot_pick's): the
+    blocks' tokens, live where a block was gathered and the token lies in [begin, end)."""
+    slot_blocks = tl.max(picked, axis=0)
+    tokens = slot_blocks[:, None] * 4 + tl.arange(0, 4)[None, :]
+    return tokens, (slot_blocks[:, None] >= 0) & (tokens >= begin) & (tokens < end)
+
+
+@triton.jit
 def _round_best(best, exact, tokens):
     """The running score_token_key `best` with a round's exact scores at `tokens` (same shape, 2-D,
     -inf where not scored) taken in."""
     return tl.maximum(best, tl.max(tl.max(score_token_key(exact, tokens), axis=1), axis=0))
+
+
+# Reaching blocks a round of sample's Gumbel draws scores exactly (gumbel_argmax's REACH_SLOTS):
+# the full-row draw and the general path.
+DRAW_REACH_SLOTS = tl.constexpr(8)
 
 
 @triton.jit
@@ -341,18 +362,14 @@ def gumbel_argmax(row_ptr, begin, end, key, temp, tol, SCALE: tl.constexpr, BLOC
         realised = tl.maximum(realised, tl.max(tl.where(first_arrival, x, float("-inf")), axis=1) + noise_max)
         c1, c1_block, c2, c2_block, c3 = _block_candidates_update(c1, c1_block, c2, c2_block, c3, bound, blocks)
     exhaustive, reach1, reach2 = _block_reach(c1, c2, c3, realised, tol)
-    # The reaching blocks, numbered in lane order (the first list's, then the second's), are scored
-    # exactly REACH_SLOTS at a time, gathered by a [lanes, REACH_SLOTS] selection.
-    # Both lists' counts in one int32 (a list holds at most NUM_LANES < 2**16): one sum, one scan.
+    # The reaching blocks of a lane take consecutive slots (first, second), the lanes in order; they
+    # are scored exactly REACH_SLOTS at a time.
     f1 = reach1.to(tl.int32)
-    f2 = reach2.to(tl.int32)
-    flags = f1 + (f2 << 16)
-    counts = tl.sum(flags, axis=0)
-    count1 = counts & 0xFFFF
-    reaching = count1 + (counts >> 16)
-    before = tl.cumsum(flags, axis=0) - flags
-    slot1 = before & 0xFFFF
-    slot2 = count1 + (before >> 16)
+    count = f1 + reach2.to(tl.int32)
+    reaching = tl.sum(count, axis=0)
+    base = tl.cumsum(count, axis=0) - count
+    slot1 = tl.where(reach1, base, -1)
+    slot2 = tl.where(reach2, base + f1, -1)
     if exhaustive:
         score, token = _exact_gumbel_argmax(row_ptr, begin, end, key, temp, SCALE, BLOCK_V)
     else:
@@ -360,11 +377,8 @@ def gumbel_argmax(row_ptr, begin, end, key, temp, tol, SCALE: tl.constexpr, BLOC
         first_slot = 0
         while first_slot < reaching:
             slots = first_slot + tl.arange(0, REACH_SLOTS)
-            slot_blocks = tl.max(tl.maximum(
-                tl.where(reach1[:, None] & (slot1[:, None] == slots[None, :]), c1_block[:, None], -1),
-                tl.where(reach2[:, None] & (slot2[:, None] == slots[None, :]), c2_block[:, None], -1)), axis=0)
-            tokens = slot_blocks[:, None] * 4 + column[None, :]
-            live = (slot_blocks[:, None] >= 0) & (tokens >= begin) & (tokens < end)
+            tokens, live = reach_round_tokens(slot_pick(slot1, c1_block, slots, slot_pick(slot2, c2_block, slots, -1)),
+                                              begin, end)
             exact = _exact_gumbel_scores(row_ptr, tokens, live, key, temp, SCALE)
             best = _round_best(best, exact, tokens)
             first_slot += REACH_SLOTS

@@ -56,7 +56,6 @@ _DRAW_STAGES = _ARGMAX_STAGES
 _SPLIT_DRAW_BLOCK_V = 2048
 _SPLIT_DRAW_STAGES = 3
 _DRAW_WARPS = 8
-_DRAW_REACH_SLOTS = 8  # reaching blocks a round of the Gumbel draw scores exactly (gumbel_argmax)
 _MAX_TOPK = 1024  # largest num_logprobs: the Triton kernels hold K-key lists in registers; more is rejected
 # logprobs splits each row into segments of _LOGPROBS_SEGMENT tokens, one program of _LOGPROBS_WARPS
 # warps each (a function of V only, so a row's result never depends on the batch). For K (=
@@ -483,7 +482,7 @@ def _sample_triton(logits, idx_mapping, temperature, top_k, top_p, min_p, seeds,
         grid, block, stages, argmax_stages = (T, 1), _DRAW_BLOCK_V, _DRAW_STAGES, _ARGMAX_STAGES
     launch(_draw_kernel, grid, *args, DRAW_SEGMENT=settings.draw_segment, SPLIT=split,
            BLOCK_V=min(block, settings.draw_segment), SAMPLE=settings.sample, SEG_CAP=settings.seg_cap, PDL=pdl,
-           STAGES=stages, ARGMAX_STAGES=argmax_stages, REACH_SLOTS=_DRAW_REACH_SLOTS, num_warps=_DRAW_WARPS)
+           STAGES=stages, ARGMAX_STAGES=argmax_stages, REACH_SLOTS=gumbel.DRAW_REACH_SLOTS.value, num_warps=_DRAW_WARPS)
     for kernel, grid, meta in plan:
         launch(kernel, grid, *args, **meta)
     return out

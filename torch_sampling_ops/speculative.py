@@ -55,8 +55,10 @@ from .gumbel import (
     block_bits,
     block_noise_approx,
     gumbel_argmax,
+    reach_round_tokens,
     score_token_key,
     score_token_of,
+    slot_pick,
     stream_bits,
     stream_key,
     stream_noise,
@@ -224,14 +226,10 @@ def _residual_chunk(row_ptr, probs_row_ptr, draft, row_max, row_sum, key, start,
         best_p = best_r
         first_slot = 0
         while first_slot < reaching:
-            slots = (first_slot + tl.arange(0, REACH_SLOTS))[None, :]
-            picked = tl.where(slot_r1[:, None] == slots, r1_block[:, None],
-                              tl.where(slot_r2[:, None] == slots, r2_block[:, None],
-                                       tl.where(slot_p1[:, None] == slots, p1_block[:, None],
-                                                tl.where(slot_p2[:, None] == slots, p2_block[:, None], -1))))
-            slot_blocks = tl.max(picked, axis=0)
-            tokens = slot_blocks[:, None] * 4 + column[None, :]
-            live = (slot_blocks[:, None] >= 0) & (tokens >= start) & (tokens < limit)
+            slots = first_slot + tl.arange(0, REACH_SLOTS)
+            picked = slot_pick(slot_r1, r1_block, slots, slot_pick(slot_r2, r2_block, slots, slot_pick(
+                slot_p1, p1_block, slots, slot_pick(slot_p2, p2_block, slots, -1))))
+            tokens, live = reach_round_tokens(picked, start, limit)
             exact_r, exact_p = _exact_residual_scores(row_ptr, probs_row_ptr, draft, row_max, row_sum, key, tokens,
                                                       live, limit, HAS_PROBS)
             best_r = _round_best(best_r, exact_r, tokens)

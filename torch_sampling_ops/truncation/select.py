@@ -6,6 +6,7 @@ import triton.language as tl
 
 from .._triton_helpers import load_slot
 from ..gumbel import (
+    DRAW_REACH_SLOTS,
     approx_gumbel_score,
     argmax_finish,
     gumbel_argmax,
@@ -292,10 +293,6 @@ def _draw_candidates_exactly(values_ptr, positions_ptr, count, threshold, key, T
     return token
 
 
-# Reaching blocks a round of the general path's draw scores exactly (gumbel_argmax's REACH_SLOTS).
-_GENERAL_DRAW_REACH_SLOTS = tl.constexpr(16)
-
-
 @triton.jit(noinline=True)
 def _draw_general_row(logits_row, copy_ptr, scratch_ptr, vocab_size, k, p, k_on, p_on, temp, min_p, row_max, key,
                       tol, P: tl.constexpr, CAP: tl.constexpr, BLOCK: tl.constexpr, MASK_BLOCK: tl.constexpr):
@@ -312,7 +309,7 @@ def _draw_general_row(logits_row, copy_ptr, scratch_ptr, vocab_size, k, p, k_on,
     tl.debug_barrier()  # the copy, written by all of the program's threads, is read by all of them
     _general_row(copy_ptr, scratch_ptr, vocab_size, k, p, k_on, p_on, P, CAP, BLOCK, MASK_BLOCK)
     tl.debug_barrier()
-    _, token = gumbel_argmax(copy_ptr, 0, vocab_size, key, temp, tol, False, BLOCK, _GENERAL_DRAW_REACH_SLOTS)
+    _, token = gumbel_argmax(copy_ptr, 0, vocab_size, key, temp, tol, False, BLOCK, DRAW_REACH_SLOTS)
     return token
 
 
