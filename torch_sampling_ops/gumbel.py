@@ -312,7 +312,20 @@ def reach_round_tokens(picked, begin, end):
 
 
 @triton.jit
-def _round_best(best, exact, tokens):
+def round_best_empty():
+    """The score_token_key no token beats: (-inf, the largest token); round_best folds rounds into it."""
+    return score_token_key(tl.full([], float("-inf"), tl.float32), tl.full([], 2147483647, tl.int32))
+
+
+@triton.jit
+def round_winner(best):
+    """(score, token) of round_best's key `best`; token -1 when no round scored a token above -inf."""
+    score, token = score_token_of(best)
+    return score, tl.where(score > float("-inf"), token, -1)
+
+
+@triton.jit
+def round_best(best, exact, tokens):
     """The running score_token_key `best` with a round's exact scores at `tokens` (same shape, 2-D,
     -inf where not scored) taken in."""
     return tl.maximum(best, tl.max(tl.max(score_token_key(exact, tokens), axis=1), axis=0))
@@ -373,17 +386,16 @@ def gumbel_argmax(row_ptr, begin, end, key, temp, tol, SCALE: tl.constexpr, BLOC
     if exhaustive:
         score, token = _exact_gumbel_argmax(row_ptr, begin, end, key, temp, SCALE, BLOCK_V)
     else:
-        best = score_token_key(tl.full([], float("-inf"), tl.float32), tl.full([], 2147483647, tl.int32))
+        best = round_best_empty()
         first_slot = 0
         while first_slot < reaching:
             slots = first_slot + tl.arange(0, REACH_SLOTS)
             tokens, live = reach_round_tokens(slot_pick(slot1, c1_block, slots, slot_pick(slot2, c2_block, slots, -1)),
                                               begin, end)
             exact = _exact_gumbel_scores(row_ptr, tokens, live, key, temp, SCALE)
-            best = _round_best(best, exact, tokens)
+            best = round_best(best, exact, tokens)
             first_slot += REACH_SLOTS
-        score, token = score_token_of(best)
-        token = tl.where(score > float("-inf"), token, -1)
+        score, token = round_winner(best)
     return score, token
 
 

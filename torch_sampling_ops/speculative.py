@@ -47,7 +47,6 @@ from ._triton_helpers import exp_flush_tiny, fast_log2
 from .gumbel import (
     _block_candidates_update,
     _block_reach,
-    _round_best,
     argmax_finish,
     argmax_init,
     argmax_tokens,
@@ -56,8 +55,9 @@ from .gumbel import (
     block_noise_approx,
     gumbel_argmax,
     reach_round_tokens,
-    score_token_key,
-    score_token_of,
+    round_best,
+    round_best_empty,
+    round_winner,
     slot_pick,
     stream_bits,
     stream_key,
@@ -222,7 +222,7 @@ def _residual_chunk(row_ptr, probs_row_ptr, draft, row_max, row_sum, key, start,
         score_r, token_r, score_p, token_p = _exact_residual_chunk(row_ptr, probs_row_ptr, draft, row_max, row_sum,
                                                                    key, start, limit, vocab_size, HAS_PROBS, BLOCK_V)
     else:
-        best_r = score_token_key(tl.full([], float("-inf"), tl.float32), tl.full([], 2147483647, tl.int32))
+        best_r = round_best_empty()
         best_p = best_r
         first_slot = 0
         while first_slot < reaching:
@@ -232,13 +232,11 @@ def _residual_chunk(row_ptr, probs_row_ptr, draft, row_max, row_sum, key, start,
             tokens, live = reach_round_tokens(picked, start, limit)
             exact_r, exact_p = _exact_residual_scores(row_ptr, probs_row_ptr, draft, row_max, row_sum, key, tokens,
                                                       live, limit, HAS_PROBS)
-            best_r = _round_best(best_r, exact_r, tokens)
-            best_p = _round_best(best_p, exact_p, tokens)
+            best_r = round_best(best_r, exact_r, tokens)
+            best_p = round_best(best_p, exact_p, tokens)
             first_slot += REACH_SLOTS
-        score_r, token_r = score_token_of(best_r)
-        score_p, token_p = score_token_of(best_p)
-        token_r = tl.where(score_r > float("-inf"), token_r, -1)
-        token_p = tl.where(score_p > float("-inf"), token_p, -1)
+        score_r, token_r = round_winner(best_r)
+        score_p, token_p = round_winner(best_p)
     return score_r, token_r, score_p, token_p
 
 
