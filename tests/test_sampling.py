@@ -678,24 +678,32 @@ def test_sample_launches(monkeypatch, T, kernels):
 
     monkeypatch.setattr(sampling, "launch", record)
     monkeypatch.setattr(truncation_op, "launch", record)
-    V = 3 * current_settings().draw_segment + 1
+    settings = current_settings()
+    V = 3 * settings.draw_segment + 1
     sampling._sample_triton(*sample_args(T, V, torch.Generator().manual_seed(5), torch.device("cpu")))
     assert [name for name, _ in launched] == kernels
-    assert launched[0][1] == ((T, 4) if T < current_settings().split_draw_max_t else (T, 1))
+    segments = -(-V // settings.draw_segment_for(T))
+    assert launched[0][1] == ((T, segments) if T < settings.split_draw_max_t else (T, 1))
+    assert segments == (4 if T < settings.wide_draw_min_t else 2)
 
 
-@pytest.mark.interpret
-def test_sample_row_split_gives_the_same_tokens():
-    """The draw splits rows into segments at small T; with or without the split, the same tokens."""
+@pytest.mark.parametrize("backend", TRITON_BACKENDS)
+def test_sample_row_split_gives_the_same_tokens(backend):
+    """The draw splits rows into segments below split_draw_max_t rows, wider ones from
+    wide_draw_min_t; split either way or not at all, the same tokens."""
     gen = torch.Generator().manual_seed(13)
-    args = sample_args(6, 5000, gen, torch.device("cpu"), R=6)
-    args[1] = torch.tensor([0, 1, 2, 3, -1, 1])
-    split = run_op("interpret", "sample", *args)
+    V = 2 * current_settings().wide_draw_segment + 904  # 5 and 3 segments under the interpreter
+    args = sample_args(6, V, gen, device_of(backend), R=6)
+    args[1] = torch.tensor([0, 1, 2, 3, -1, 1]).to(args[1])
+    split = run_op(backend, "sample", *args)
     with use_settings(split_draw_max_t=0):
-        whole = run_op("interpret", "sample", *args)
+        whole = run_op(backend, "sample", *args)
+    with use_settings(wide_draw_min_t=1):  # the wider segments of larger batches
+        wide = run_op(backend, "sample", *args)
     assert torch.equal(split, whole)
+    assert torch.equal(wide, whole)
     assert split[4] == -1
-    assert (split == torch.ops.sampling.sample(*args)).sum() >= 5
+    assert (split.cpu() == torch.ops.sampling.sample(*[a.cpu() for a in args])).sum() >= 5
 
 
 @pytest.mark.interpret

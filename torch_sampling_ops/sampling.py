@@ -1,10 +1,10 @@
 """Drawing tokens: `sample` and `logprobs` (the random stream and the Gumbel draw: `gumbel`).
 
 `sample` on CUDA: the rows without a filter and the greedy rows are drawn by the first launch,
-reading each row once (below 128 rows, one program a row and 8192-token segment, whose pairs the
-next launch reduces in order): the argmax of logits / temperature + Gumbel noise over the tokens
-above -inf, ties to the lower index (`gumbel.gumbel_argmax`), or for a greedy row the plain argmax
-(the filters always keep it). The rows with min_p, top_k or top_p on take `top_k_top_p`'s launches
+reading each row once (below 128 rows, one program a row and segment, of 8192 tokens and of 16384
+from 32 rows, whose pairs the next launch reduces in order): the argmax of logits / temperature +
+Gumbel noise over the tokens above -inf, ties to the lower index (`gumbel.gumbel_argmax`), or for a
+greedy row the plain argmax (the filters always keep it). The rows with min_p, top_k or top_p on take `top_k_top_p`'s launches
 in their DRAW form (`truncation.filtered_draw_launches`), whose first step, the rows' bounds from a
 sample of their tokens, the first launch takes too: the scan lists each row's candidates from
 the logits as they are, the list is gathered (by a launch of its own below 128 rows, else by the
@@ -46,10 +46,10 @@ from .truncation.workspace import row_settings, store_draw_pair
 # _DRAW_BLOCK_V, _ARGMAX_STAGES at a time for a greedy row's argmax (bound by the read) and
 # _DRAW_STAGES for the Gumbel draw (its block bounds leave it near the read too; whether staging
 # pays there is open, docs/notes/sampling-tuning.md); the staging buffers are shared memory, so
-# the kernel's registers do not grow; below `split_draw_max_t` rows,
-# the `draw_segment` tokens of a program (truncation.settings) in tiles of _SPLIT_DRAW_BLOCK_V, with
-# _SPLIT_DRAW_STAGES tiles in flight (a segment is only a few tiles: their loads would otherwise wait
-# on each other). The token is the exact argmax whatever the tiles.
+# the kernel's registers do not grow; below `split_draw_max_t` rows, the `draw_segment_for(T)`
+# tokens of a program (truncation.settings) in tiles of _SPLIT_DRAW_BLOCK_V, with _SPLIT_DRAW_STAGES
+# tiles in flight (a segment is only a few tiles: their loads would otherwise wait on each other).
+# The token is the exact argmax whatever the tiles.
 _DRAW_BLOCK_V = 4096
 _ARGMAX_STAGES = 3
 _DRAW_STAGES = _ARGMAX_STAGES
@@ -475,13 +475,14 @@ def _sample_triton(logits, idx_mapping, temperature, top_k, top_p, min_p, seeds,
     args, plan, settings, pdl = filtered_draw_launches(logits, idx_mapping, temperature, top_k, top_p, min_p, seeds,
                                                        output_lens, out, gumbel.GUMBEL_APPROX_TOL)
     split = T < settings.split_draw_max_t
+    segment = settings.draw_segment_for(T)  # the scan launch reduces the pairs of the same segments
     if split:
-        grid, block, stages, argmax_stages = ((T, cdiv(V, settings.draw_segment)), _SPLIT_DRAW_BLOCK_V,
-                                              _SPLIT_DRAW_STAGES, _SPLIT_DRAW_STAGES)
+        grid, block, stages, argmax_stages = ((T, cdiv(V, segment)), _SPLIT_DRAW_BLOCK_V, _SPLIT_DRAW_STAGES,
+                                              _SPLIT_DRAW_STAGES)
     else:
         grid, block, stages, argmax_stages = (T, 1), _DRAW_BLOCK_V, _DRAW_STAGES, _ARGMAX_STAGES
-    launch(_draw_kernel, grid, *args, DRAW_SEGMENT=settings.draw_segment, SPLIT=split,
-           BLOCK_V=min(block, settings.draw_segment), SAMPLE=settings.sample, SEG_CAP=settings.seg_cap, PDL=pdl,
+    launch(_draw_kernel, grid, *args, DRAW_SEGMENT=segment, SPLIT=split,
+           BLOCK_V=min(block, segment), SAMPLE=settings.sample, SEG_CAP=settings.seg_cap, PDL=pdl,
            STAGES=stages, ARGMAX_STAGES=argmax_stages, REACH_SLOTS=gumbel.DRAW_REACH_SLOTS.value, num_warps=_DRAW_WARPS)
     for kernel, grid, meta in plan:
         launch(kernel, grid, *args, **meta)

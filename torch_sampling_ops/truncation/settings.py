@@ -64,12 +64,19 @@ class TruncationSettings:
     """From this batch size such callers' scans group their segments; below it one program a
     segment keeps the few rows spread over the GPU."""
     draw_segment: int = 8192
-    """For `sample`: tokens a program of its full-row draw takes below `split_draw_max_t` rows (a
+    """For `sample`: tokens a program of its full-row draw takes below `wide_draw_min_t` rows (a
     row alone would otherwise be streamed by one SM). The argmax is exact whatever the split, so a
     row's token does not depend on it."""
+    wide_draw_segment: int = 16384
+    """For `sample`: tokens a program of its full-row draw takes from `wide_draw_min_t` to
+    `split_draw_max_t` rows, where the batch alone spreads the draw over the GPU and longer
+    programs pay their start and their reduction fewer times."""
+    wide_draw_min_t: int = 32
+    """For `sample`: from this batch size the split draw takes `wide_draw_segment` tokens a program."""
     split_draw_max_t: int = 128
-    """For `sample`: below this batch size the full-row draw splits each row into `draw_segment`
-    programs, whose (score, token) pairs the scan launch reduces; from it one program a row."""
+    """For `sample`: below this batch size the full-row draw splits each row into segments of
+    `draw_segment_for(T)` tokens, one program each, whose (score, token) pairs the scan launch
+    reduces; from it one program a row."""
     gather_in_draw_min_t: int = 128
     """For `sample`, from this batch size the program that draws a row settles and gathers it itself
     (two launches fewer); below it the settle and gather launches do, a row's chunks spread over
@@ -96,7 +103,7 @@ class TruncationSettings:
 
     def __post_init__(self):
         sizes = ("segment", "seg_cap", "chunk", "sample", "tile", "small", "block", "mask_block", "pivots", "cap",
-                 "draw_segment")
+                 "draw_segment", "wide_draw_segment")
         for name in sizes:  # tl.arange extents
             value = getattr(self, name)
             if value <= 0 or value & (value - 1):
@@ -104,6 +111,10 @@ class TruncationSettings:
         if self.chunk % self.segment:
             raise ValueError(f"TruncationSettings.chunk ({self.chunk}) must be a whole number of segments "
                              f"({self.segment})")
+
+    def draw_segment_for(self, T: int) -> int:
+        """Tokens a program of `sample`'s split full-row draw takes in a batch of T rows."""
+        return self.wide_draw_segment if T >= self.wide_draw_min_t else self.draw_segment
 
     @property
     def sweep_group(self) -> int:
@@ -113,7 +124,7 @@ class TruncationSettings:
 
 GPU_SETTINGS = TruncationSettings()
 INTERPRETER_SETTINGS = TruncationSettings(segment=256, seg_cap=32, chunk=1024, sample=256, tile=256, small=32,
-                                          cap=256, draw_segment=1024)
+                                          cap=256, draw_segment=1024, wide_draw_segment=2048)
 DEFAULT_SETTINGS = INTERPRETER_SETTINGS if _INTERPRET else GPU_SETTINGS
 
 # The selection's sweeps keep per-thread statistics over groups of this many consecutive candidates
