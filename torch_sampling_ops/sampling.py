@@ -1,7 +1,7 @@
 """Drawing tokens: `sample` and `logprobs` (the random stream and the Gumbel draw: `gumbel`).
 
 `sample` on CUDA: the rows without a filter and the greedy rows are drawn by the first launch,
-reading each row once (below 128 rows, one program a row and segment, of 8192 tokens and of 16384
+reading each row once (below 80 rows, one program a row and segment, of 8192 tokens and of 16384
 from 32 rows, whose pairs the next launch reduces in order): the argmax of logits / temperature +
 Gumbel noise over the tokens above -inf, ties to the lower index (`gumbel.gumbel_argmax`), or for a
 greedy row the plain argmax (the filters always keep it). The rows with min_p, top_k or top_p on take `top_k_top_p`'s launches

@@ -73,10 +73,10 @@ class TruncationSettings:
     programs pay their start and their reduction fewer times."""
     wide_draw_min_t: int = 32
     """For `sample`: from this batch size the split draw takes `wide_draw_segment` tokens a program."""
-    split_draw_max_t: int = 128
+    split_draw_max_t: int = 80
     """For `sample`: below this batch size the full-row draw splits each row into segments of
     `draw_segment_for(T)` tokens, one program each, whose (score, token) pairs the scan launch
-    reduces; from it one program a row."""
+    reduces; from it one program a row (whole rows then fill the GPU, and skip the reduction)."""
     gather_in_draw_min_t: int = 128
     """For `sample`, from this batch size the program that draws a row settles and gathers it itself
     (two launches fewer); below it the settle and gather launches do, a row's chunks spread over
