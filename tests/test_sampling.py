@@ -692,7 +692,7 @@ def test_sample_row_split_gives_the_same_tokens(backend):
     """The draw splits rows into segments below split_draw_max_t rows, wider ones from
     wide_draw_min_t; split either way or not at all, the same tokens."""
     gen = torch.Generator().manual_seed(13)
-    V = 2 * current_settings().wide_draw_segment + 904  # 5 and 3 segments under the interpreter
+    V = 2 * current_settings().wide_draw_segment + 904  # 5 narrow segments, 3 wide ones
     args = sample_args(6, V, gen, device_of(backend), R=6)
     args[1] = torch.tensor([0, 1, 2, 3, -1, 1]).to(args[1])
     split = run_op(backend, "sample", *args)

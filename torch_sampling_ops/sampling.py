@@ -1,13 +1,14 @@
 """Drawing tokens: `sample` and `logprobs` (the random stream and the Gumbel draw: `gumbel`).
 
 `sample` on CUDA: the rows without a filter and the greedy rows are drawn by the first launch,
-reading each row once (below 80 rows, one program a row and segment, of 8192 tokens and of 16384
-from 32 rows, whose pairs the next launch reduces in order): the argmax of logits / temperature +
-Gumbel noise over the tokens above -inf, ties to the lower index (`gumbel.gumbel_argmax`), or for a
-greedy row the plain argmax (the filters always keep it). The rows with min_p, top_k or top_p on take `top_k_top_p`'s launches
-in their DRAW form (`truncation.filtered_draw_launches`), whose first step, the rows' bounds from a
-sample of their tokens, the first launch takes too: the scan lists each row's candidates from
-the logits as they are, the list is gathered (by a launch of its own below 128 rows, else by the
+reading each row once (below `split_draw_max_t` rows, one program a row and segment of
+`draw_segment_for(T)` tokens, truncation.settings, whose pairs the next launch reduces in order):
+the argmax of logits / temperature + Gumbel noise over the tokens above -inf, ties to the lower
+index (`gumbel.gumbel_argmax`), or for a greedy row the plain argmax (the filters always keep it).
+The rows with min_p, top_k or top_p on take `top_k_top_p`'s launches in their DRAW form
+(`truncation.filtered_draw_launches`), whose first step, the rows' bounds from a sample of their
+tokens, the first launch takes too: the scan lists each row's candidates from the logits as they
+are, the list is gathered (by a launch of its own below 128 rows, else by the
 selection's program), the selection finds the filters' threshold on y = logits / temperature
 (IEEE division, as the `temperature` op) among them and draws the token from the kept
 candidates alone (scored approximately, the winner exact); nothing is written back and no [T, V]
