@@ -706,6 +706,32 @@ def test_sample_row_split_gives_the_same_tokens(backend):
     assert (split.cpu() == torch.ops.sampling.sample(*[a.cpu() for a in args])).sum() >= 5
 
 
+@pytest.mark.parametrize("backend", TRITON_BACKENDS)
+def test_sample_tile_edges(backend, monkeypatch):
+    """The draws walk whole tiles unmasked and the partial tile at the end masked: rows that end on a
+    tile, one, two or three tokens past it (a block of 4 cut by the row's end) or inside the first
+    tile, split into segments and whole. Greedy rows with their maximum in the last token, the last
+    token of the last whole tile and (tied) the first token; plain rows equal the exact draw."""
+    gen = torch.Generator().manual_seed(17)
+    tile = sampling._DRAW_BLOCK_V  # the whole-row tile; a split row's segment is whole tiles
+    for V in (tile // 2 + 3, tile, tile + 1, tile + 2, 2 * tile + 3):
+        logits = torch.randn(6, V, generator=gen) * 3
+        last_whole = V // tile * tile - 1 if V >= tile else V - 1
+        logits[0, V - 1] = logits[1, last_whole] = 20.0
+        logits[2, 0] = logits[2, V - 1] = 30.0
+        seeds = torch.arange(6, dtype=torch.int64) * 977 + 3
+        args = [logits, torch.tensor([0, 0, 0, 1, 1, 1]), torch.tensor([0.0, 0.8]), torch.zeros(2, dtype=torch.int32),
+                torch.ones(2), torch.zeros(2), seeds[:2], torch.arange(6) * 13]
+        args = [a.to(device_of(backend)) for a in args]
+        for split_max in (current_settings().split_draw_max_t, 0):
+            with use_settings(split_draw_max_t=split_max):
+                out = run_op(backend, "sample", *args).cpu()
+                with monkeypatch.context() as m:
+                    exact = exact_draw(backend, args, m).cpu()
+            assert out[:3].tolist() == [V - 1, last_whole, 0], (V, split_max)
+            assert torch.equal(out, exact), (V, split_max)
+
+
 @pytest.mark.interpret
 def test_sample_cpu_and_triton_agree():
     """CPU (C++) and Triton draw the same tokens except at near ties (rate reported)."""

@@ -242,6 +242,29 @@ def _exact_gumbel_argmax(row_ptr, begin, end, key, temp, SCALE: tl.constexpr, BL
 
 
 @triton.jit
+def first_arrival_value(x, hb):
+    """x[:, hb & 3] of a [lanes, 4] tile (hb: the blocks' bits, block_bits): the value at each
+    block's first arrival, by two selects on the position's bits within a thread's registers."""
+    NUM_LANES: tl.constexpr = x.shape[0]
+    even, odd = tl.split(tl.reshape(x, (NUM_LANES, 2, 2)))  # columns (0, 2) and (1, 3)
+    low, high = tl.split(tl.where(((hb & 1) != 0)[:, None], odd, even))  # columns pos & 1 and 2 + (pos & 1)
+    return tl.where((hb & 2) != 0, high, low)
+
+
+@triton.jit
+def _bound_blocks(x, blocks, key, inv_temp, realised, c1, c1_block, c2, c2_block, c3):
+    """gumbel_argmax's pass over a [lanes, 4] tile x of `blocks`: each block's bound U (its max
+    scaled by inv_temp, plus M_b) and first arrival's score L into the lanes' state."""
+    hb = block_bits(key, blocks)
+    noise_max = block_noise_approx(hb)
+    # Scaled after the block's max: rounding is monotone, so max(x) * s is max(x * s) (s > 0).
+    bound = tl.max(x, axis=1) * inv_temp + noise_max
+    realised = tl.maximum(realised, first_arrival_value(x, hb) * inv_temp + noise_max)
+    c1, c1_block, c2, c2_block, c3 = _block_candidates_update(c1, c1_block, c2, c2_block, c3, bound, blocks)
+    return realised, c1, c1_block, c2, c2_block, c3
+
+
+@triton.jit
 def _block_candidates_update(c1, c1_block, c2, c2_block, c3, bound, blocks):
     """Per lane: the largest block bound (and its block), the second (and its block), and the largest
     of the others (c3, a value only). Strictly larger displaces, so -inf and NaN bounds never enter."""
@@ -351,8 +374,8 @@ def gumbel_argmax(row_ptr, begin, end, key, temp, tol, SCALE: tl.constexpr, BLOC
     largest L, the winner scores at least floor = A - err(A) exactly; a block whose U + err(U)
     stays below it cannot hold the winner. The blocks that reach it are scored exactly,
     REACH_SLOTS at a time. When a lane's third block reaches the floor, or a bound is infinite, a
-    second pass scores every token exactly."""
-    inv_temp = tl.math.div_rn(1.0, temp)
+    second pass scores every token exactly. `begin` is a multiple of 4 (no block straddles it)."""
+    inv_temp = tl.math.div_rn(1.0, temp) if SCALE else 1.0
     NUM_LANES: tl.constexpr = BLOCK_V // 4
     lanes = tl.arange(0, NUM_LANES)
     column = tl.arange(0, 4)
@@ -362,18 +385,19 @@ def gumbel_argmax(row_ptr, begin, end, key, temp, tol, SCALE: tl.constexpr, BLOC
     c3 = tl.full((NUM_LANES,), float("-inf"), dtype=tl.float32)
     c1_block = tl.full((NUM_LANES,), -1, dtype=tl.int32)
     c2_block = tl.full((NUM_LANES,), -1, dtype=tl.int32)
-    for start in tl.range(begin - begin % 4, end, BLOCK_V, num_stages=STAGES):
+    # Whole tiles unmasked, then the partial tile at the end masked.
+    full_end = begin + (end - begin) // BLOCK_V * BLOCK_V
+    for start in tl.range(begin, full_end, BLOCK_V, num_stages=STAGES):
         blocks = start // 4 + lanes
+        x = tl.load(row_ptr + blocks[:, None] * 4 + column[None, :]).to(tl.float32)
+        realised, c1, c1_block, c2, c2_block, c3 = _bound_blocks(x, blocks, key, inv_temp, realised, c1, c1_block, c2,
+                                                                 c2_block, c3)
+    if full_end < end:
+        blocks = full_end // 4 + lanes
         offs = blocks[:, None] * 4 + column[None, :]
-        x = tl.load(row_ptr + offs, mask=(offs >= begin) & (offs < end), other=float("-inf")).to(tl.float32)
-        if SCALE:
-            x = x * inv_temp
-        hb = block_bits(key, blocks)
-        noise_max = block_noise_approx(hb)
-        first_arrival = column[None, :] == (hb & 3).to(tl.int32)[:, None]
-        bound = tl.max(x, axis=1) + noise_max
-        realised = tl.maximum(realised, tl.max(tl.where(first_arrival, x, float("-inf")), axis=1) + noise_max)
-        c1, c1_block, c2, c2_block, c3 = _block_candidates_update(c1, c1_block, c2, c2_block, c3, bound, blocks)
+        x = tl.load(row_ptr + offs, mask=offs < end, other=float("-inf")).to(tl.float32)
+        realised, c1, c1_block, c2, c2_block, c3 = _bound_blocks(x, blocks, key, inv_temp, realised, c1, c1_block, c2,
+                                                                 c2_block, c3)
     exhaustive, reach1, reach2 = _block_reach(c1, c2, c3, realised, tol)
     # The reaching blocks of a lane take consecutive slots (first, second), the lanes in order; they
     # are scored exactly REACH_SLOTS at a time.
@@ -400,15 +424,30 @@ def gumbel_argmax(row_ptr, begin, end, key, temp, tol, SCALE: tl.constexpr, BLOC
 
 
 @triton.jit
+def _argmax_tile(x, start, best, best_start):
+    """argmax_tokens' update of the lanes' best with the tile x starting at token `start`. From
+    best = -inf, strictly larger takes exactly the tokens above -inf (NaN never) and keeps a lane's
+    lower index on ties; a lane's token is its best tile's start plus the lane."""
+    take = x > best
+    return tl.where(take, x, best), tl.where(take, start, best_start)
+
+
+@triton.jit
 def argmax_tokens(row_ptr, begin, end, BLOCK_V: tl.constexpr, STAGES: tl.constexpr = 1):
     """(max, token) of row_ptr[begin:end] over the tokens above -inf (NaN never), the lower index
     among ties; (-inf, -1) without one: a greedy row's argmax. STAGES tiles in flight."""
-    best, best_j = argmax_init(BLOCK_V)
-    for start in tl.range(begin, end, BLOCK_V, num_stages=STAGES):
-        offs = start + tl.arange(0, BLOCK_V)
+    lanes = tl.arange(0, BLOCK_V)
+    best = tl.full((BLOCK_V,), float("-inf"), dtype=tl.float32)
+    best_start = tl.full((BLOCK_V,), -1, dtype=tl.int32)  # the tile of a lane's best; -1: none yet
+    # Whole tiles unmasked, then the partial tile at the end masked.
+    full_end = begin + (end - begin) // BLOCK_V * BLOCK_V
+    for start in tl.range(begin, full_end, BLOCK_V, num_stages=STAGES):
+        best, best_start = _argmax_tile(tl.load(row_ptr + start + lanes).to(tl.float32), start, best, best_start)
+    if full_end < end:
+        offs = full_end + lanes
         x = tl.load(row_ptr + offs, mask=offs < end, other=float("-inf")).to(tl.float32)
-        best, best_j = argmax_update(best, best_j, x, x > float("-inf"), offs)  # false for -inf and NaN
-    return argmax_finish(best, best_j, 2147483647)
+        best, best_start = _argmax_tile(x, full_end, best, best_start)
+    return argmax_finish(best, tl.where(best_start >= 0, best_start + lanes, -1), 2147483647)
 
 
 # ----------------------------------------------------------------------------------------------
