@@ -95,11 +95,16 @@ void gumbel_approx(const uint32_t* bits, int64_t n, float* noise) {
 // at::vec's exp_u20 (about 20 ulp a term: the logsumexp within about 1e-6).
 float sum_exp(const float* x, int64_t V, float m) {
   const Vec vm(m);
-  Vec acc(0.0f);
+  // Two accumulators, so that the sum's chain of adds does not bound the loop.
+  Vec acc0(0.0f), acc1(0.0f);
   int64_t j = 0;
-  for (; j + Vec::size() <= V; j += Vec::size()) acc = acc + (load_logits(x + j) - vm).exp_u20();
+  for (; j + 2 * Vec::size() <= V; j += 2 * Vec::size()) {
+    acc0 = acc0 + (load_logits(x + j) - vm).exp_u20();
+    acc1 = acc1 + (load_logits(x + j + Vec::size()) - vm).exp_u20();
+  }
+  for (; j + Vec::size() <= V; j += Vec::size()) acc0 = acc0 + (load_logits(x + j) - vm).exp_u20();
   float lanes[Vec::size()];
-  acc.store(lanes);
+  (acc0 + acc1).store(lanes);
   float s = 0.0f;
   for (int k = 0; k < Vec::size(); ++k) s += lanes[k];
   for (; j < V; ++j) s += x[j] == x[j] ? std::exp(x[j] - m) : 0.0f;
@@ -117,6 +122,27 @@ void logprobs_row(const float* x, int64_t V, int64_t tok, TopK& top, int64_t* to
   const Vec v_tok(x_tok);
   Vec v_max(kNegInf), v_larger(0.0f);
   int64_t j = 0;
+  // Blocks of kTopKBlock vectors: one test of their lanes' maxima against the top k's last entry,
+  // the vectors offered one by one only when it passes (rare once the list is full).
+  constexpr int64_t kTopKBlock = 8;
+  for (; j + kTopKBlock * Vec::size() <= V; j += kTopKBlock * Vec::size()) {
+    Vec v[kTopKBlock];
+    Vec block_max(kNegInf);
+    for (int64_t b = 0; b < kTopKBlock; ++b) {
+      v[b] = load_logits(x + j + b * Vec::size());
+      block_max = at::vec::maximum(block_max, v[b]);
+      v_larger = v_larger + v[b].gt(v_tok);
+    }
+    v_max = at::vec::maximum(v_max, block_max);
+    if (!top.candidates(block_max)) continue;
+    for (int64_t b = 0; b < kTopKBlock; ++b) {
+      const int64_t jb = j + b * Vec::size();
+      for (int mask = top.candidates(v[b]); mask; mask &= mask - 1) {
+        const int lane = __builtin_ctz(mask);
+        top.offer(x[jb + lane] == x[jb + lane] ? x[jb + lane] : kNegInf, jb + lane);
+      }
+    }
+  }
   for (; j + Vec::size() <= V; j += Vec::size()) {
     const Vec v = load_logits(x + j);
     v_max = at::vec::maximum(v_max, v);

@@ -18,9 +18,12 @@ inline bool ranks_before(float a, int64_t ia, float b, int64_t ib) {
 // The k best (value, index) pairs of a row, larger first (ranks_before), once `finish` has run;
 // vals[k - 1] is then the k-th largest value, ties counted. Offers that may enter the list wait in
 // `pending_`, merged into it a batch at a time (a sort of the batch and a merge, where inserting
-// each one would shift half the list). Tokens are offered in index order, so one equal to the last
+// each one would shift half the list), except into a full list of at most kInsertMaxK entries,
+// where each is inserted at once (a shift of a few entries, and the list's last entry, which
+// decides what is offered, is always current). Tokens are offered in index order, so one equal to the last
 // entry never ranks before it: only lanes above it need offering.
 struct TopK {
+  static constexpr int64_t kInsertMaxK = 64;
   std::vector<float> vals;
   std::vector<int64_t> ids;
   int64_t held = 0;  // entries of vals / ids in use (all k once k tokens were offered)
@@ -37,6 +40,16 @@ struct TopK {
   void offer(float x, int64_t j) {
     const int64_t k = this->k();
     if (k == 0 || (held == k && !ranks_before(x, j, vals[k - 1], ids[k - 1]))) return;
+    if (held == k && k <= kInsertMaxK) {  // a short full list: insert, from its end
+      int64_t i = k - 1;
+      for (; i > 0 && ranks_before(x, j, vals[i - 1], ids[i - 1]); --i) {
+        vals[i] = vals[i - 1];
+        ids[i] = ids[i - 1];
+      }
+      vals[i] = x;
+      ids[i] = j;
+      return;
+    }
     pending_.emplace_back(x, j);
     if (static_cast<int64_t>(pending_.size()) == (held < k ? k : batch_)) merge();
   }
