@@ -121,6 +121,13 @@ void logprobs_row(const float* x, int64_t V, int64_t tok, TopK& top, int64_t* to
   // so one equal to that entry never ranks before it.
   const Vec v_tok(x_tok);
   Vec v_max(kNegInf), v_larger(0.0f);
+  // Offers the lanes of v (tokens jv ..) that may enter the top k.
+  auto offer_lanes = [&](const Vec& v, int64_t jv) {
+    for (int mask = top.candidates(v); mask; mask &= mask - 1) {
+      const int lane = __builtin_ctz(mask);
+      top.offer(x[jv + lane] == x[jv + lane] ? x[jv + lane] : kNegInf, jv + lane);
+    }
+  };
   int64_t j = 0;
   // Blocks of kTopKBlock vectors: one test of their lanes' maxima against the top k's last entry,
   // the vectors offered one by one only when it passes (rare once the list is full).
@@ -135,22 +142,13 @@ void logprobs_row(const float* x, int64_t V, int64_t tok, TopK& top, int64_t* to
     }
     v_max = at::vec::maximum(v_max, block_max);
     if (!top.candidates(block_max)) continue;
-    for (int64_t b = 0; b < kTopKBlock; ++b) {
-      const int64_t jb = j + b * Vec::size();
-      for (int mask = top.candidates(v[b]); mask; mask &= mask - 1) {
-        const int lane = __builtin_ctz(mask);
-        top.offer(x[jb + lane] == x[jb + lane] ? x[jb + lane] : kNegInf, jb + lane);
-      }
-    }
+    for (int64_t b = 0; b < kTopKBlock; ++b) offer_lanes(v[b], j + b * Vec::size());
   }
   for (; j + Vec::size() <= V; j += Vec::size()) {
     const Vec v = load_logits(x + j);
     v_max = at::vec::maximum(v_max, v);
     v_larger = v_larger + v.gt(v_tok);
-    for (int mask = top.candidates(v); mask; mask &= mask - 1) {
-      const int lane = __builtin_ctz(mask);
-      top.offer(x[j + lane] == x[j + lane] ? x[j + lane] : kNegInf, j + lane);
-    }
+    offer_lanes(v, j);
   }
   float m = max_lane(v_max);
   float lanes[Vec::size()];

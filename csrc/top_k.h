@@ -20,8 +20,8 @@ inline bool ranks_before(float a, int64_t ia, float b, int64_t ib) {
 // `pending_`, merged into it a batch at a time (a sort of the batch and a merge, where inserting
 // each one would shift half the list), except into a full list of at most kInsertMaxK entries,
 // where each is inserted at once (a shift of a few entries, and the list's last entry, which
-// decides what is offered, is always current). Tokens are offered in index order, so one equal to the last
-// entry never ranks before it: only lanes above it need offering.
+// decides what is offered, stays current). Tokens are offered in index order, so one equal to the
+// last entry never ranks before it: only lanes above it need offering.
 struct TopK {
   static constexpr int64_t kInsertMaxK = 64;
   std::vector<float> vals;
