@@ -3,12 +3,22 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <functional>
 #include <utility>
 #include <vector>
 
 #include "vec.h"
 
 namespace tso {
+
+// A lower bound of a row's k-th largest value (ties counted), given the maxima of n disjoint groups
+// of its tokens: the k-th largest of them (k tokens hold a value at least it), -inf when n < k.
+// Reorders `maxima`.
+inline float kth_group_max(float* maxima, int64_t n, int64_t k) {
+  if (k <= 0 || n < k) return kNegInf;
+  std::nth_element(maxima, maxima + (k - 1), maxima + n, std::greater<float>());
+  return maxima[k - 1];
+}
 
 // (value, index) ordering: larger value first, lower index among ties.
 inline bool ranks_before(float a, int64_t ia, float b, int64_t ib) {

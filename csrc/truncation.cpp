@@ -73,12 +73,7 @@ float kth_largest(const float* x, int64_t V, int64_t k, std::vector<float>& cand
     scratch.insert(scratch.end(), lanes, lanes + kPhases * Vec::size());
   }
   candidates.clear();
-  float lower = kNegInf;
-  if (static_cast<int64_t>(scratch.size()) >= k) {
-    std::nth_element(scratch.begin(), scratch.begin() + (k - 1), scratch.end(),
-                     std::greater<float>());
-    lower = scratch[k - 1];
-  }
+  const float lower = kth_group_max(scratch.data(), static_cast<int64_t>(scratch.size()), k);
   // A bound at -inf (fewer than k groups with a live token) or one that lets through many more
   // than k values: the list.
   const int64_t most = 4 * k + 256;
