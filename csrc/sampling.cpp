@@ -111,44 +111,49 @@ float sum_exp(const float* x, int64_t V, float m) {
   return s;
 }
 
-// One row of logprobs over x (float32, NaN read as -inf), k = top.k().
-void logprobs_row(const float* x, int64_t V, int64_t tok, TopK& top, int64_t* topk_ids,
-                  float* topk_lp, float* token_lp, int64_t* rank) {
+// One row of logprobs over x (float32, NaN read as -inf), k = top.k(); `maxima` is scratch.
+void logprobs_row(const float* x, int64_t V, int64_t tok, TopK& top, std::vector<float>& maxima,
+                  int64_t* topk_ids, float* topk_lp, float* token_lp, int64_t* rank) {
   const bool tok_ok = tok >= 0 && tok < V;
   const float x_tok = tok_ok && x[tok] == x[tok] ? x[tok] : kNegInf;
-  // One pass: the max, the count of logits larger than the token's (per lane, in float: exact below
-  // 2**24) and the top k, offered only the lanes above its last entry. Tokens come in index order,
-  // so one equal to that entry never ranks before it.
+  const int64_t k = top.k();
+  // First pass: the max, the count of logits larger than the token's (per lane, in float: exact
+  // below 2**24), and the lane maxima of each block of kBlock vectors and of each chunk of
+  // `per_chunk` blocks. The chunks' lanes are disjoint groups of tokens, about kGroupsPerK * k of
+  // them: the k-th largest of their maxima bounds the k-th largest logit from below.
+  constexpr int64_t kBlock = 8, kGroupsPerK = 2;
+  constexpr int64_t kBlockLen = kBlock * Vec::size();
+  const int64_t blocks = V / kBlockLen;
+  const int64_t chunks =
+      std::max<int64_t>(1, std::min(blocks, (kGroupsPerK * k + Vec::size() - 1) / Vec::size()));
+  const int64_t per_chunk = std::max<int64_t>(1, (blocks + chunks - 1) / chunks);
+  maxima.resize((blocks + chunks) * Vec::size());
+  float* block_maxima = maxima.data();
+  float* group_maxima = block_maxima + blocks * Vec::size();
+  int64_t groups = 0;
   const Vec v_tok(x_tok);
   Vec v_max(kNegInf), v_larger(0.0f);
-  // Offers the lanes of v (tokens jv ..) that may enter the top k.
-  auto offer_lanes = [&](const Vec& v, int64_t jv) {
-    for (int mask = top.candidates(v); mask; mask &= mask - 1) {
-      const int lane = __builtin_ctz(mask);
-      top.offer(x[jv + lane] == x[jv + lane] ? x[jv + lane] : kNegInf, jv + lane);
+  for (int64_t b0 = 0; b0 < blocks; b0 += per_chunk) {
+    Vec chunk_max(kNegInf);
+    for (int64_t b = b0; b < std::min(b0 + per_chunk, blocks); ++b) {
+      Vec block_max(kNegInf);
+      for (int64_t i = 0; i < kBlock; ++i) {
+        const Vec v = load_logits(x + b * kBlockLen + i * Vec::size());
+        block_max = at::vec::maximum(block_max, v);
+        v_larger = v_larger + v.gt(v_tok);
+      }
+      block_max.store(block_maxima + b * Vec::size());
+      chunk_max = at::vec::maximum(chunk_max, block_max);
     }
-  };
-  int64_t j = 0;
-  // Blocks of kTopKBlock vectors: one test of their lanes' maxima against the top k's last entry,
-  // the vectors offered one by one only when it passes (rare once the list is full).
-  constexpr int64_t kTopKBlock = 8;
-  for (; j + kTopKBlock * Vec::size() <= V; j += kTopKBlock * Vec::size()) {
-    Vec v[kTopKBlock];
-    Vec block_max(kNegInf);
-    for (int64_t b = 0; b < kTopKBlock; ++b) {
-      v[b] = load_logits(x + j + b * Vec::size());
-      block_max = at::vec::maximum(block_max, v[b]);
-      v_larger = v_larger + v[b].gt(v_tok);
-    }
-    v_max = at::vec::maximum(v_max, block_max);
-    if (!top.candidates(block_max)) continue;
-    for (int64_t b = 0; b < kTopKBlock; ++b) offer_lanes(v[b], j + b * Vec::size());
+    chunk_max.store(group_maxima + groups);
+    groups += Vec::size();
+    v_max = at::vec::maximum(v_max, chunk_max);
   }
+  int64_t j = blocks * kBlockLen;
   for (; j + Vec::size() <= V; j += Vec::size()) {
     const Vec v = load_logits(x + j);
     v_max = at::vec::maximum(v_max, v);
     v_larger = v_larger + v.gt(v_tok);
-    offer_lanes(v, j);
   }
   float m = max_lane(v_max);
   float lanes[Vec::size()];
@@ -159,13 +164,32 @@ void logprobs_row(const float* x, int64_t V, int64_t tok, TopK& top, int64_t* to
     const float xj = x[j] == x[j] ? x[j] : kNegInf;
     m = std::max(m, xj);
     larger += xj > x_tok;
-    if (top.k() > 0) top.offer(xj, j);
   }
-  top.finish();
+  // Second pass, over the blocks whose maxima reach the bound: the top k, offered in index order
+  // only the lanes that may enter (at least the bound, then above the list's last entry).
+  if (k > 0) {
+    const float floor = kth_group_max(group_maxima, groups, k);
+    auto offer_vector = [&](int64_t jv) {
+      for (int mask = top.candidates(load_logits(x + jv), floor); mask; mask &= mask - 1) {
+        const int lane = __builtin_ctz(mask);
+        top.offer(x[jv + lane] == x[jv + lane] ? x[jv + lane] : kNegInf, jv + lane);
+      }
+    };
+    for (int64_t b = 0; b < blocks; ++b) {
+      if (!top.candidates(Vec::loadu(block_maxima + b * Vec::size()), floor)) continue;
+      for (int64_t i = 0; i < kBlock; ++i) offer_vector(b * kBlockLen + i * Vec::size());
+    }
+    for (j = blocks * kBlockLen; j + Vec::size() <= V; j += Vec::size()) offer_vector(j);
+    for (; j < V; ++j) {
+      const float xj = x[j] == x[j] ? x[j] : kNegInf;
+      if (xj >= floor) top.offer(xj, j);
+    }
+    top.finish();
+  }
   // A +inf logit holds all the mass: logsumexp is +inf (finite logits get -inf, +inf ones NaN).
   const float lse = m == -kNegInf ? m : (m > kNegInf ? m + std::log(sum_exp(x, V, m)) : kNegInf);
   auto logprob = [&](float v) { return lse > kNegInf ? v - lse : kNegInf; };
-  for (int64_t i = 0; i < top.k(); ++i) {
+  for (int64_t i = 0; i < k; ++i) {
     topk_ids[i] = top.ids[i];
     topk_lp[i] = logprob(top.vals[i]);
   }
@@ -180,10 +204,11 @@ void logprobs_kernel(const at::Tensor& logits, const IndexView& tokens, int64_t 
   const scalar_t* base = logits.data_ptr<scalar_t>();
   at::parallel_for(0, T, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> buffer;  // float16/bfloat16 rows as float32
+    std::vector<float> maxima;
     for (int64_t t = begin; t < end; ++t) {
       const float* xs = float_row(base + t * row_stride, V, buffer);
       TopK top(k);
-      logprobs_row(xs, V, tokens[t], top, topk_ids + t * k, topk_lp + t * k, token_lp + t,
+      logprobs_row(xs, V, tokens[t], top, maxima, topk_ids + t * k, topk_lp + t * k, token_lp + t,
                    ranks + t);
     }
   });

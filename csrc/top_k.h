@@ -47,6 +47,12 @@ struct TopK {
     if (k() == 0) return 0;
     return held < k() ? (1 << Vec::size()) - 1 : lanes_above(v, vals[k() - 1]);
   }
+  // The same for a row whose k-th largest value is at least `floor`: while the list fills, the
+  // lanes at least it (the list then holds only such values, so its last entry is at least it).
+  int candidates(const Vec& v, float floor) const {
+    if (k() == 0) return 0;
+    return held < k() ? lanes_above<true>(v, floor) : lanes_above(v, vals[k() - 1]);
+  }
   void offer(float x, int64_t j) {
     const int64_t k = this->k();
     if (k == 0 || (held == k && !ranks_before(x, j, vals[k - 1], ids[k - 1]))) return;

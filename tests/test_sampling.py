@@ -7,7 +7,7 @@ import torch
 from torch_sampling_ops import _C, gumbel, reference, sampling
 from torch_sampling_ops.truncation import current_settings, use_settings
 
-from conftest import BACKENDS, DTYPES, TRITON_BACKENDS, device_of, make_logits, run_op
+from conftest import BACKENDS, DTYPES, OP_BACKENDS, TRITON_BACKENDS, device_of, make_logits, run_op
 
 NEG_INF = float("-inf")
 
@@ -202,6 +202,34 @@ def test_logprobs_ties_at_the_kth_group_and_token(backend, k):
     logits[3, -100:] = 5.0  # the largest at the end of the row, tied
     logits = logits.to(device)
     token_ids = torch.tensor([0, 3, V - 1, V - 50], device=device)
+    assert_logprobs(run_op(backend, "logprobs", logits, token_ids, k), logits, token_ids, k)
+
+
+@pytest.mark.parametrize("backend", OP_BACKENDS)  # interpreted: minutes, and the segments tests cover Triton
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("k", [1, 20, 64, 300])
+def test_logprobs_ties_at_the_bound(backend, dtype, k):
+    """The CPU kernel offers its top-k list only the logits at least a lower bound of the k-th largest
+    (the k-th largest of disjoint groups' maxima): ties at that bound, within and across blocks of 64
+    tokens and in the tail past the last full block; a bound at -inf (fewer finite logits than k, NaN
+    among them); few distinct values; the largest logits in the tail."""
+    device = device_of(backend)
+    V = 64 * 100 + 37
+    gen = torch.Generator().manual_seed(k)
+    logits = torch.randn(6, V, generator=gen) * 3
+    logits[0, torch.randperm(V, generator=gen)[:3 * k]] = 12.0  # more ties at the k-th largest than k
+    logits[0, V - 5:] = 12.0
+    logits[1, torch.arange(k) * (V // k)] = 12.0  # the k largest, one a group: the bound is the k-th
+    logits[1, [V - 1, 3]] = 12.0
+    logits[2] = NEG_INF
+    logits[2, torch.randperm(V, generator=gen)[:k // 2]] = torch.randn(k // 2, generator=gen)
+    logits[2, ::5] = float("nan")
+    logits[3] = torch.randint(0, 3, (V,), generator=gen).float()
+    logits[4, V - 30:] = 20.0 + torch.arange(30.0) % 4  # the largest in the tail, tied in fours
+    logits[5] = 1.0
+    logits[5, 7::64] = float("nan")
+    logits = logits.to(dtype).to(device)
+    token_ids = torch.tensor([V - 1, 3, 0, 1, V - 2, 64], device=device)
     assert_logprobs(run_op(backend, "logprobs", logits, token_ids, k), logits, token_ids, k)
 
 
