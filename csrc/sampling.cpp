@@ -91,26 +91,6 @@ void gumbel_approx(const uint32_t* bits, int64_t n, float* noise) {
   for (; i < n; ++i) noise[i] = stream_gumbel(bits[i]);
 }
 
-// The sum of exp(x[j] - m) over a float32 row (NaN read as -inf: no mass), vectorized with
-// at::vec's exp_u20 (about 20 ulp a term: the logsumexp within about 1e-6).
-float sum_exp(const float* x, int64_t V, float m) {
-  const Vec vm(m);
-  // Two accumulators, so that the sum's chain of adds does not bound the loop.
-  Vec acc0(0.0f), acc1(0.0f);
-  int64_t j = 0;
-  for (; j + 2 * Vec::size() <= V; j += 2 * Vec::size()) {
-    acc0 = acc0 + (load_logits(x + j) - vm).exp_u20();
-    acc1 = acc1 + (load_logits(x + j + Vec::size()) - vm).exp_u20();
-  }
-  for (; j + Vec::size() <= V; j += Vec::size()) acc0 = acc0 + (load_logits(x + j) - vm).exp_u20();
-  float lanes[Vec::size()];
-  (acc0 + acc1).store(lanes);
-  float s = 0.0f;
-  for (int k = 0; k < Vec::size(); ++k) s += lanes[k];
-  for (; j < V; ++j) s += x[j] == x[j] ? std::exp(x[j] - m) : 0.0f;
-  return s;
-}
-
 // One row of logprobs over x (float32, NaN read as -inf), k = top.k(); `maxima` is scratch.
 void logprobs_row(const float* x, int64_t V, int64_t tok, TopK& top, std::vector<float>& maxima,
                   int64_t* topk_ids, float* topk_lp, float* token_lp, int64_t* rank) {

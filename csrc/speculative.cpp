@@ -19,8 +19,7 @@ namespace {
 // The token index of the acceptance uniform in a position's stream (outside every vocabulary).
 constexpr uint32_t kAcceptToken = 0x7FFFFFFFu;
 
-// The max of the row and the sum of exp(x - max), the sum through at::vec's exp_u20 (about 20 ulp a
-// term, as logprobs' sum_exp: the sum within about 1e-6); (-inf, 0) without a logit above -inf.
+// The max of the row and the sum of exp(x - max) (sum_exp); (-inf, 0) without a logit above -inf.
 void row_max_sum(const float* row, int64_t V, float& m, float& s) {
   // 4 running maxima (the max does not depend on the order), NaN read as -inf.
   Vec v_max[4] = {Vec(kNegInf), Vec(kNegInf), Vec(kNegInf), Vec(kNegInf)};
@@ -35,16 +34,7 @@ void row_max_sum(const float* row, int64_t V, float& m, float& s) {
   m = max_lane(
       at::vec::maximum(at::vec::maximum(v_max[0], v_max[1]), at::vec::maximum(v_max[2], v_max[3])));
   for (; i < V; ++i) m = std::max(m, logit_at(row, i));
-  s = 0.0f;
-  if (m == kNegInf) return;
-  const Vec vm(m);
-  Vec acc(0.0f);
-  int64_t j = 0;
-  for (; j + Vec::size() <= V; j += Vec::size()) acc = acc + (load_logits(row + j) - vm).exp_u20();
-  float lanes[Vec::size()];
-  acc.store(lanes);
-  for (int k = 0; k < Vec::size(); ++k) s += lanes[k];
-  for (; j < V; ++j) s += std::exp(logit_at(row, j) - m);
+  s = m == kNegInf ? 0.0f : sum_exp(row, V, m);
 }
 
 // p(x) = exp(x - m) / s through at::vec's exp.
