@@ -95,7 +95,7 @@ void gumbel_approx(const uint32_t* bits, int64_t n, float* noise) {
 void logprobs_row(const float* x, int64_t V, int64_t tok, TopK& top, std::vector<float>& maxima,
                   int64_t* topk_ids, float* topk_lp, float* token_lp, int64_t* rank) {
   const bool tok_ok = tok >= 0 && tok < V;
-  const float x_tok = tok_ok && x[tok] == x[tok] ? x[tok] : kNegInf;
+  const float x_tok = tok_ok ? logit_at(x, tok) : kNegInf;
   const int64_t k = top.k();
   // First pass: the max, the count of logits larger than the token's (per lane, in float: exact
   // below 2**24), and the lane maxima of each block of kBlock vectors and of each chunk of
@@ -141,7 +141,7 @@ void logprobs_row(const float* x, int64_t V, int64_t tok, TopK& top, std::vector
   int64_t larger = 0;
   for (int i = 0; i < Vec::size(); ++i) larger += static_cast<int64_t>(lanes[i]);
   for (; j < V; ++j) {
-    const float xj = x[j] == x[j] ? x[j] : kNegInf;
+    const float xj = logit_at(x, j);
     m = std::max(m, xj);
     larger += xj > x_tok;
   }
@@ -152,7 +152,7 @@ void logprobs_row(const float* x, int64_t V, int64_t tok, TopK& top, std::vector
     auto offer_vector = [&](int64_t jv) {
       for (int mask = top.candidates(load_logits(x + jv), floor); mask; mask &= mask - 1) {
         const int lane = __builtin_ctz(mask);
-        top.offer(x[jv + lane] == x[jv + lane] ? x[jv + lane] : kNegInf, jv + lane);
+        top.offer(logit_at(x, jv + lane), jv + lane);
       }
     };
     for (int64_t b = 0; b < blocks; ++b) {
@@ -161,7 +161,7 @@ void logprobs_row(const float* x, int64_t V, int64_t tok, TopK& top, std::vector
     }
     for (j = blocks * kBlockLen; j + Vec::size() <= V; j += Vec::size()) offer_vector(j);
     for (; j < V; ++j) {
-      const float xj = x[j] == x[j] ? x[j] : kNegInf;
+      const float xj = logit_at(x, j);
       if (xj >= floor) top.offer(xj, j);
     }
     top.finish();
