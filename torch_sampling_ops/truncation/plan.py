@@ -57,8 +57,9 @@ def _launch_plan(T: int, V: int, pdl: bool, settings: TruncationSettings | None 
                    num_warps=s.select_warps, maxnreg=128, **follow))
     bound = [(_sample_bound_kernel, (T,), dict(SAMPLE=s.sample, SEG_CAP=s.seg_cap, PDL=pdl, DRAW=draw,
                                                num_warps=4 if T >= s.few_sample_warps_min_t else s.sample_warps))]
-    # Read with DRAW only; always passed (a graph node of torch.compile takes every parameter).
-    draw_segment = s.draw_segment_for(T)
+    # Read with DRAW only; always passed (a graph node of torch.compile takes every parameter), and
+    # without DRAW the same at every T, so that top_k_top_p's scan is one compiled variant.
+    draw_segment = s.draw_segment_for(T) if draw else s.draw_segment
     draw_pairs = dict(DRAW_SEGMENT=draw_segment, DRAW_SEGMENTS_P2=next_power_of_2(cdiv(V, draw_segment)),
                       SPLIT_DRAW_MAX_T=s.split_draw_max_t)
     return [
