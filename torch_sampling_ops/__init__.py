@@ -10,12 +10,14 @@ from ._warmup import warmup
 from .constraints import apply_token_bitmask, logit_bias
 from .filtering import min_p, temperature
 from .history import bad_words, penalties, update_output_counts
+from .sampler import Sampler, SamplerOutput, SamplingParams
 from .sampling import logprobs, sample
 from .speculative import rejection_sample
 from .truncation import top_k_top_p
 
 __all__ = [
-    "apply_token_bitmask", "bad_words", "logit_bias", "logprobs", "min_p", "penalties", "reference", "rejection_sample",
-    "sample", "set_debug_checks", "temperature", "top_k_top_p", "state", "update_output_counts", "warmup",
+    "Sampler", "SamplerOutput", "SamplingParams", "apply_token_bitmask", "bad_words", "logit_bias", "logprobs",
+    "min_p", "penalties", "reference", "rejection_sample", "sample", "set_debug_checks", "state", "temperature",
+    "top_k_top_p", "update_output_counts", "warmup",
 ]
 __version__ = "0.1.0"

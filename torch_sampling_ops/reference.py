@@ -381,3 +381,49 @@ def rejection_sample(target_logits, draft_token_ids, draft_probs, cu_num_draft, 
         out[i, : len(emitted)] = torch.tensor(emitted, dtype=torch.int64)
         num[i] = sum(1 for t in emitted if t >= 0)
     return out, num
+
+
+def sampler_step(logits, idx_mapping, token_bitmask, state, *, max_model_len, max_num_logprobs=None,
+                 processed_logprobs=False, compute_dtype=torch.float64):
+    """`Sampler.step` on the state tensors of `state` (a mapping named as the Sampler's attributes:
+    temperature, top_k, ..., output_counts, output_mask, history, output_lens), all left untouched.
+    Returns (processed logits, tokens, logprobs or None, the recorded state):
+    - the processed logits: the token bitmask, logit_bias, bad_words and penalties applied in that
+      order, each result stored in the logits dtype as the in-place ops store it (a row's history
+      length is its output length, at most max_model_len);
+    - the tokens: `sample`'s on them;
+    - logprobs with k = max_num_logprobs: of the logits as given, or with processed_logprobs of the
+      processed ones filtered as `sample` filters them;
+    - the recorded state, the dict of output_counts, output_mask, history and output_lens after each
+      row's token (not -1) is counted, written at its output length in the history (below
+      max_model_len) and its output length advanced."""
+    s = state
+    T, V = logits.shape
+    R = s["output_lens"].size(0)
+    slots, valid = _slots(idx_mapping, T, R, logits.device)
+    output_lens = torch.where(valid, s["output_lens"][slots], 0)
+    kw = dict(compute_dtype=compute_dtype)
+    x = logits
+    if token_bitmask is not None:
+        x = apply_token_bitmask(x, token_bitmask, **kw).to(logits.dtype)
+    x = logit_bias(x, idx_mapping, output_lens, s["allowed_ids"], s["num_allowed"], s["bias_ids"], s["bias_values"],
+                   s["num_bias"], s["stop_ids"], s["num_stop"], s["min_tokens"], **kw).to(logits.dtype)
+    x = bad_words(x, idx_mapping, s["bad_word_ids"], s["bad_word_offsets"], s["num_bad_words"], s["history"],
+                  output_lens.clamp(max=max_model_len), **kw).to(logits.dtype)
+    x = penalties(x, idx_mapping, s["prompt_mask"], s["output_mask"], s["output_counts"], s["repetition_penalty"],
+                  s["frequency_penalty"], s["presence_penalty"], **kw).to(logits.dtype)
+    params = (idx_mapping, s["temperature"], s["top_k"], s["top_p"], s["min_p"])
+    tokens = sample(x, *params, s["seeds"], output_lens, **kw)
+    lp = None
+    if max_num_logprobs is not None:
+        source = filtered_logits(x, *params, **kw) if processed_logprobs else logits
+        lp = logprobs(source, tokens, max_num_logprobs, **kw)
+    counts, mask = update_output_counts(s["output_counts"], s["output_mask"], idx_mapping, tokens)
+    history, lens = s["history"].clone(), s["output_lens"].clone()
+    for t in range(T):
+        if bool(valid[t]) and int(tokens[t]) >= 0:
+            r, n = int(slots[t]), int(output_lens[t])
+            if n < max_model_len:
+                history[r, n] = int(tokens[t])
+            lens[r] = n + 1
+    return x, tokens, lp, {"output_counts": counts, "output_mask": mask, "history": history, "output_lens": lens}

@@ -1,0 +1,235 @@
+"""Sampler and SamplingParams: add_request packs the state as the ops read it, step equals the float64
+reference step (reference.sampler_step) on a copy of the state, eagerly, under torch.compile and (on
+CUDA) in a CUDA graph whose replays draw fresh tokens."""
+import pytest
+import torch
+
+import torch_sampling_ops as tso
+from torch_sampling_ops import reference, state
+
+from conftest import DTYPES, OP_BACKENDS, device_of, make_logits, tolerance
+
+V = 1000
+R = 6
+MAX_MODEL_LEN = 8
+
+# Slots 0..4: greedy, top-k with penalties and a bias, top-p with bad words and min tokens, an
+# allowed list with min_p, a seeded plain draw; slot 5 stays free.
+REQUESTS = {
+    0: (tso.SamplingParams(temperature=0.0, repetition_penalty=1.3, logprobs=2), [3, 5, 5, 900]),
+    1: (tso.SamplingParams(temperature=0.8, top_k=20, seed=7, frequency_penalty=0.4, presence_penalty=0.3,
+                           logit_bias={11: 4.0, 999: -2.5, 12: 30.0}), [11, 12]),
+    2: (tso.SamplingParams(top_p=0.9, seed=-3, bad_words=[[7], [1, 2], [12, 30, 31]], min_tokens=3,
+                           stop_token_ids=[0, 31], logprobs=3), []),
+    3: (tso.SamplingParams(temperature=1.3, min_p=0.05, allowed_token_ids=[30, 31, 32, 12, 999],
+                           logit_bias={31: 1.5}), [30]),
+    4: (tso.SamplingParams(seed=2**62, top_k=5000), [1, 2, 3]),
+}
+STATE = ("temperature", "top_k", "top_p", "min_p", "seeds", "repetition_penalty", "frequency_penalty",
+         "presence_penalty", "allowed_ids", "num_allowed", "bias_ids", "bias_values", "num_bias", "stop_ids",
+         "num_stop", "min_tokens", "bad_word_ids", "bad_word_offsets", "num_bad_words", "prompt_mask", "output_mask",
+         "output_counts", "history", "output_lens")
+
+
+def make_sampler(device, **kwargs) -> tso.Sampler:
+    kwargs = {"max_model_len": MAX_MODEL_LEN, "max_num_logprobs": 4, **kwargs}
+    sampler = tso.Sampler(R, V, device, **kwargs)
+    for slot, (params, prompt) in REQUESTS.items():
+        sampler.add_request(slot, params, prompt)
+    return sampler
+
+
+def snapshot(sampler: tso.Sampler) -> dict:
+    return {name: getattr(sampler, name).cpu().clone() for name in STATE}
+
+
+def step_inputs(T, dtype, device, gen, step):
+    """Logits (slot 2's bad-word prefix made likely; at step 5 none of slot 3's allowed tokens
+    finite, so that it draws -1), the rows' slots (each active slot once, in an order that changes,
+    then rows out of range) and a bitmask that bans tokens 40..63."""
+    logits = make_logits(T, V, dtype, device, generator=gen)
+    order = torch.randperm(5, generator=gen).tolist()
+    idx_mapping = torch.tensor((order + [-1, R + 3])[:T], dtype=torch.int32)
+    bitmask = torch.full((T, (V + 31) // 32), -1, dtype=torch.int32)
+    bitmask[:, 1] = 0xFF  # tokens 32..39 allowed, 40..63 banned
+    if step % 2:
+        logits[:, 12] = 20.0  # slot 2 then completes [12, 30, 31] more often
+    if step == 5:
+        logits[order.index(3), [30, 31, 32, 12, 999]] = float("-inf")
+    return logits, idx_mapping.to(device), bitmask.to(device)
+
+
+@pytest.mark.parametrize("backend", OP_BACKENDS)
+def test_add_request_packs_the_state(backend):
+    sampler = make_sampler(device_of(backend))
+    s = snapshot(sampler)
+    p1 = REQUESTS[1][0]
+    assert s["temperature"].tolist()[:5] == pytest.approx([0.0, 0.8, 1.0, 1.3, 1.0])
+    assert s["top_k"].tolist()[:5] == [0, 20, 0, 0, 0]  # top_k >= V is off
+    assert s["seeds"][1] == 7 and s["seeds"][2] == -3 and s["seeds"][4] == 2**62
+    assert s["num_bias"][1] == 3 and s["bias_ids"][1, :3].tolist() == list(p1.logit_bias)
+    assert s["bias_values"][1, :3].tolist() == list(p1.logit_bias.values())
+    assert s["num_allowed"].tolist()[:5] == [0, 0, 0, 5, 0]
+    assert s["allowed_ids"][3, :5].tolist() == [30, 31, 32, 12, 999]
+    assert s["min_tokens"][2] == 3 and s["num_stop"][2] == 2 and s["stop_ids"][2, :2].tolist() == [0, 31]
+    assert s["num_bad_words"][2] == 3 and s["bad_word_offsets"][2, :4].tolist() == [0, 1, 3, 6]
+    assert s["bad_word_ids"][2, :6].tolist() == [7, 1, 2, 12, 30, 31]
+    assert torch.equal(s["prompt_mask"][0], state.pack_token_bitmask([3, 5, 900], V, "cpu"))
+    for name in ("output_counts", "output_mask", "history", "output_lens"):
+        assert not s[name].any(), name
+
+
+@pytest.mark.parametrize("backend", OP_BACKENDS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("processed", [False, True], ids=["raw_logprobs", "processed_logprobs"])
+def test_step_matches_the_reference_step(backend, dtype, processed, gen):
+    """Ten steps, past max_model_len: processed logits, tokens, logprobs and recorded state against
+    reference.sampler_step on the state before each step."""
+    device = device_of(backend)
+    sampler = make_sampler(device, processed_logprobs=processed)
+    atol, rtol = tolerance(dtype)
+    for step in range(10):
+        logits, idx_mapping, bitmask = step_inputs(7, dtype, device, gen, step)
+        before = snapshot(sampler)
+        given = logits.cpu().clone()
+        out = sampler.step(logits, idx_mapping, bitmask)
+        x, tokens, lp, recorded = reference.sampler_step(given, idx_mapping.cpu(), bitmask.cpu(), before,
+                                                         max_model_len=MAX_MODEL_LEN, max_num_logprobs=4,
+                                                         processed_logprobs=processed)
+        # Rows out of range too: the token bitmask alone, which goes by row, changes them.
+        torch.testing.assert_close(logits.cpu(), x, atol=atol, rtol=rtol)
+        assert torch.equal(out.sampled_token_ids.cpu(), tokens), step
+        assert torch.equal(out.topk_ids.cpu(), lp[0]) and torch.equal(out.token_ranks.cpu(), lp[3])
+        torch.testing.assert_close(out.topk_logprobs.cpu().double(), lp[1], atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(out.token_logprobs.cpu().double(), lp[2], atol=1e-4, rtol=1e-4)
+        after = snapshot(sampler)
+        for name, expected in recorded.items():
+            assert torch.equal(after[name], expected), (step, name)
+    assert sampler.output_lens.tolist() == [10, 10, 10, 9, 10, 0]  # slot 3 drew -1 once
+    history = sampler.history[2].tolist()  # slot 2's first 8 tokens: no bad word completed
+    assert 7 not in history and all(history[i:i + 2] != [1, 2] and history[i:i + 3] != [12, 30, 31]
+                                    for i in range(MAX_MODEL_LEN))
+
+
+def test_step_passes_the_ops_value_checks(debug_checks, gen):
+    """With the ops' value checks on (ids, offsets and history lengths in range), past max_model_len."""
+    debug_checks(True)
+    sampler = make_sampler("cpu")
+    for step in range(MAX_MODEL_LEN + 2):
+        sampler.step(*step_inputs(7, torch.float32, "cpu", gen, step))
+
+
+@pytest.mark.parametrize("backend", OP_BACKENDS)
+def test_step_under_torch_compile_equals_eager(backend, gen):
+    """torch.compile(fullgraph=True) of step: the same tokens, logprobs and state, bit for bit."""
+    device = device_of(backend)
+    eager, compiled = make_sampler(device), make_sampler(device)
+    step = torch.compile(compiled.step, fullgraph=True)
+    for i in range(3):
+        logits, idx_mapping, bitmask = step_inputs(6, torch.float32, device, gen, i)
+        a = eager.step(logits.clone(), idx_mapping, bitmask)
+        b = step(logits.clone(), idx_mapping, bitmask)
+        for x, y in zip(a, b, strict=True):
+            assert torch.equal(x, y)
+    for name, value in snapshot(eager).items():
+        assert torch.equal(value, getattr(compiled, name).cpu()), name
+
+
+def test_seeds_come_from_the_sampler_seed():
+    """Requests without a seed get one from the sampler's generator: equal for equal sampler seeds."""
+    seeds = [tso.Sampler(2, V, seed=s) for s in (0, 0, 1)]
+    for sampler in seeds:
+        sampler.add_request(0, tso.SamplingParams())
+        sampler.add_request(1, tso.SamplingParams())
+    a, b, c = (s.seeds.tolist() for s in seeds)
+    assert a == b and a != c and a[0] != a[1]
+
+
+def test_slots_are_reused_after_remove_request():
+    sampler = make_sampler("cpu")
+    sampler.step(torch.randn(5, V), torch.arange(5, dtype=torch.int32))
+    assert sampler.request(2) is REQUESTS[2][0]
+    sampler.remove_request(2)
+    assert sampler.request(2) is None
+    sampler.add_request(2, tso.SamplingParams(), [4])
+    assert sampler.output_lens[2] == 0 and not sampler.output_counts[2].any() and not sampler.history[2].any()
+    assert sampler.num_bad_words[2] == 0 and sampler.min_tokens[2] == 0
+    with pytest.raises(ValueError, match="holds no request"):
+        sampler.remove_request(5)
+
+
+BAD_PARAMS = [
+    (dict(temperature=-1.0), "temperature"), (dict(temperature=float("nan")), "temperature"),
+    (dict(top_k=-1), "top_k"), (dict(top_p=0.0), "top_p"), (dict(top_p=1.5), "top_p"), (dict(min_p=2.0), "min_p"),
+    (dict(repetition_penalty=0.0), "repetition_penalty"), (dict(min_tokens=-1), "min_tokens"),
+    (dict(logprobs=-1), "logprobs"), (dict(allowed_token_ids=[]), "allowed_token_ids"),
+    (dict(allowed_token_ids=[V]), "allowed_token_ids"), (dict(logit_bias={-1: 1.0}), "logit_bias"),
+    (dict(stop_token_ids=[V + 5]), "stop_token_ids"), (dict(bad_words=[[1, V]]), "bad_words"),
+]
+
+
+@pytest.mark.parametrize("kwargs, name", BAD_PARAMS)
+def test_bad_params_are_refused_before_any_write(kwargs, name):
+    sampler = tso.Sampler(2, V)
+    before = snapshot(sampler)
+    with pytest.raises(ValueError, match=f"SamplingParams.{name}"):
+        sampler.add_request(0, tso.SamplingParams(**kwargs))
+    assert all(torch.equal(v, getattr(sampler, k)) for k, v in before.items())
+    assert sampler.request(0) is None
+
+
+@pytest.mark.parametrize("kwargs, params, match", [
+    (dict(), dict(logprobs=0), "max_num_logprobs"),
+    (dict(max_num_logprobs=2), dict(logprobs=3), "max_num_logprobs"),
+    (dict(max_allowed_ids=2), dict(allowed_token_ids=[1, 2, 3]), "max_allowed_ids = 2"),
+    (dict(max_logit_bias=1), dict(logit_bias={1: 1.0, 2: 1.0}), "max_logit_bias = 1"),
+    (dict(max_stop_ids=1), dict(min_tokens=2, stop_token_ids=[1, 2]), "max_stop_ids = 1"),
+    (dict(max_bad_words=1), dict(bad_words=[[1], [2]]), "max_bad_words = 1"),
+    (dict(max_bad_word_ids=2), dict(bad_words=[[1, 2, 3]]), "max_bad_word_ids = 2"),
+])
+def test_requests_beyond_the_capacities_are_refused(kwargs, params, match):
+    sampler = tso.Sampler(2, V, **kwargs)
+    with pytest.raises(ValueError, match=match):
+        sampler.add_request(1, tso.SamplingParams(**params))
+    assert sampler.request(1) is None
+
+
+def test_bad_slots_and_logits_are_refused():
+    sampler = make_sampler("cpu")
+    with pytest.raises(ValueError, match=r"slot must be in \[0, 6\)"):
+        sampler.add_request(6, tso.SamplingParams())
+    with pytest.raises(ValueError, match="slot 1 is in use"):
+        sampler.add_request(1, tso.SamplingParams())
+    logits = torch.randn(2, V + 1)
+    with pytest.raises(ValueError, match=r"'logits' must have shape \(T, 1000\)"):
+        sampler.step(logits, torch.zeros(2, dtype=torch.int32))
+    with pytest.raises(ValueError, match="max_num_logprobs"):
+        tso.Sampler(2, V, max_num_logprobs=V + 1)
+    assert not sampler.output_lens.any()
+
+
+@pytest.mark.cuda
+def test_step_in_a_cuda_graph_draws_fresh_tokens(gen):
+    """A captured step replayed: each replay draws at the next positions, as eager steps of a twin
+    sampler do, and records its tokens; no replay reads the host."""
+    device = torch.device("cuda")
+    graphed, eager = make_sampler(device), make_sampler(device)
+    logits, idx_mapping, bitmask = step_inputs(5, torch.float32, device, gen, 0)
+    given = logits.clone()
+    graphed.step(logits.clone(), idx_mapping, bitmask)  # compiles the kernels outside the capture
+    eager.step(logits.clone(), idx_mapping, bitmask)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = graphed.step(logits, idx_mapping, bitmask)
+    # Capture recorded the step without running it: both samplers stand after one step.
+    draws = []
+    for _ in range(4):
+        logits.copy_(given)
+        graph.replay()
+        expected = eager.step(given.clone(), idx_mapping, bitmask)
+        for x, y in zip(out, expected, strict=True):
+            assert torch.equal(x, y)
+        draws.append(out.sampled_token_ids.clone())
+    assert len({tuple(d.tolist()) for d in draws}) > 1
+    for name, value in snapshot(eager).items():
+        assert torch.equal(value, getattr(graphed, name).cpu()), name

@@ -1,0 +1,309 @@
+"""`Sampler`: the per-request state of a decode loop, and one decode step through the ops.
+
+`SamplingParams` holds one request's parameters. `Sampler(max_num_reqs, vocab_size, device)` owns
+the state tensors the ops read, one row a request slot; `add_request` packs a request into a slot
+and `step` runs one decode step on a ``[T, V]`` logits batch: the token bitmask, `logit_bias`,
+`bad_words` and `penalties` in place, the fused `sample`, `logprobs` when the sampler was built for
+them, then the tokens recorded (output counts and mask, history, output lengths), all on the device.
+
+A step makes no host sync and allocates nothing whose size depends on the data, and every op runs
+whatever the requests ask (a row whose feature is off costs its kernel little): the same step runs
+eagerly, inside ``torch.cuda.graph`` capture (each replay draws fresh tokens, as the output lengths
+that key the random stream advance on the device) and under ``torch.compile(fullgraph=True)``.
+"""
+from __future__ import annotations
+
+import dataclasses
+import random
+from collections.abc import Mapping, Sequence
+from typing import NamedTuple
+
+import torch
+
+from . import state
+from .constraints import apply_token_bitmask, logit_bias
+from .filtering import min_p, temperature
+from .history import bad_words, penalties, update_output_counts
+from .sampling import logprobs, sample
+from .truncation import top_k_top_p
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingParams:
+    """One request's sampling parameters (each default is "off").
+
+    temperature: ``0.0`` is greedy (the argmax), else the logits are divided by it.
+    top_k: keep the k largest logits (``0`` or ``>= V``: off). top_p: in ``(0, 1]``. min_p: in ``[0, 1]``.
+    seed: keys the request's random stream with its position; None takes one from the sampler's generator.
+    repetition_penalty (``> 0``), frequency_penalty, presence_penalty: as `penalties`, over the prompt
+    and the tokens generated so far.
+    logit_bias: token id -> bias added to its logit. allowed_token_ids: the only tokens the request may
+    emit (None: every token). bad_words: token sequences the request must not complete.
+    min_tokens: while fewer tokens were generated, the stop_token_ids are masked (the caller decides
+    when a request stops; the sampler only masks).
+    logprobs: None, or how many top logprobs the request wants (0: the sampled token's only), at most
+    the sampler's ``max_num_logprobs``.
+    """
+
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    min_p: float = 0.0
+    seed: int | None = None
+    repetition_penalty: float = 1.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    logit_bias: Mapping[int, float] | None = None
+    allowed_token_ids: Sequence[int] | None = None
+    bad_words: Sequence[Sequence[int]] | None = None
+    min_tokens: int = 0
+    stop_token_ids: Sequence[int] = ()
+    logprobs: int | None = None
+
+    def validate(self, vocab_size: int) -> None:
+        """Raises ValueError naming the first parameter out of its range (token ids: ``[0, vocab_size)``)."""
+        def fail(name, expected):
+            raise ValueError(f"SamplingParams.{name} must be {expected}, got {getattr(self, name)!r}")
+
+        if not self.temperature >= 0.0:
+            fail("temperature", ">= 0")
+        if self.top_k < 0:
+            fail("top_k", ">= 0 (0: off)")
+        if not 0.0 < self.top_p <= 1.0:
+            fail("top_p", "in (0, 1]")
+        if not 0.0 <= self.min_p <= 1.0:
+            fail("min_p", "in [0, 1]")
+        if not self.repetition_penalty > 0.0:
+            fail("repetition_penalty", "> 0")
+        if self.min_tokens < 0:
+            fail("min_tokens", ">= 0")
+        if self.logprobs is not None and self.logprobs < 0:
+            fail("logprobs", "None or >= 0")
+        if self.allowed_token_ids is not None and len(self.allowed_token_ids) == 0:
+            fail("allowed_token_ids", "None (every token) or a non-empty list")
+        lists = {"logit_bias": list(self.logit_bias or ()), "allowed_token_ids": list(self.allowed_token_ids or ()),
+                 "stop_token_ids": list(self.stop_token_ids),
+                 "bad_words": [t for word in (self.bad_words or ()) for t in word]}
+        for name, ids in lists.items():
+            if any(not 0 <= int(t) < vocab_size for t in ids):
+                fail(name, f"token ids in [0, {vocab_size})")
+
+
+class SamplerOutput(NamedTuple):
+    """`Sampler.step`'s result. sampled_token_ids: int64 ``[T]`` (``-1`` for a row whose slot is out of
+    range or that has no finite logit). The logprobs fields are None unless the sampler has
+    ``max_num_logprobs``; then, as `logprobs` with ``k = max_num_logprobs`` for every row:
+    topk_ids int64 ``[T, k]``, topk_logprobs float32 ``[T, k]``, and the sampled token's logprob
+    (float32 ``[T]``) and rank (int64 ``[T]``)."""
+
+    sampled_token_ids: torch.Tensor
+    topk_ids: torch.Tensor | None = None
+    topk_logprobs: torch.Tensor | None = None
+    token_logprobs: torch.Tensor | None = None
+    token_ranks: torch.Tensor | None = None
+
+
+# Per-slot parameters, kept as the rows of one float32 and one int32 block so that `add_request`
+# writes a slot's scalars with two copies.
+_FLOAT_FIELDS = ("temperature", "top_p", "min_p", "repetition_penalty", "frequency_penalty", "presence_penalty")
+_INT_FIELDS = ("top_k", "min_tokens", "num_allowed", "num_bias", "num_stop", "num_bad_words")
+
+
+class Sampler:
+    """The state of ``max_num_reqs`` request slots over a vocabulary of ``vocab_size`` tokens, and one
+    decode step over them.
+
+    Args:
+        max_num_reqs: R, the request slots.
+        vocab_size: V.
+        device: where the state lives (the logits' device).
+        max_model_len: the most tokens a request generates that `bad_words` looks back over (its
+            history is ``[R, max_model_len]``; tokens past it are not recorded).
+        max_num_logprobs: None (no logprobs), or the ``k`` of every step's `logprobs` (0: the sampled
+            token's logprob and rank only); requests may ask for up to that many.
+        processed_logprobs: logprobs of the logits as `sample` draws from them (processed, then
+            divided by the temperature, greedy rows excepted, and min_p, top-k and top-p applied)
+            rather than of the logits as given to `step` (the default, as vLLM returns them).
+        max_allowed_ids, max_logit_bias, max_stop_ids: the widths of the allowed, bias and stop lists.
+        max_bad_words, max_bad_word_ids: how many bad-word sequences, and their ids in all, a request may have.
+        seed: seeds the generator of the seeds of requests that give none.
+
+    The state tensors are attributes named as the ops' arguments (``temperature``, ``top_k``, ...,
+    ``output_counts``, ``output_mask``, ``history``, ``output_lens``): read them, and change them only
+    through `add_request`. The largest is ``output_counts``, int32 ``[R, V]``.
+    """
+
+    def __init__(self, max_num_reqs: int, vocab_size: int, device: torch.device | str | None = None, *,
+                 max_model_len: int = 4096, max_num_logprobs: int | None = None, processed_logprobs: bool = False,
+                 max_allowed_ids: int = 1024, max_logit_bias: int = 1024, max_stop_ids: int = 128,
+                 max_bad_words: int = 16, max_bad_word_ids: int = 256, seed: int = 0):
+        if max_num_reqs < 1 or vocab_size < 1 or max_model_len < 1:
+            raise ValueError(f"Sampler: max_num_reqs, vocab_size and max_model_len must be >= 1, got "
+                             f"{max_num_reqs}, {vocab_size}, {max_model_len}")
+        if max_num_logprobs is not None and not 0 <= max_num_logprobs <= min(vocab_size, 1024):
+            raise ValueError(f"Sampler: max_num_logprobs must be None or in [0, {min(vocab_size, 1024)}], "
+                             f"got {max_num_logprobs}")
+        R, V = max_num_reqs, vocab_size
+        self.max_num_reqs, self.vocab_size, self.max_model_len = R, V, max_model_len
+        self.max_num_logprobs, self.processed_logprobs = max_num_logprobs, processed_logprobs
+        self.device = torch.device(device) if device is not None else torch.device("cpu")
+        if self.device.type == "cuda" and self.device.index is None:  # as the logits' device reads
+            self.device = torch.device("cuda", torch.cuda.current_device())
+        dev, i32 = self.device, torch.int32
+        words = (V + 31) // 32
+        # Each block row a 16-byte aligned [R] vector, as the ops' kernels are specialised for.
+        stride = (R + 3) // 4 * 4
+        # Free slots hold the defaults of SamplingParams, in range for the ops' value checks.
+        defaults = SamplingParams()
+        self._floats = torch.tensor([[getattr(defaults, name)] * stride for name in _FLOAT_FIELDS],
+                                    dtype=torch.float32).to(dev)
+        self._ints = torch.zeros(len(_INT_FIELDS), stride, dtype=i32, device=dev)
+        for fields, block in ((_FLOAT_FIELDS, self._floats), (_INT_FIELDS, self._ints)):
+            for i, name in enumerate(fields):
+                setattr(self, name, block[i, :R])
+        self.seeds = torch.zeros(R, dtype=torch.int64, device=dev)
+        self.allowed_ids = torch.zeros(R, max_allowed_ids, dtype=i32, device=dev)
+        self.bias_ids = torch.zeros(R, max_logit_bias, dtype=i32, device=dev)
+        self.bias_values = torch.zeros(R, max_logit_bias, dtype=torch.float32, device=dev)
+        self.stop_ids = torch.zeros(R, max_stop_ids, dtype=i32, device=dev)
+        self.bad_word_ids = torch.zeros(R, max_bad_word_ids, dtype=i32, device=dev)
+        self.bad_word_offsets = torch.zeros(R, max_bad_words + 1, dtype=i32, device=dev)
+        self.prompt_mask = torch.zeros(R, words, dtype=i32, device=dev)
+        self.output_mask = torch.zeros(R, words, dtype=i32, device=dev)
+        self.output_counts = torch.zeros(R, V, dtype=i32, device=dev)
+        # One row (entry) more than the slots: a step's rows that record nothing write there, so that
+        # no two rows of a step write one element (see _record).
+        self._history = torch.zeros(R + 1, max_model_len, dtype=i32, device=dev)
+        self._output_lens = torch.zeros(R + 1, dtype=i32, device=dev)
+        self.history, self.output_lens = self._history[:R], self._output_lens[:R]
+        self._active: dict[int, SamplingParams] = {}
+        self._seeds = random.Random(seed)
+
+    # Requests
+
+    def add_request(self, slot: int, params: SamplingParams, prompt_token_ids: Sequence[int] | torch.Tensor = ()) -> None:
+        """Packs a request into a free slot: its parameters and lists, the prompt's token mask (for
+        the repetition penalty), and zeroed output counts, mask, history and output length. Device
+        writes only, no host sync. Raises ValueError for a slot in use or out of range, a parameter
+        out of range or a list longer than the sampler's capacity, before writing anything."""
+        R, V = self.max_num_reqs, self.vocab_size
+        if not 0 <= slot < R:
+            raise ValueError(f"Sampler.add_request: slot must be in [0, {R}), got {slot}")
+        if slot in self._active:
+            raise ValueError(f"Sampler.add_request: slot {slot} is in use; remove_request({slot}) first")
+        params.validate(V)
+        if params.logprobs is not None and (self.max_num_logprobs is None or params.logprobs > self.max_num_logprobs):
+            raise ValueError(f"Sampler.add_request: the request asks for {params.logprobs} logprobs, the sampler "
+                             f"gives at most {self.max_num_logprobs} (max_num_logprobs)")
+        bias = dict(params.logit_bias or {})
+        allowed = list(params.allowed_token_ids or ())
+        stops = list(params.stop_token_ids) if params.min_tokens > 0 else []
+        bad = [list(w) for w in (params.bad_words or ()) if len(w) > 0]
+        for name, needed, capacity in (("max_allowed_ids", len(allowed), self.allowed_ids.size(1)),
+                                       ("max_logit_bias", len(bias), self.bias_ids.size(1)),
+                                       ("max_stop_ids", len(stops), self.stop_ids.size(1)),
+                                       ("max_bad_words", len(bad), self.bad_word_offsets.size(1) - 1),
+                                       ("max_bad_word_ids", sum(map(len, bad)), self.bad_word_ids.size(1))):
+            if needed > capacity:
+                raise ValueError(f"Sampler.add_request: the request needs {needed}, more than the sampler's "
+                                 f"{name} = {capacity}")
+        seed = params.seed if params.seed is not None else self._seeds.getrandbits(63)
+        floats = [params.temperature, params.top_p, params.min_p, params.repetition_penalty,
+                  params.frequency_penalty, params.presence_penalty]
+        top_k = params.top_k if params.top_k < V else 0
+        ints = [top_k, params.min_tokens, len(allowed), len(bias), len(stops), len(bad)]
+        self._floats[:, slot].copy_(self._host(floats, torch.float32), non_blocking=True)
+        self._ints[:, slot].copy_(self._host(ints, torch.int32), non_blocking=True)
+        self.seeds[slot].fill_(seed)
+        for ids, values in ((self.allowed_ids, allowed), (self.bias_ids, list(bias)), (self.stop_ids, stops)):
+            if values:
+                ids[slot, :len(values)].copy_(self._host(values, torch.int32), non_blocking=True)
+        if bias:
+            self.bias_values[slot, :len(bias)].copy_(self._host(list(bias.values()), torch.float32), non_blocking=True)
+        state.set_bad_words(self.bad_word_ids, self.bad_word_offsets, self.num_bad_words, slot, bad)
+        state.clear_slot(slot, self.output_counts, self.output_mask)
+        state.set_prompt_mask(self.prompt_mask, slot, prompt_token_ids, V)
+        self.history[slot].zero_()
+        self.output_lens[slot].zero_()
+        self._active[slot] = params
+
+    def remove_request(self, slot: int) -> None:
+        """Frees a slot for `add_request`. Its state stays on the device until then: rows must not map
+        to a free slot."""
+        if self._active.pop(slot, None) is None:
+            raise ValueError(f"Sampler.remove_request: slot {slot} holds no request")
+
+    def request(self, slot: int) -> SamplingParams | None:
+        """The parameters of the request in `slot`, None for a free slot."""
+        return self._active.get(slot)
+
+    def _host(self, values: list, dtype: torch.dtype) -> torch.Tensor:
+        """A CPU tensor of `values`, pinned when the state is on a GPU (so its copy does not wait)."""
+        t = torch.tensor(values, dtype=dtype)
+        return t.pin_memory() if self.device.type == "cuda" else t
+
+    # The decode step
+
+    def step(self, logits: torch.Tensor, idx_mapping: torch.Tensor,
+             token_bitmask: torch.Tensor | None = None) -> SamplerOutput:
+        """One decode step: row ``t`` of ``logits`` (``[T, V]``, float32/float16/bfloat16, unit column
+        stride) is the next-token logits of the request in slot ``idx_mapping[t]`` (int32/int64
+        ``[T]``, each slot at most once a step). ``token_bitmask``: int32 ``[T, ceil(V / 32)]``, one row a
+        logits row (a grammar's mask), or None.
+
+        Modifies ``logits`` in place: the bitmask, the logit bias, allowed ids and min-tokens stops,
+        the bad words and the penalties. Then draws each row's token (`sample`), computes the
+        logprobs if the sampler has ``max_num_logprobs``, and records the tokens: each slot's output
+        counts, output mask, history and output length (a ``-1`` token records nothing). Rows whose
+        slot is out of range are left untouched and get ``-1``.
+        """
+        R, V = self.max_num_reqs, self.vocab_size
+        if not isinstance(logits, torch.Tensor) or logits.dim() != 2 or logits.size(1) != V:
+            raise ValueError(f"Sampler.step: 'logits' must have shape (T, {V}), got "
+                             f"{tuple(logits.shape) if isinstance(logits, torch.Tensor) else type(logits).__name__}")
+        if logits.device != self.device:
+            raise ValueError(f"Sampler.step: 'logits' must be on the sampler's device {self.device}, got {logits.device}")
+        # A row whose slot is out of range is left alone by the ops; it reads and writes the spare entry R.
+        slots = torch.where((idx_mapping >= 0) & (idx_mapping < R), idx_mapping, R).long()
+        output_lens = self._output_lens.index_select(0, slots)
+        wants_logprobs = self.max_num_logprobs is not None
+        raw = logits.clone() if wants_logprobs and not self.processed_logprobs else None
+        if token_bitmask is not None:
+            apply_token_bitmask(logits, token_bitmask)
+        logit_bias(logits, idx_mapping, output_lens, self.allowed_ids, self.num_allowed, self.bias_ids,
+                   self.bias_values, self.num_bias, self.stop_ids, self.num_stop, self.min_tokens)
+        bad_words(logits, idx_mapping, self.bad_word_ids, self.bad_word_offsets, self.num_bad_words, self.history,
+                  output_lens.clamp(max=self.max_model_len))
+        penalties(logits, idx_mapping, self.prompt_mask, self.output_mask, self.output_counts,
+                  self.repetition_penalty, self.frequency_penalty, self.presence_penalty)
+        tokens = sample(logits, idx_mapping, self.temperature, self.top_k, self.top_p, self.min_p, self.seeds,
+                        output_lens)
+        out = SamplerOutput(tokens)
+        if wants_logprobs:
+            source = raw if raw is not None else self._processed(logits, idx_mapping)
+            out = SamplerOutput(tokens, *logprobs(source, tokens, self.max_num_logprobs))
+        self._record(idx_mapping, slots, output_lens, tokens)
+        return out
+
+    def _processed(self, logits: torch.Tensor, idx_mapping: torch.Tensor) -> torch.Tensor:
+        """A float32 copy of the processed logits with the filters `sample` applies (temperature,
+        min_p, top-k and top-p) applied, as `sample` sees them (it computes in float32)."""
+        x = logits.to(torch.float32, copy=True)
+        temperature(x, idx_mapping, self.temperature)
+        min_p(x, idx_mapping, self.min_p)
+        top_k_top_p(x, idx_mapping, self.top_k, self.top_p)
+        return x
+
+    def _record(self, idx_mapping: torch.Tensor, slots: torch.Tensor, output_lens: torch.Tensor,
+                tokens: torch.Tensor) -> None:
+        """Counts each drawn token in its slot, appends it to the slot's history and advances the
+        slot's output length, on the device; a row whose token is -1 records nothing. `slots`: each
+        row's slot, R (the spare entry) for a row out of range; its history write goes to the spare
+        row R too, as does that of a row past max_model_len or without a token."""
+        L, R = self.max_model_len, self.max_num_reqs
+        update_output_counts(self.output_counts, self.output_mask, idx_mapping, tokens)
+        drawn = tokens >= 0
+        position = output_lens.long()
+        rows = torch.where(drawn & (position < L), slots, R)
+        self._history.index_put_((rows, position.clamp(max=L - 1)), tokens.to(torch.int32))
+        self._output_lens.index_put_((slots,), output_lens + drawn.to(torch.int32))
