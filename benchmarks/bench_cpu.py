@@ -1,6 +1,6 @@
 """CPU benchmark of every op (C++ kernels) against the composed-PyTorch baselines (baselines.py),
 with one thread and with all threads, and the cost of a call on a tiny input against a plain
-in-place torch op.
+in-place torch op: one table, a row an op.
 
     python benchmarks/bench_cpu.py [--T 32] [--V 32000] [--repeats 101] [--out results.md]
 
@@ -26,9 +26,10 @@ CASES = (bench_filtering.CASES + bench_truncation.CASES + bench_logit_bias.CASES
          + bench_sample.CASES + bench_speculative.CASES)
 
 
-def ops_table(T: int, V: int, threads: int, repeats: int) -> str:
+def ops_rows(T: int, V: int, threads: int, repeats: int) -> dict:
+    """op -> [C++ µs, composed PyTorch µs, speed-up] with `threads` threads (medians of `repeats` runs)."""
     torch.set_num_threads(threads)
-    rows = []
+    rows = {}
     for case in CASES:
         sets = [case.make(T, V, "cpu", seed) for seed in range(N_SETS)]
         def timer(fn, s):
@@ -36,31 +37,28 @@ def ops_table(T: int, V: int, threads: int, repeats: int) -> str:
 
         ours = _time_ours(case, sets, timer, lambda fn, base, s: bench_cpu(fn, s, repeats=repeats, base=base))
         base = timer(case.baseline, [[s[0].clone()] + list(s[1:]) for s in sets])
-        rows.append([case.name, ours, base, base / ours])
-    return print_table(f"CPU, T = {T}, V = {V}, fp32, {threads} thread(s), µs (median of {repeats})",
-                       ["op", "C++", "composed PyTorch", "speed-up"], rows)
+        rows[case.name] = [ours, base, base / ours]
+        print(f"{threads} thread(s): {case.name} {ours:.4g} / {base:.4g} µs", flush=True)
+    return rows
 
 
-def call_cost_table(repeats: int) -> str:
-    """µs per call on a [1, 2048] input (the lists of the logit_bias cases fit), the minimum over repeats of
-    1000-call loops, and its ratio to x.mul_(1.0). The VM's speed drifts within a run: the baseline is
-    timed again before every case and its minimum over the run taken."""
+def call_cost_rows(repeats: int) -> tuple[float, dict]:
+    """(x.mul_(1.0)'s µs, op -> [µs, ratio to it]) per call on a [1, 2048] input (the lists of the
+    logit_bias cases fit), the minimum over repeats of 1000-call loops. The VM's speed drifts within
+    a run: the baseline is timed again before every case and its minimum over the run taken."""
     torch.set_num_threads(1)
-    T, V = 1, 2048
-    x = torch.randn(T, V)
+    x = torch.randn(1, 2048)
 
     def per_call(fn):
         return min(timeit.repeat(fn, number=1000, repeat=repeats)) / 1000 * 1e6
 
     base = per_call(lambda: x.mul_(1.0))
-    timed = []
+    timed = {}
     for case in CASES:
-        inputs = case.make(T, V, "cpu", 0)
+        inputs = case.make(1, 2048, "cpu", 0)
         base = min(base, per_call(lambda: x.mul_(1.0)))
-        timed.append((case.name, per_call(lambda case=case, inputs=inputs: case.ours(*inputs))))
-    rows = [["x.mul_(1.0)", base, 1.0]] + [[name, us, us / base] for name, us in timed]
-    return print_table(f"CPU call cost on a [{T}, {V}] input, 1 thread, µs per call (best of {repeats} x 1000 calls)",
-                       ["call", "µs", "x mul_"], rows)
+        timed[case.name] = per_call(lambda case=case, inputs=inputs: case.ours(*inputs))
+    return base, {name: [us, us / base] for name, us in timed.items()}
 
 
 def main():
@@ -73,10 +71,17 @@ def main():
     all_threads = torch.get_num_threads()
     out = [f"Environment: {environment()}"]
     print(out[0])
-    out.append(call_cost_table(min(args.repeats, 25)))
-    out.append(ops_table(args.T, args.V, 1, args.repeats))
-    if all_threads > 1:
-        out.append(ops_table(args.T, args.V, all_threads, args.repeats))
+    mul, calls = call_cost_rows(min(args.repeats, 25))
+    one = ops_rows(args.T, args.V, 1, args.repeats)
+    both = ops_rows(args.T, args.V, all_threads, args.repeats) if all_threads > 1 else {}
+    header = ["op", "one thread: C++", "composed PyTorch", "speed-up"]
+    if both:
+        header += [f"{all_threads} threads: C++", "composed PyTorch", "speed-up"]
+    header += ["call on [1, 2048]", "x `mul_`"]
+    rows = [[name, *one[name], *both.get(name, []), *calls[name]] for name in one]
+    out.append(print_table(f"CPU, T = {args.T}, V = {args.V}, fp32, µs (medians of {args.repeats} runs); calls on "
+                           f"[1, 2048], 1 thread, µs (best of {min(args.repeats, 25)} x 1000; x.mul_(1.0): {mul:.3g})",
+                           header, rows))
     if args.out:
         with open(args.out, "w") as f:
             f.write("\n".join(out) + "\n")
