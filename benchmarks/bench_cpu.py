@@ -16,6 +16,7 @@ import bench_filtering
 import bench_history
 import bench_logit_bias
 import bench_sample
+import bench_sampler
 import bench_speculative
 import bench_truncation
 import torch
@@ -23,7 +24,7 @@ import torch
 from timing import N_SETS, _time_ours, bench_cpu, environment, print_table
 
 CASES = (bench_filtering.CASES + bench_truncation.CASES + bench_logit_bias.CASES + bench_history.CASES
-         + bench_sample.CASES + bench_speculative.CASES)
+         + bench_sample.CASES + bench_speculative.CASES + bench_sampler.CASES)
 
 
 def ops_rows(T: int, V: int, threads: int, repeats: int) -> dict:
