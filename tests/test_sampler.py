@@ -165,6 +165,9 @@ BAD_PARAMS = [
     (dict(logprobs=-1), "logprobs"), (dict(allowed_token_ids=[]), "allowed_token_ids"),
     (dict(allowed_token_ids=[V]), "allowed_token_ids"), (dict(logit_bias={-1: 1.0}), "logit_bias"),
     (dict(stop_token_ids=[V + 5]), "stop_token_ids"), (dict(bad_words=[[1, V]]), "bad_words"),
+    (dict(temperature=float("inf")), "temperature"), (dict(frequency_penalty=float("nan")), "frequency_penalty"),
+    (dict(presence_penalty=float("-inf")), "presence_penalty"), (dict(seed=2**63), "seed"),
+    (dict(logit_bias={3: float("inf")}), "logit_bias"),
 ]
 
 

@@ -14,6 +14,7 @@ that key the random stream advance on the device) and under ``torch.compile(full
 from __future__ import annotations
 
 import dataclasses
+import math
 import random
 from collections.abc import Mapping, Sequence
 from typing import NamedTuple
@@ -65,16 +66,23 @@ class SamplingParams:
         def fail(name, expected):
             raise ValueError(f"SamplingParams.{name} must be {expected}, got {getattr(self, name)!r}")
 
-        if not self.temperature >= 0.0:
-            fail("temperature", ">= 0")
+        if not 0.0 <= self.temperature < math.inf:
+            fail("temperature", "finite and >= 0")
         if self.top_k < 0:
             fail("top_k", ">= 0 (0: off)")
         if not 0.0 < self.top_p <= 1.0:
             fail("top_p", "in (0, 1]")
         if not 0.0 <= self.min_p <= 1.0:
             fail("min_p", "in [0, 1]")
-        if not self.repetition_penalty > 0.0:
-            fail("repetition_penalty", "> 0")
+        if not 0.0 < self.repetition_penalty < math.inf:
+            fail("repetition_penalty", "finite and > 0")
+        for name in ("frequency_penalty", "presence_penalty"):
+            if not math.isfinite(getattr(self, name)):
+                fail(name, "finite")
+        if self.seed is not None and not -2**63 <= self.seed < 2**63:
+            fail("seed", "None or a 64-bit signed integer")
+        if not all(math.isfinite(b) for b in (self.logit_bias or {}).values()):
+            fail("logit_bias", "finite biases")
         if self.min_tokens < 0:
             fail("min_tokens", ">= 0")
         if self.logprobs is not None and self.logprobs < 0:
@@ -208,12 +216,11 @@ class Sampler:
                 raise ValueError(f"Sampler.add_request: the request needs {needed}, more than the sampler's "
                                  f"{name} = {capacity}")
         seed = params.seed if params.seed is not None else self._seeds.getrandbits(63)
-        floats = [params.temperature, params.top_p, params.min_p, params.repetition_penalty,
-                  params.frequency_penalty, params.presence_penalty]
-        top_k = params.top_k if params.top_k < V else 0
-        ints = [top_k, params.min_tokens, len(allowed), len(bias), len(stops), len(bad)]
+        ints = dict(top_k=params.top_k if params.top_k < V else 0, min_tokens=params.min_tokens,
+                    num_allowed=len(allowed), num_bias=len(bias), num_stop=len(stops), num_bad_words=len(bad))
+        floats = [getattr(params, name) for name in _FLOAT_FIELDS]
         self._floats[:, slot].copy_(self._host(floats, torch.float32), non_blocking=True)
-        self._ints[:, slot].copy_(self._host(ints, torch.int32), non_blocking=True)
+        self._ints[:, slot].copy_(self._host([ints[name] for name in _INT_FIELDS], torch.int32), non_blocking=True)
         self.seeds[slot].fill_(seed)
         for ids, values in ((self.allowed_ids, allowed), (self.bias_ids, list(bias)), (self.stop_ids, stops)):
             if values:
