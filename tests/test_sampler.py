@@ -135,6 +135,14 @@ def test_step_under_torch_compile_equals_eager(backend, gen):
         assert torch.equal(value, getattr(compiled, name).cpu()), name
 
 
+def test_top_k_off_is_packed_as_zero():
+    """-1, 0 and V or more all mean top-k off, which the ops read as 0."""
+    sampler = tso.Sampler(4, V)
+    for slot, k in enumerate((-1, 0, V, 7)):
+        sampler.add_request(slot, tso.SamplingParams(top_k=k))
+    assert sampler.top_k.tolist() == [0, 0, 0, 7]
+
+
 def test_seeds_come_from_the_sampler_seed():
     """Requests without a seed get one from the sampler's generator: equal for equal sampler seeds."""
     seeds = [tso.Sampler(2, V, seed=s) for s in (0, 0, 1)]
@@ -160,7 +168,7 @@ def test_slots_are_reused_after_remove_request():
 
 BAD_PARAMS = [
     (dict(temperature=-1.0), "temperature"), (dict(temperature=float("nan")), "temperature"),
-    (dict(top_k=-1), "top_k"), (dict(top_p=0.0), "top_p"), (dict(top_p=1.5), "top_p"), (dict(min_p=2.0), "min_p"),
+    (dict(top_k=-2), "top_k"), (dict(top_p=0.0), "top_p"), (dict(top_p=1.5), "top_p"), (dict(min_p=2.0), "min_p"),
     (dict(repetition_penalty=0.0), "repetition_penalty"), (dict(min_tokens=-1), "min_tokens"),
     (dict(logprobs=-1), "logprobs"), (dict(allowed_token_ids=[]), "allowed_token_ids"),
     (dict(allowed_token_ids=[V]), "allowed_token_ids"), (dict(logit_bias={-1: 1.0}), "logit_bias"),

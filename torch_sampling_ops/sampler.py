@@ -34,7 +34,7 @@ class SamplingParams:
     """One request's sampling parameters (each default is "off").
 
     temperature: ``0.0`` is greedy (the argmax), else the logits are divided by it.
-    top_k: keep the k largest logits (``0`` or ``>= V``: off). top_p: in ``(0, 1]``. min_p: in ``[0, 1]``.
+    top_k: keep the k largest logits (``0``, ``-1`` or ``>= V``: off). top_p: in ``(0, 1]``. min_p: in ``[0, 1]``.
     seed: keys the request's random stream with its position; None takes one from the sampler's generator.
     repetition_penalty (``> 0``), frequency_penalty, presence_penalty: as `penalties`, over the prompt
     and the tokens generated so far.
@@ -68,8 +68,8 @@ class SamplingParams:
 
         if not 0.0 <= self.temperature < math.inf:
             fail("temperature", "finite and >= 0")
-        if self.top_k < 0:
-            fail("top_k", ">= 0 (0: off)")
+        if self.top_k < -1:
+            fail("top_k", ">= -1 (0 or -1: off)")
         if not 0.0 < self.top_p <= 1.0:
             fail("top_p", "in (0, 1]")
         if not 0.0 <= self.min_p <= 1.0:
@@ -216,7 +216,7 @@ class Sampler:
                 raise ValueError(f"Sampler.add_request: the request needs {needed}, more than the sampler's "
                                  f"{name} = {capacity}")
         seed = params.seed if params.seed is not None else self._seeds.getrandbits(63)
-        ints = dict(top_k=params.top_k if params.top_k < V else 0, min_tokens=params.min_tokens,
+        ints = dict(top_k=params.top_k if 0 < params.top_k < V else 0, min_tokens=params.min_tokens,
                     num_allowed=len(allowed), num_bias=len(bias), num_stop=len(stops), num_bad_words=len(bad))
         floats = [getattr(params, name) for name in _FLOAT_FIELDS]
         self._floats[:, slot].copy_(self._host(floats, torch.float32), non_blocking=True)
