@@ -38,43 +38,6 @@ def _type_of(value):
     raise TypeError(type(value))
 
 
-def kernel_source(kernel, args, meta, specialise=False):
-    """(ASTSource, compile options) of the launch `kernel[grid](*args, **meta)`: pointer dtypes and
-    int widths from the arguments, constexprs and options from `meta`; an absent optional pointer
-    (None) is a constexpr None, as Triton specialises it. With `specialise`, Triton's specialisation
-    of the launch's values too: an int equal to 1 becomes a constexpr, ints divisible by 16 and the
-    pointers (CPU tensors are 16-byte aligned) get the divisibility attribute, except for the
-    kernel's `do_not_specialize` parameters."""
-    names = kernel.arg_names
-    options = {k: v for k, v in meta.items() if k in OPTIONS}
-    constexprs = {(names.index(k),): v for k, v in meta.items() if k not in OPTIONS}
-    signature, attrs, positional = {}, {}, iter(args)
-    for i, name in enumerate(names):
-        if (i,) in constexprs:
-            signature[name] = "constexpr"
-            continue
-        value = next(positional)
-        is_int = isinstance(value, int) and not isinstance(value, bool)
-        if value is None or (specialise and is_int and value == 1 and not kernel.params[i].do_not_specialize):
-            signature[name], constexprs[(i,)] = "constexpr", value
-            continue
-        signature[name] = _type_of(value)
-        if specialise and not kernel.params[i].do_not_specialize and (
-                isinstance(value, torch.Tensor) or (is_int and value % 16 == 0)):
-            attrs[(i,)] = [["tt.divisibility", 16]]
-    return ASTSource(kernel, signature, constexprs=constexprs, attrs=attrs), options
-
-
-def replace_launches(launch):
-    """Makes every launch of the package's op modules call `launch(kernel, grid, *args, **meta)`."""
-    from torch_sampling_ops import _registry
-    registry_launch = _registry.launch  # _registry's own name is replaced too
-    for module in list(sys.modules.values()):
-        if getattr(module, "__name__", "").startswith("torch_sampling_ops") and (
-                getattr(module, "launch", None) is registry_launch):
-            module.launch = launch
-
-
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--arch", type=int, default=90)
@@ -85,18 +48,36 @@ def main():
     compiled, failed = set(), []
 
     def compile_only(kernel, grid, *args, **meta):
-        source, options = kernel_source(kernel, args, meta)
-        signature, constants = source.signature, meta
+        names = kernel.arg_names
+        constants = {k: v for k, v in meta.items() if k not in OPTIONS}
+        options = {k: v for k, v in meta.items() if k in OPTIONS}
+        constexprs = {(names.index(k),): v for k, v in constants.items()}
+        signature, positional = {}, iter(args)
+        for i, name in enumerate(names):
+            if (i,) in constexprs:
+                signature[name] = "constexpr"
+                continue
+            value = next(positional)
+            if value is None:  # an absent optional pointer: a constexpr None, as Triton specialises it
+                signature[name], constexprs[(i,)] = "constexpr", None
+            else:
+                signature[name] = _type_of(value)
         key = (kernel.fn.__name__, tuple(sorted(signature.items())), tuple(sorted(map(str, meta.items()))))
         if key in compiled:
             return
         compiled.add(key)
         try:
-            triton.compile(source, target=GPUTarget("cuda", arch, 32), options=options)
+            triton.compile(ASTSource(kernel, signature, constexprs=constexprs),
+                           target=GPUTarget("cuda", arch, 32), options=options)
         except Exception as e:  # report every failing variant, then fail
             failed.append(f"{kernel.fn.__name__} {signature} {constants}: {str(e).splitlines()[-1][:200]}")
 
-    replace_launches(compile_only)
+    _registry_launch = _registry.launch
+    modules = [m for m in list(sys.modules.values())
+               if getattr(m, "__name__", "").startswith("torch_sampling_ops") and getattr(m, "launch", None)
+               is _registry_launch]
+    for module in modules:
+        module.launch = compile_only
     gen = torch.Generator().manual_seed(0)
     for spec in op_table.OPS:
         for dtype in (torch.float32, torch.float16, torch.bfloat16):

@@ -2,7 +2,7 @@
 
     python benchmarks/bench_cold_start.py [--V 151936] [--max-num-tokens 256] [--out results.md]
     python benchmarks/bench_cold_start.py --runs 0,1,4   # a subset of the processes below (by index)
-    python benchmarks/bench_cold_start.py --offline [--arch 90]   # per-variant compile times, no GPU
+    python benchmarks/bench_cold_start.py --offline [--arch 90] [--only NAME] [--stages]   # compile times, no GPU
 
 Every measurement runs in a fresh subprocess with its own TRITON_CACHE_DIR: empty ("cold") or
 filled by an earlier subprocess ("cache filled"). Measured:
@@ -92,12 +92,30 @@ def run(V: int, max_num_tokens: int, warmup: str, cache_dir: str, workers: int |
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def offline_compile_times(V: int, max_num_tokens: int, arch: int) -> list[list]:
-    """[kernel, its constexprs that differ between variants, seconds] of each fp32 variant of
-    warmup(V), compiled one after the other for sm_<arch> in a fresh Triton cache, without a GPU."""
-    os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp()
-    import time
+def _time_compiler_stages() -> None:
+    """Makes Triton's CUDA backend print each compiler stage's seconds (ttir, ttgir, llir, ptx, cubin)."""
+    from triton.backends.nvidia.compiler import CUDABackend
+    add_stages = CUDABackend.add_stages
 
+    def timed_stages(self, stages, options, *args):
+        add_stages(self, stages, options, *args)
+        for name, stage in list(stages.items()):
+            def timed(src, metadata, stage=stage, name=name):
+                start = time.perf_counter()
+                out = stage(src, metadata)
+                print(f"    {name} {time.perf_counter() - start:.2f} s", flush=True)
+                return out
+            stages[name] = timed
+
+    CUDABackend.add_stages = timed_stages
+
+
+def offline_compile_times(V: int, max_num_tokens: int, arch: int, only: str = "", stages: bool = False) -> list[list]:
+    """[kernel, its constexprs that differ between variants, seconds] of each fp32 variant of
+    warmup(V) (of the kernels whose name contains `only`), compiled one after the other for
+    sm_<arch> in a fresh Triton cache, without a GPU; with `stages`, each compiler stage's seconds
+    printed as it runs."""
+    os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp()
     import torch
     import triton
     from triton.backends.compiler import GPUTarget
@@ -128,8 +146,12 @@ def offline_compile_times(V: int, max_num_tokens: int, arch: int) -> list[list]:
     launch_args = (V, (torch.float32,), max_num_tokens, torch.device("cpu"), max_num_tokens, torch.int32,
                    (LOGIT_BIAS_WIDTHS,), 4, (0, 20))
     variants = _warmup._distinct_variants(launch_args)
+    if stages:
+        _time_compiler_stages()
     rows = []
     for kernel, args, meta in variants:
+        if only not in _warmup._kernel_name(kernel):
+            continue
         start = time.perf_counter()
         kernel.run(*args, grid=(1,), warmup=True, **meta)
         flags = {k: v for k, v in meta.items() if k.isupper() and isinstance(v, bool)}
@@ -147,12 +169,14 @@ def main():
     parser.add_argument("--runs", help="comma-separated indices of the processes to run (default: all)")
     parser.add_argument("--offline", action="store_true", help="per-variant compile times, no GPU needed")
     parser.add_argument("--arch", type=int, default=90, help="CUDA architecture of --offline")
+    parser.add_argument("--only", default="", help="--offline: only the kernels whose name contains this")
+    parser.add_argument("--stages", action="store_true", help="--offline: also each compiler stage's seconds")
     parser.add_argument("--out")
     args = parser.parse_args()
     if args.offline:
         from timing import print_table
 
-        rows = offline_compile_times(args.V, args.max_num_tokens, args.arch)
+        rows = offline_compile_times(args.V, args.max_num_tokens, args.arch, args.only, args.stages)
         rows.append(["all, one after the other", "", sum(r[2] for r in rows)])
         table = print_table(f"Compile time of each fp32 variant of warmup({args.V}), sm_{args.arch}, seconds",
                             ["kernel", "boolean constants", "s"], rows)
