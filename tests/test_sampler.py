@@ -135,6 +135,14 @@ def test_step_under_torch_compile_equals_eager(backend, gen):
         assert torch.equal(value, getattr(compiled, name).cpu()), name
 
 
+def test_an_empty_batch_changes_nothing():
+    sampler = make_sampler("cpu")
+    before = snapshot(sampler)
+    out = sampler.step(torch.randn(0, V), torch.zeros(0, dtype=torch.int32))
+    assert out.sampled_token_ids.shape == (0,) and out.topk_ids.shape == (0, 4)
+    assert all(torch.equal(v, getattr(sampler, k)) for k, v in before.items())
+
+
 def test_top_k_off_is_packed_as_zero():
     """-1, 0 and V or more all mean top-k off, which the ops read as 0."""
     sampler = tso.Sampler(4, V)
@@ -211,9 +219,19 @@ def test_bad_slots_and_logits_are_refused():
         sampler.add_request(6, tso.SamplingParams())
     with pytest.raises(ValueError, match="slot 1 is in use"):
         sampler.add_request(1, tso.SamplingParams())
-    logits = torch.randn(2, V + 1)
-    with pytest.raises(ValueError, match=r"'logits' must have shape \(T, 1000\)"):
-        sampler.step(logits, torch.zeros(2, dtype=torch.int32))
+    idx = torch.zeros(2, dtype=torch.int32)
+    logits = torch.randn(2, V)
+    given = logits.clone()
+    words = torch.zeros(2, (V + 31) // 32, dtype=torch.int32)
+    for bad, match in [((torch.randn(2, V + 1), idx, None), r"'logits' must be of shape \(2, 1000\)"),
+                       ((logits.double(), idx, None), "'logits' must be torch.float32 or"),
+                       ((logits, idx[:1], None), r"'idx_mapping' must be of shape \(2,\)"),
+                       ((logits, idx.float(), None), "'idx_mapping' must be torch.int32 or torch.int64"),
+                       ((logits, idx, words[:, 1:]), r"'token_bitmask' must be of shape \(2, 32\)"),
+                       ((logits, idx, words.long()), "'token_bitmask' must be torch.int32")]:
+        with pytest.raises(ValueError, match=match):
+            sampler.step(*bad)
+        assert torch.equal(logits, given)
     with pytest.raises(ValueError, match="max_num_logprobs"):
         tso.Sampler(2, V, max_num_logprobs=V + 1)
     assert not sampler.output_lens.any()

@@ -264,12 +264,8 @@ class Sampler:
         counts, output mask, history and output length (a ``-1`` token records nothing). Rows whose
         slot is out of range are left untouched and get ``-1``.
         """
-        R, V = self.max_num_reqs, self.vocab_size
-        if not isinstance(logits, torch.Tensor) or logits.dim() != 2 or logits.size(1) != V:
-            raise ValueError(f"Sampler.step: 'logits' must have shape (T, {V}), got "
-                             f"{tuple(logits.shape) if isinstance(logits, torch.Tensor) else type(logits).__name__}")
-        if logits.device != self.device:
-            raise ValueError(f"Sampler.step: 'logits' must be on the sampler's device {self.device}, got {logits.device}")
+        self._check_step(logits, idx_mapping, token_bitmask)
+        R = self.max_num_reqs
         # A row whose slot is out of range is left alone by the ops; it reads and writes the spare entry R.
         slots = torch.where((idx_mapping >= 0) & (idx_mapping < R), idx_mapping, R).long()
         output_lens = self._output_lens.index_select(0, slots)
@@ -291,6 +287,30 @@ class Sampler:
             out = SamplerOutput(tokens, *logprobs(source, tokens, self.max_num_logprobs))
         self._record(idx_mapping, slots, output_lens, tokens)
         return out
+
+    def _check_step(self, logits, idx_mapping, token_bitmask) -> None:
+        """step's arguments, checked before any op runs (so that a bad one leaves the logits as they
+        were); the ops check dtypes and layouts again."""
+        def fail(name, expected, got):
+            raise ValueError(f"Sampler.step: '{name}' must be {expected}, got {got}")
+
+        def check(name, t, dtypes, shape):
+            if not isinstance(t, torch.Tensor):
+                fail(name, "a Tensor", type(t).__name__)
+            if t.device != self.device:
+                fail(name, f"on the sampler's device {self.device}", t.device)
+            if t.dtype not in dtypes:
+                fail(name, " or ".join(str(d) for d in dtypes), t.dtype)
+            if tuple(t.shape) != shape:
+                fail(name, f"of shape {shape}", tuple(t.shape))
+
+        if not isinstance(logits, torch.Tensor) or logits.dim() != 2:
+            fail("logits", f"a [T, {self.vocab_size}] Tensor", getattr(logits, "shape", type(logits).__name__))
+        T = logits.size(0)
+        check("logits", logits, (torch.float32, torch.float16, torch.bfloat16), (T, self.vocab_size))
+        check("idx_mapping", idx_mapping, (torch.int32, torch.int64), (T,))
+        if token_bitmask is not None:
+            check("token_bitmask", token_bitmask, (torch.int32,), (T, (self.vocab_size + 31) // 32))
 
     def _processed(self, logits: torch.Tensor, idx_mapping: torch.Tensor) -> torch.Tensor:
         """A float32 copy of the processed logits with the filters `sample` applies (temperature,
