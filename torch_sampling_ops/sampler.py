@@ -266,9 +266,10 @@ class Sampler:
         """
         self._check_step(logits, idx_mapping, token_bitmask)
         R = self.max_num_reqs
-        # A row whose slot is out of range is left alone by the ops; it reads and writes the spare entry R.
-        slots = torch.where((idx_mapping >= 0) & (idx_mapping < R), idx_mapping, R).long()
-        output_lens = self._output_lens.index_select(0, slots)
+        # A row whose slot is out of range is left alone by the ops; it reads and writes the spare
+        # entry R (-1 and R clamped to, then -1 taken to R).
+        slots = idx_mapping.long().clamp_(-1, R).remainder_(R + 1)
+        output_lens = self._output_lens[slots]
         wants_logprobs = self.max_num_logprobs is not None
         raw = logits.clone() if wants_logprobs and not self.processed_logprobs else None
         if token_bitmask is not None:
@@ -330,7 +331,6 @@ class Sampler:
         L, R = self.max_model_len, self.max_num_reqs
         update_output_counts(self.output_counts, self.output_mask, idx_mapping, tokens)
         drawn = tokens >= 0
-        position = output_lens.long()
-        rows = torch.where(drawn & (position < L), slots, R)
-        self._history.index_put_((rows, position.clamp(max=L - 1)), tokens.to(torch.int32))
-        self._output_lens.index_put_((slots,), output_lens + drawn.to(torch.int32))
+        rows = slots.masked_fill(~drawn | (output_lens >= L), R)
+        self._history.index_put_((rows, output_lens.clamp(max=L - 1).long()), tokens.to(torch.int32))
+        self._output_lens.index_put_((slots,), output_lens + drawn)
