@@ -151,6 +151,47 @@ def test_top_k_off_is_packed_as_zero():
     assert sampler.top_k.tolist() == [0, 0, 0, 7]
 
 
+OPS = ("apply_token_bitmask", "logit_bias", "bad_words", "penalties", "sample", "logprobs", "update_output_counts",
+       "temperature", "min_p", "top_k_top_p")
+
+
+@pytest.mark.parametrize("dtype, processed", [(torch.float32, False), (torch.bfloat16, True)], ids=["fp32", "bf16"])
+def test_warmup_prepares_every_variant_a_step_launches(monkeypatch, gen, dtype, processed):
+    """Each Triton launch of steps of 1 to R rows (its kernel, constants and argument specialisation,
+    as warmup's variant key) is one that Sampler.warmup's launches make: the step's ops run their
+    Triton launchers, which only record here, and then the C++ kernels, which give the data."""
+    from torch_sampling_ops import _launch, _registry, _warmup
+    from torch_sampling_ops import sampler as sampler_module
+
+    sampler = make_sampler("cpu", processed_logprobs=processed)
+    sizes = sampler._warmup_sizes()
+    dtypes = (dtype, torch.float32) if processed else (dtype,)
+    launch_args = (V, dtypes, sizes["max_num_tokens"], torch.device("cpu"), sizes["num_slots"], sizes["index_dtype"],
+                   sizes["logit_bias_widths"], 4, sizes["num_logprobs"], sizes["bad_words_shape"])
+    warm = {_warmup._variant_key(*variant) for variant in _warmup._distinct_variants(launch_args)}
+    launched = {}
+
+    def note(kernel, args, meta):
+        launched[_warmup._variant_key(kernel, args, meta)] = _warmup._kernel_name(kernel)
+        return False  # nothing compiles or runs
+
+    def through_triton(name, op):
+        def run(*args):
+            with _launch.compiling_only(note):
+                _registry.triton_impl(name)(*args)
+            return op(*args)
+        return run
+
+    for name in OPS:
+        monkeypatch.setattr(sampler_module, name, through_triton(name, getattr(sampler_module, name)))
+    for step, T in enumerate((1, 3, R)):
+        logits, idx_mapping, bitmask = step_inputs(T, dtype, "cpu", gen, step)
+        sampler.step(logits, idx_mapping, bitmask)
+    assert set(launched.values()) >= {"_allowed_and_bias_kernel", "_bad_words_kernel", "_penalties_kernel"}
+    missing = sorted(name for key, name in launched.items() if key not in warm)
+    assert not missing, missing
+
+
 def test_seeds_come_from_the_sampler_seed():
     """Requests without a seed get one from the sampler's generator: equal for equal sampler seeds."""
     seeds = [tso.Sampler(2, V, seed=s) for s in (0, 0, 1)]
@@ -235,6 +276,26 @@ def test_bad_slots_and_logits_are_refused():
     with pytest.raises(ValueError, match="max_num_logprobs"):
         tso.Sampler(2, V, max_num_logprobs=V + 1)
     assert not sampler.output_lens.any()
+
+
+@pytest.mark.cuda
+def test_after_sampler_warmup_a_step_compiles_nothing(gen):
+    from triton.runtime.jit import JITFunction
+
+    from torch_sampling_ops import constraints, filtering, history, sampling
+    from torch_sampling_ops.truncation import scan, select
+
+    device = torch.device("cuda", torch.cuda.current_device())
+    sampler = make_sampler(device, processed_logprobs=True)
+    assert sampler.warmup((torch.bfloat16,))["calls"] > 0
+    kernels = [k for m in (constraints, filtering, history, sampling, scan, select) for k in vars(m).values()
+               if isinstance(k, JITFunction)]
+    cached = {k: len(k.device_caches[device.index][0]) for k in kernels}
+    for step, T in enumerate((1, 3, R)):
+        sampler.step(*step_inputs(T, torch.bfloat16, device, gen, step))
+    torch.cuda.synchronize()
+    after = {k: len(k.device_caches[device.index][0]) for k in kernels}
+    assert after == cached, {k.fn.__name__: (cached[k], after[k]) for k in kernels if after[k] != cached[k]}
 
 
 @pytest.mark.cuda

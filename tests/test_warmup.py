@@ -43,27 +43,43 @@ def test_warmup_covers_every_top_k_top_p_variant(monkeypatch):
                 assert obj in kernels, f"warmup never launches {name}"
 
 
-def test_warmup_launches_every_variant_the_ops_launch(monkeypatch):
-    """Each (kernel, constants) the ops launch at batch sizes across the large-batch thresholds is
-    one that warmup launches (launches recorded, nothing runs)."""
-    launched = _record_launches(monkeypatch)
+def test_warmup_launches_every_variant_the_ops_launch():
+    """Each variant the ops launch at batch sizes across the large-batch thresholds and across
+    Triton's specialisations of an int (1, divisible by 16, other) is one that warmup launches: the
+    kernel, its constants and the specialisation of its arguments (warmup's variant key; launches
+    recorded, nothing compiles or runs)."""
     V, R, dtype = 3001, 4, torch.float16
-    _warmup._launch_all(V, (dtype,), 300, torch.device("cpu"), R, torch.int32, ((8, 6, 3),), 4)
-    warm = {(kernel, tuple(sorted(meta.items()))) for kernel, meta in launched}
-    launched.clear()
+    launch_args = (V, (dtype,), 300, torch.device("cpu"), R, torch.int32, ((8, 6, 3),), 4)
+    warm = {_warmup._variant_key(*variant) for variant in _warmup._distinct_variants(launch_args)}
+    missing = set()
+
+    def note(kernel, args, meta):
+        if _warmup._variant_key(kernel, args, meta) not in warm:
+            missing.add((_warmup._kernel_name(kernel), T))
+        return False
+
     run = torch_sampling_ops._registry.triton_impl
-    for T in (1, 31, 40, 63, 64, 127, 128, 130, 200, 300):
-        x, idx = torch.randn(T, V).to(dtype), torch.zeros(T, dtype=torch.int32)
-        f32 = torch.full((R,), 0.5)
-        run("temperature")(x, idx, f32)
-        run("min_p")(x, idx, f32)
-        run("top_k_top_p")(x, idx, torch.full((R,), 20, dtype=torch.int32), f32)
-        run("sample")(x, idx, f32, torch.full((R,), 20, dtype=torch.int32), f32, f32, torch.arange(R),
-                      torch.arange(T, dtype=torch.int32))
-        run("logprobs")(x, idx, 20)
-    missing = {(kernel.fn.__name__, key) for kernel, key in ((k, tuple(sorted(m.items()))) for k, m in launched)
-               if (kernel, key) not in warm}
-    assert not missing, missing
+    words = (V + 31) // 32
+    i32 = dict(dtype=torch.int32)
+    f32, slots_i32, mask = torch.full((R,), 0.5), torch.zeros(R, **i32), torch.zeros(R, words, **i32)
+    for T in (1, 2, 16, 31, 32, 40, 63, 64, 127, 128, 130, 200, 256, 300):
+        x, idx = torch.randn(T, V).to(dtype), torch.zeros(T, **i32)
+        with _launch.compiling_only(note):
+            run("temperature")(x, idx, f32)
+            run("min_p")(x, idx, f32)
+            run("top_k_top_p")(x, idx, torch.full((R,), 20, **i32), f32)
+            run("sample")(x, idx, f32, torch.full((R,), 20, **i32), f32, f32, torch.arange(R), torch.arange(T, **i32))
+            for tokens in (idx, idx.long()):  # token ids as given, and as sample returns them
+                run("logprobs")(x, tokens, 20)
+                run("update_output_counts")(torch.zeros(R, V, **i32), mask.clone(), idx, tokens)
+            run("apply_token_bitmask")(x, mask, idx)
+            run("apply_token_bitmask")(x, torch.zeros(T, words, **i32), None)
+            run("logit_bias")(x, idx, idx, torch.zeros(R, 8, **i32), slots_i32, torch.zeros(R, 6, **i32),
+                              torch.zeros(R, 6), slots_i32, torch.zeros(R, 3, **i32), slots_i32, slots_i32)
+            run("penalties")(x, idx, mask, mask, torch.zeros(R, V, **i32), f32, f32, f32)
+            run("bad_words")(x, idx, torch.zeros(R, 8, **i32), torch.zeros(R, 9, **i32), slots_i32,
+                             torch.zeros(R, 8, **i32), idx)
+    assert not missing, sorted(missing)
 
 
 def test_small_batches_skip_large_batch_variants(monkeypatch):

@@ -47,9 +47,14 @@ def _truncation_row_counts(vocab_size: int, max_num_tokens: int, pdl: bool) -> l
 
 
 def _launch_all(vocab_size, dtypes, max_num_tokens, device, num_slots, index_dtype, logit_bias_widths, max_spec_len,
-                num_logprobs=(0, 20)) -> int:
+                num_logprobs=(0, 20), bad_words_shape=(8, 8, 8)) -> int:
     """Runs every launcher once per variant (under compiling_only); returns the number of op calls."""
     V, R = vocab_size, num_slots
+    # Token ids given to logprobs and update_output_counts: the index dtype, and int64 (sample's tokens).
+    token_dtypes = sorted({index_dtype, torch.int64}, key=str)
+    # Batch sizes of each of Triton's specialisations of an int argument (1, divisible by 16, other),
+    # for the kernels that take T as one.
+    specialised_rows = [T for T in (1, 2, 16) if T <= max_num_tokens]
     words = (V + 31) // 32
     run = _registry.triton_impl
 
@@ -73,8 +78,9 @@ def _launch_all(vocab_size, dtypes, max_num_tokens, device, num_slots, index_dty
                               empty(R, dtype=torch.int32))
             calls += 1
         for k in num_logprobs:
-            run("logprobs")(one, empty(1), k)
-            calls += 1
+            for token_dtype in token_dtypes:
+                run("logprobs")(one, empty(1, dtype=token_dtype), k)
+                calls += 1
         for T in _truncation_row_counts(V, max_num_tokens, pdl):
             run("top_k_top_p")(empty(T, V, dtype=dtype), empty(T), empty(R, dtype=torch.int32),
                                empty(R, dtype=torch.float32))
@@ -84,18 +90,26 @@ def _launch_all(vocab_size, dtypes, max_num_tokens, device, num_slots, index_dty
                           empty(R, dtype=torch.int64), empty(T))
             calls += 2
         mask, f32 = empty(R, words, dtype=torch.int32), empty(R, dtype=torch.float32)
-        run("penalties")(one, empty(1), mask, mask, empty(R, V, dtype=torch.int32), f32, f32, f32)
-        run("bad_words")(one, empty(1), empty(R, 8), empty(R, 9, dtype=torch.int32), empty(R),
-                         empty(R, 8, dtype=torch.int32), empty(1))
-        calls += 2
+        for T in specialised_rows:  # penalties takes T as an argument
+            run("penalties")(empty(T, V, dtype=dtype), empty(T), mask, mask, empty(R, V, dtype=torch.int32), f32, f32,
+                             f32)
+            calls += 1
+        W, N, L = bad_words_shape
+        run("bad_words")(one, empty(1), empty(R, W), empty(R, N + 1, dtype=torch.int32), empty(R),
+                         empty(R, L, dtype=torch.int32), empty(1))
+        calls += 1
         # rejection_sample of one request with max_spec_len drafts, with and without draft probabilities
         n = max_spec_len
         for probs in (empty(n, V, dtype=torch.float32), None):
             run("rejection_sample")(empty(n + 1, V, dtype=dtype), empty(n), probs, empty(2, dtype=torch.int32),
                                     empty(1, dtype=torch.float32), empty(1, dtype=torch.int64), empty(1), n)
             calls += 1
-    run("update_output_counts")(empty(R, V, dtype=torch.int32), empty(R, words, dtype=torch.int32), empty(1), empty(1))
-    return calls + 1
+    for T in specialised_rows:  # update_output_counts takes T as an argument
+        for token_dtype in token_dtypes:
+            run("update_output_counts")(empty(R, V, dtype=torch.int32), empty(R, words, dtype=torch.int32), empty(T),
+                                        empty(T, dtype=token_dtype))
+            calls += 1
+    return calls
 
 
 # Seconds a variant of these kernels takes to compile, roughly (H200 host, one at a time; the
@@ -248,6 +262,7 @@ def warmup(
     logit_bias_widths: Sequence[tuple[int, int, int]] = ((1024, 1024, 128),),
     num_logprobs: Sequence[int] = (0, 20),
     max_spec_len: int = 4,
+    bad_words_shape: tuple[int, int, int] = (8, 8, 8),
     parallel: bool = True,
     workers: int | None = None,
 ) -> dict:
@@ -261,11 +276,13 @@ def warmup(
         device: the CUDA device (default: the current one).
         num_slots: R, the number of request slots of the per-slot tensors (default: max_num_tokens;
             Triton compiles R == 1 apart from R > 1).
-        index_dtype: the dtype of idx_mapping and of the logit_bias lists and counts.
+        index_dtype: the dtype of idx_mapping and of the logit_bias lists and counts (token ids of
+            logprobs and update_output_counts: this one and int64, the dtype of sample's tokens).
         logit_bias_widths: (allowed, bias, stop) list widths W of the logit_bias calls to prepare.
         num_logprobs: the num_logprobs values of the logprobs calls to prepare (its kernel is
             compiled per power of two >= num_logprobs, and once for 0).
         max_spec_len: the drafts a request proposes at most, for rejection_sample.
+        bad_words_shape: (W, N, L) of the bad_words state: ids and sequences a slot, history length.
         parallel: compile the variants in forked worker processes too (where `os.fork` exists);
             else compile them one after the other in this thread.
         workers: processes, this one included (default: half the CPU count, at most 8).
@@ -282,7 +299,8 @@ def warmup(
     num_slots = max_num_tokens if num_slots is None else num_slots
     start = time.perf_counter()
     launch_args = (vocab_size, tuple(dtypes), max_num_tokens, device, num_slots, index_dtype,
-                   tuple(tuple(w) for w in logit_bias_widths), max_spec_len, tuple(num_logprobs))
+                   tuple(tuple(w) for w in logit_bias_widths), max_spec_len, tuple(num_logprobs),
+                   tuple(bad_words_shape))
     processes = 1
     with torch.cuda.device(device):
         workers = min(8, (os.cpu_count() or 1) // 2) if workers is None else workers

@@ -187,6 +187,26 @@ class Sampler:
         self._active: dict[int, SamplingParams] = {}
         self._seeds = random.Random(seed)
 
+    def warmup(self, dtypes: Sequence[torch.dtype] = (torch.float32,), **kwargs) -> dict:
+        """Compiles, before the first step, every Triton kernel variant `step` launches on this
+        sampler's state for batches of 1 to max_num_reqs rows of logits of `dtypes` (idx_mapping
+        int32): `torch_sampling_ops.warmup` with the sampler's sizes; `kwargs` go to it (``parallel``,
+        ``workers``). Returns its result; on the CPU it does nothing."""
+        from ._warmup import warmup
+
+        if self.processed_logprobs and self.max_num_logprobs is not None:
+            dtypes = tuple(dict.fromkeys((*dtypes, torch.float32)))  # the filters run on a float32 copy
+        return warmup(self.vocab_size, tuple(dtypes), device=self.device, **self._warmup_sizes(), **kwargs)
+
+    def _warmup_sizes(self) -> dict:
+        """The sizes `warmup` takes, this sampler's."""
+        R = self.max_num_reqs
+        return dict(max_num_tokens=R, num_slots=R, index_dtype=torch.int32,
+                    logit_bias_widths=((self.allowed_ids.size(1), self.bias_ids.size(1), self.stop_ids.size(1)),),
+                    num_logprobs=() if self.max_num_logprobs is None else (self.max_num_logprobs,),
+                    bad_words_shape=(self.bad_word_ids.size(1), self.bad_word_offsets.size(1) - 1,
+                                     self.max_model_len))
+
     # Requests
 
     def add_request(self, slot: int, params: SamplingParams, prompt_token_ids: Sequence[int] | torch.Tensor = ()) -> None:
