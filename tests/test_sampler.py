@@ -135,6 +135,22 @@ def test_step_under_torch_compile_equals_eager(backend, gen):
         assert torch.equal(value, getattr(compiled, name).cpu()), name
 
 
+@pytest.mark.parametrize("backend", OP_BACKENDS)
+def test_a_request_draws_the_same_tokens_in_any_batch(backend, gen):
+    """Slot 2 stepped alone, then with the others in a changing order: the same tokens and state."""
+    device = device_of(backend)
+    alone, batched = make_sampler(device), make_sampler(device)
+    for step in range(4):
+        logits, idx_mapping, bitmask = step_inputs(5, torch.float32, device, gen, step)
+        row = idx_mapping.tolist().index(2)
+        a = alone.step(logits[row:row + 1].clone(), idx_mapping[row:row + 1], bitmask[row:row + 1])
+        b = batched.step(logits, idx_mapping, bitmask)
+        for x, y in zip(a, b, strict=True):
+            assert torch.equal(x[0], y[row])
+    for name in ("output_counts", "output_mask", "history", "output_lens"):
+        assert torch.equal(getattr(alone, name)[2], getattr(batched, name)[2]), name
+
+
 def test_an_empty_batch_changes_nothing():
     sampler = make_sampler("cpu")
     before = snapshot(sampler)
