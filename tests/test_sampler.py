@@ -151,6 +151,45 @@ def test_a_request_draws_the_same_tokens_in_any_batch(backend, gen):
         assert torch.equal(getattr(alone, name)[2], getattr(batched, name)[2]), name
 
 
+def test_skip_unused_ops_leaves_out_only_what_no_request_needs(monkeypatch, gen):
+    """A sampler that skips the ops no request needs gives what one that runs them all gives, as
+    requests come and go; it runs penalties, logit_bias and bad_words only while a request needs them."""
+    from torch_sampling_ops import sampler as sampler_module
+
+    calls = []
+    for name in ("logit_bias", "bad_words", "penalties"):
+        op = getattr(sampler_module, name)
+        monkeypatch.setattr(sampler_module, name, lambda *args, op=op, name=name: (calls.append(name), op(*args))[1])
+    skipping, full = (tso.Sampler(R, V, max_num_logprobs=2, skip_unused_ops=skip) for skip in (True, False))
+    requests = {0: tso.SamplingParams(seed=1), 1: tso.SamplingParams(temperature=0.0),
+                2: tso.SamplingParams(seed=2, presence_penalty=0.5), 3: tso.SamplingParams(seed=3, bad_words=[[5], [1, 2]]),
+                4: tso.SamplingParams(seed=4, logit_bias={3: 2.0}, min_tokens=3, stop_token_ids=[7])}
+    schedule = {0: ([0, 1], []), 2: ([2], []), 3: ([3, 4], []), 5: ([], [2, 4])}  # step: (added, removed)
+    ran = []
+    for step in range(8):
+        for sampler in (skipping, full):
+            added, removed = schedule.get(step, ([], []))
+            for slot in added:
+                sampler.add_request(slot, requests[slot], [1, 5, 9])
+            for slot in removed:
+                sampler.remove_request(slot)
+        slots = sorted(skipping._active)
+        logits = make_logits(len(slots), V, torch.float32, "cpu", generator=gen)
+        idx_mapping = torch.tensor(slots, dtype=torch.int32)
+        mine, theirs = logits.clone(), logits.clone()
+        calls.clear()
+        a = skipping.step(mine, idx_mapping)
+        ran.append(sorted(set(calls)))
+        b = full.step(theirs, idx_mapping)
+        assert torch.equal(mine, theirs), step
+        for u, v in zip(a, b, strict=True):
+            assert torch.equal(u, v), step
+    assert ran == [[], [], ["penalties"], ["bad_words", "logit_bias", "penalties"],
+                   ["bad_words", "logit_bias", "penalties"], ["bad_words"], ["bad_words"], ["bad_words"]]
+    for name, value in snapshot(full).items():
+        assert torch.equal(value, getattr(skipping, name)), name
+
+
 def test_an_empty_batch_changes_nothing():
     sampler = make_sampler("cpu")
     before = snapshot(sampler)

@@ -7,9 +7,10 @@ and `step` runs one decode step on a ``[T, V]`` logits batch: the token bitmask,
 them, then the tokens recorded (output counts and mask, history, output lengths), all on the device.
 
 A step makes no host sync and allocates nothing whose size depends on the data, and every op runs
-whatever the requests ask (a row whose feature is off costs its kernel little): the same step runs
-eagerly, inside ``torch.cuda.graph`` capture (each replay draws fresh tokens, as the output lengths
-that key the random stream advance on the device) and under ``torch.compile(fullgraph=True)``.
+whatever the requests ask (a row whose feature is off costs its kernel little; `skip_unused_ops`
+leaves out, eagerly, the ops no request needs): the same step runs eagerly, inside
+``torch.cuda.graph`` capture (each replay draws fresh tokens, as the output lengths that key the
+random stream advance on the device) and under ``torch.compile(fullgraph=True)``.
 """
 from __future__ import annotations
 
@@ -111,6 +112,14 @@ class SamplerOutput(NamedTuple):
     token_ranks: torch.Tensor | None = None
 
 
+# What makes a request need each of the step's ops that skip_unused_ops may leave out.
+_NEEDS = {
+    "logit_bias": lambda p: bool(p.logit_bias) or p.allowed_token_ids is not None or (
+        p.min_tokens > 0 and len(p.stop_token_ids) > 0),
+    "bad_words": lambda p: any(len(word) > 0 for word in p.bad_words or ()),
+    "penalties": lambda p: (p.repetition_penalty, p.frequency_penalty, p.presence_penalty) != (1.0, 0.0, 0.0),
+}
+
 # Per-slot parameters, kept as the rows of one float32 and one int32 block so that `add_request`
 # writes a slot's scalars with two copies.
 _FLOAT_FIELDS = ("temperature", "top_p", "min_p", "repetition_penalty", "frequency_penalty", "presence_penalty")
@@ -135,6 +144,10 @@ class Sampler:
         max_allowed_ids, max_logit_bias, max_stop_ids: the widths of the allowed, bias and stop lists.
         max_bad_words, max_bad_word_ids: how many bad-word sequences, and their ids in all, a request may have.
         seed: seeds the generator of the seeds of requests that give none.
+        skip_unused_ops: leave out of `step` the ops (logit_bias, bad_words, penalties) that no request
+            in a slot needs, as the host knows from `add_request`: fewer launches eagerly. A step
+            captured in a CUDA graph or traced by torch.compile keeps the choice made at capture, so
+            leave it off (the default) for those.
 
     The state tensors are attributes named as the ops' arguments (``temperature``, ``top_k``, ...,
     ``output_counts``, ``output_mask``, ``history``, ``output_lens``): read them, and change them only
@@ -144,7 +157,7 @@ class Sampler:
     def __init__(self, max_num_reqs: int, vocab_size: int, device: torch.device | str | None = None, *,
                  max_model_len: int = 4096, max_num_logprobs: int | None = None, processed_logprobs: bool = False,
                  max_allowed_ids: int = 1024, max_logit_bias: int = 1024, max_stop_ids: int = 128,
-                 max_bad_words: int = 16, max_bad_word_ids: int = 256, seed: int = 0):
+                 max_bad_words: int = 16, max_bad_word_ids: int = 256, seed: int = 0, skip_unused_ops: bool = False):
         if max_num_reqs < 1 or vocab_size < 1 or max_model_len < 1:
             raise ValueError(f"Sampler: max_num_reqs, vocab_size and max_model_len must be >= 1, got "
                              f"{max_num_reqs}, {vocab_size}, {max_model_len}")
@@ -185,6 +198,8 @@ class Sampler:
         self._output_lens = torch.zeros(R + 1, dtype=i32, device=dev)
         self.history, self.output_lens = self._history[:R], self._output_lens[:R]
         self._active: dict[int, SamplingParams] = {}
+        self.skip_unused_ops = skip_unused_ops
+        self._needed_by = dict.fromkeys(_NEEDS, 0)  # op -> how many requests in a slot need it
         self._seeds = random.Random(seed)
 
     def warmup(self, dtypes: Sequence[torch.dtype] = (torch.float32,), **kwargs) -> dict:
@@ -253,12 +268,25 @@ class Sampler:
         self.history[slot].zero_()
         self.output_lens[slot].zero_()
         self._active[slot] = params
+        self._count_needs(params, 1)
 
     def remove_request(self, slot: int) -> None:
         """Frees a slot for `add_request`. Its state stays on the device until then: rows must not map
         to a free slot."""
-        if self._active.pop(slot, None) is None:
+        params = self._active.pop(slot, None)
+        if params is None:
             raise ValueError(f"Sampler.remove_request: slot {slot} holds no request")
+        self._count_needs(params, -1)
+
+    def _count_needs(self, params: SamplingParams, change: int) -> None:
+        for op, needs in _NEEDS.items():
+            if needs(params):
+                self._needed_by[op] += change
+
+    def _runs(self, op: str) -> bool:
+        """Whether `step` runs `op` (one of _NEEDS): always, unless skip_unused_ops and no request in a
+        slot needs it."""
+        return not self.skip_unused_ops or self._needed_by[op] > 0
 
     def request(self, slot: int) -> SamplingParams | None:
         """The parameters of the request in `slot`, None for a free slot."""
@@ -294,12 +322,15 @@ class Sampler:
         raw = logits.clone() if wants_logprobs and not self.processed_logprobs else None
         if token_bitmask is not None:
             apply_token_bitmask(logits, token_bitmask)
-        logit_bias(logits, idx_mapping, output_lens, self.allowed_ids, self.num_allowed, self.bias_ids,
-                   self.bias_values, self.num_bias, self.stop_ids, self.num_stop, self.min_tokens)
-        bad_words(logits, idx_mapping, self.bad_word_ids, self.bad_word_offsets, self.num_bad_words, self.history,
-                  output_lens.clamp(max=self.max_model_len))
-        penalties(logits, idx_mapping, self.prompt_mask, self.output_mask, self.output_counts,
-                  self.repetition_penalty, self.frequency_penalty, self.presence_penalty)
+        if self._runs("logit_bias"):
+            logit_bias(logits, idx_mapping, output_lens, self.allowed_ids, self.num_allowed, self.bias_ids,
+                       self.bias_values, self.num_bias, self.stop_ids, self.num_stop, self.min_tokens)
+        if self._runs("bad_words"):
+            bad_words(logits, idx_mapping, self.bad_word_ids, self.bad_word_offsets, self.num_bad_words,
+                      self.history, output_lens.clamp(max=self.max_model_len))
+        if self._runs("penalties"):
+            penalties(logits, idx_mapping, self.prompt_mask, self.output_mask, self.output_counts,
+                      self.repetition_penalty, self.frequency_penalty, self.presence_penalty)
         tokens = sample(logits, idx_mapping, self.temperature, self.top_k, self.top_p, self.min_p, self.seeds,
                         output_lens)
         out = SamplerOutput(tokens)
