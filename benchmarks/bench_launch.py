@@ -19,6 +19,7 @@ import bench_filtering
 import bench_history
 import bench_logit_bias
 import bench_sample
+import bench_sampler
 import bench_speculative
 import bench_truncation
 import torch
@@ -38,7 +39,7 @@ from timing import (
 )
 
 CASES = (bench_filtering.CASES + bench_truncation.CASES + bench_logit_bias.CASES + bench_history.CASES
-         + bench_sample.CASES + bench_speculative.CASES)
+         + bench_sample.CASES + bench_speculative.CASES + bench_sampler.CASES)
 
 
 @triton.jit
