@@ -53,7 +53,7 @@ def step_inputs(T, dtype, device, gen, step):
     bitmask = torch.full((T, (V + 31) // 32), -1, dtype=torch.int32)
     bitmask[:, 1] = 0xFF  # tokens 32..39 allowed, 40..63 banned
     if step % 2:
-        logits[:, 12] = 20.0  # slot 2 then completes [12, 30, 31] more often
+        logits[:, 12] = 20.0  # slot 2 then draws 12, the start of its bad word [12, 30, 31]
     if step == 5:
         logits[order.index(3), [30, 31, 32, 12, 999]] = float("-inf")
     return logits, idx_mapping.to(device), bitmask.to(device)
@@ -153,7 +153,8 @@ def test_a_request_draws_the_same_tokens_in_any_batch(backend, gen):
 
 def test_skip_unused_ops_leaves_out_only_what_no_request_needs(monkeypatch, gen):
     """A sampler that skips the ops no request needs gives what one that runs them all gives, as
-    requests come and go; it runs penalties, logit_bias and bad_words only while a request needs them."""
+    requests come and go; it runs penalties, logit_bias, bad_words and logprobs only while a request
+    needs them (the requests' own lists changed after add_request do not count)."""
     from torch_sampling_ops import sampler as sampler_module
 
     calls = []
@@ -161,10 +162,12 @@ def test_skip_unused_ops_leaves_out_only_what_no_request_needs(monkeypatch, gen)
         op = getattr(sampler_module, name)
         monkeypatch.setattr(sampler_module, name, lambda *args, op=op, name=name: (calls.append(name), op(*args))[1])
     skipping, full = (tso.Sampler(R, V, max_num_logprobs=2, skip_unused_ops=skip) for skip in (True, False))
-    requests = {0: tso.SamplingParams(seed=1), 1: tso.SamplingParams(temperature=0.0),
-                2: tso.SamplingParams(seed=2, presence_penalty=0.5), 3: tso.SamplingParams(seed=3, bad_words=[[5], [1, 2]]),
+    late_words = []  # given empty, filled after add_request: the sampler keeps what it was given
+    requests = {0: tso.SamplingParams(seed=1, bad_words=late_words), 1: tso.SamplingParams(temperature=0.0),
+                2: tso.SamplingParams(seed=2, presence_penalty=0.5),
+                3: tso.SamplingParams(seed=3, bad_words=[[5], [1, 2]], logprobs=1),
                 4: tso.SamplingParams(seed=4, logit_bias={3: 2.0}, min_tokens=3, stop_token_ids=[7])}
-    schedule = {0: ([0, 1], []), 2: ([2], []), 3: ([3, 4], []), 5: ([], [2, 4])}  # step: (added, removed)
+    schedule = {0: ([0, 1], []), 2: ([2], []), 3: ([3, 4], []), 5: ([], [0, 2, 4])}  # step: (added, removed)
     ran = []
     for step in range(8):
         for sampler in (skipping, full):
@@ -173,6 +176,8 @@ def test_skip_unused_ops_leaves_out_only_what_no_request_needs(monkeypatch, gen)
                 sampler.add_request(slot, requests[slot], [1, 5, 9])
             for slot in removed:
                 sampler.remove_request(slot)
+        if step == 0:
+            late_words.append([9])
         slots = sorted(skipping._active)
         logits = make_logits(len(slots), V, torch.float32, "cpu", generator=gen)
         idx_mapping = torch.tensor(slots, dtype=torch.int32)
@@ -182,12 +187,63 @@ def test_skip_unused_ops_leaves_out_only_what_no_request_needs(monkeypatch, gen)
         ran.append(sorted(set(calls)))
         b = full.step(theirs, idx_mapping)
         assert torch.equal(mine, theirs), step
-        for u, v in zip(a, b, strict=True):
-            assert torch.equal(u, v), step
+        assert torch.equal(a.sampled_token_ids, b.sampled_token_ids), step
+        if step < 3:  # no request asked for logprobs yet
+            assert a.topk_ids is None and b.topk_ids is not None
+        else:
+            for u, v in zip(a, b, strict=True):
+                assert torch.equal(u, v), step
     assert ran == [[], [], ["penalties"], ["bad_words", "logit_bias", "penalties"],
                    ["bad_words", "logit_bias", "penalties"], ["bad_words"], ["bad_words"], ["bad_words"]]
     for name, value in snapshot(full).items():
         assert torch.equal(value, getattr(skipping, name)), name
+
+
+def test_a_tiny_temperature_is_greedy():
+    sampler = tso.Sampler(2, V)
+    sampler.add_request(0, tso.SamplingParams(temperature=1e-30))
+    sampler.add_request(1, tso.SamplingParams(temperature=tso.sampler.GREEDY_TEMPERATURE))
+    assert sampler.temperature.tolist() == [0.0, pytest.approx(1e-5)]
+    logits = make_logits(1, V, torch.float32, "cpu")
+    assert sampler.step(logits.clone(), torch.tensor([0]))[0].tolist() == [int(logits[0].argmax())]
+
+
+def test_idx_mapping_is_not_modified():
+    sampler = make_sampler("cpu")
+    idx_mapping = torch.tensor([0, -1, 3, R + 3, -7], dtype=torch.int64)
+    sampler.step(torch.randn(5, V), idx_mapping)
+    assert idx_mapping.tolist() == [0, -1, 3, R + 3, -7]
+
+
+@pytest.mark.parametrize("backend", OP_BACKENDS)
+def test_bad_words_ban_the_next_token_until_max_model_len(backend):
+    """Greedy, bad words [1, 2] and [4]: after a 1 the argmax 2 is banned (the next best drawn), 4
+    always; once the history (max_model_len tokens) has stopped, only the one-token word applies."""
+    device = device_of(backend)
+    L = 3
+    sampler = tso.Sampler(2, 16, device, max_model_len=L)
+    sampler.add_request(1, tso.SamplingParams(temperature=0.0, bad_words=[[1, 2], [4]]))
+    idx_mapping = torch.tensor([1], device=device)
+
+    def step(*best):  # logits ranking the given tokens first
+        logits = torch.zeros(1, 16, device=device)
+        logits[0, list(best)] = torch.arange(len(best), 0, -1, dtype=torch.float32, device=device)
+        return int(sampler.step(logits, idx_mapping).sampled_token_ids[0])
+
+    # The 4th token sees the whole history (3 tokens); from the 5th on it has stopped.
+    assert [step(4, 1), step(2, 6), step(1), step(2, 5), step(4, 1), step(2, 5)] == [1, 6, 1, 5, 1, 2]
+    assert sampler.history[1].tolist() == [1, 6, 1]
+
+
+def test_debug_checks_refuse_a_slot_twice_in_a_step(debug_checks):
+    debug_checks(True)
+    sampler = make_sampler("cpu")
+    logits = torch.randn(3, V)
+    given = logits.clone()
+    with pytest.raises(ValueError, match="'idx_mapping' must be each slot at most once a step"):
+        sampler.step(logits, torch.tensor([1, -1, 1], dtype=torch.int32))
+    assert torch.equal(logits, given)
+    sampler.step(logits, torch.tensor([1, -1, -1], dtype=torch.int32))  # out of range twice is fine
 
 
 def test_an_empty_batch_changes_nothing():
@@ -280,6 +336,14 @@ BAD_PARAMS = [
     (dict(temperature=float("inf")), "temperature"), (dict(frequency_penalty=float("nan")), "frequency_penalty"),
     (dict(presence_penalty=float("-inf")), "presence_penalty"), (dict(seed=2**63), "seed"),
     (dict(logit_bias={3: float("inf")}), "logit_bias"),
+    # as the sampler stores them: float32 and int32
+    (dict(temperature=1e39), "temperature"), (dict(repetition_penalty=1e-50), "repetition_penalty"),
+    (dict(frequency_penalty=1e39), "frequency_penalty"), (dict(logit_bias={3: -1e39}), "logit_bias"),
+    (dict(min_tokens=2**31), "min_tokens"), (dict(top_k=2**31), "top_k"),
+    # integers that are not
+    (dict(top_k=2.5), "top_k"), (dict(seed=1.5), "seed"), (dict(logit_bias={"3": 1.0}), "logit_bias"),
+    (dict(logit_bias={3.7: 1.0}), "logit_bias"), (dict(allowed_token_ids=[1, 2.0]), "allowed_token_ids"),
+    (dict(min_tokens=1, stop_token_ids=["a"]), "stop_token_ids"), (dict(logprobs=1.5), "logprobs"),
 ]
 
 

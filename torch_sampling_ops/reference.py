@@ -390,7 +390,7 @@ def sampler_step(logits, idx_mapping, token_bitmask, state, *, max_model_len, ma
     Returns (processed logits, tokens, logprobs or None, the recorded state):
     - the processed logits: the token bitmask, logit_bias, bad_words and penalties applied in that
       order, each result stored in the logits dtype as the in-place ops store it (a row's history
-      length is its output length, at most max_model_len);
+      length is its output length, and 0 past max_model_len, where the history stops);
     - the tokens: `sample`'s on them;
     - logprobs with k = max_num_logprobs: of the logits as given, or with processed_logprobs of the
       processed ones filtered as `sample` filters them;
@@ -409,7 +409,7 @@ def sampler_step(logits, idx_mapping, token_bitmask, state, *, max_model_len, ma
     x = logit_bias(x, idx_mapping, output_lens, s["allowed_ids"], s["num_allowed"], s["bias_ids"], s["bias_values"],
                    s["num_bias"], s["stop_ids"], s["num_stop"], s["min_tokens"], **kw).to(logits.dtype)
     x = bad_words(x, idx_mapping, s["bad_word_ids"], s["bad_word_offsets"], s["num_bad_words"], s["history"],
-                  output_lens.clamp(max=max_model_len), **kw).to(logits.dtype)
+                  torch.where(output_lens <= max_model_len, output_lens, 0), **kw).to(logits.dtype)
     x = penalties(x, idx_mapping, s["prompt_mask"], s["output_mask"], s["output_counts"], s["repetition_penalty"],
                   s["frequency_penalty"], s["presence_penalty"], **kw).to(logits.dtype)
     params = (idx_mapping, s["temperature"], s["top_k"], s["top_p"], s["min_p"])

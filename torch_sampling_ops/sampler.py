@@ -16,13 +16,15 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import operator
 import random
+from array import array
 from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
 import torch
 
-from . import state
+from . import _checks, state
 from .constraints import apply_token_bitmask, logit_bias
 from .filtering import min_p, temperature
 from .history import bad_words, penalties, update_output_counts
@@ -34,15 +36,16 @@ from .truncation import top_k_top_p
 class SamplingParams:
     """One request's sampling parameters (each default is "off").
 
-    temperature: ``0.0`` is greedy (the argmax), else the logits are divided by it.
+    temperature: ``0.0`` (or below ``GREEDY_TEMPERATURE``, 1e-5) is greedy (the argmax), else the
+    logits are divided by it.
     top_k: keep the k largest logits (``0``, ``-1`` or ``>= V``: off). top_p: in ``(0, 1]``. min_p: in ``[0, 1]``.
     seed: keys the request's random stream with its position; None takes one from the sampler's generator.
     repetition_penalty (``> 0``), frequency_penalty, presence_penalty: as `penalties`, over the prompt
     and the tokens generated so far.
     logit_bias: token id -> bias added to its logit. allowed_token_ids: the only tokens the request may
     emit (None: every token). bad_words: token sequences the request must not complete.
-    min_tokens: while fewer tokens were generated, the stop_token_ids are masked (the caller decides
-    when a request stops; the sampler only masks).
+    min_tokens: while fewer tokens were generated, the stop_token_ids are masked (list the EOS token
+    there too; the caller decides when a request stops, the sampler only masks).
     logprobs: None, or how many top logprobs the request wants (0: the sampled token's only), at most
     the sampler's ``max_num_logprobs``.
     """
@@ -63,47 +66,99 @@ class SamplingParams:
     logprobs: int | None = None
 
     def validate(self, vocab_size: int) -> None:
-        """Raises ValueError naming the first parameter out of its range (token ids: ``[0, vocab_size)``)."""
+        """Raises ValueError naming the first parameter out of its range, as the sampler stores it
+        (floats in float32, integers in int32, token ids in ``[0, vocab_size)``)."""
+        self._packed(vocab_size)
+
+    def _packed(self, vocab_size: int) -> _PackedParams:
+        """The parameters as `Sampler.add_request` writes them, checked (see validate). A temperature
+        below GREEDY_TEMPERATURE is greedy: x / T would overflow float32."""
         def fail(name, expected):
             raise ValueError(f"SamplingParams.{name} must be {expected}, got {getattr(self, name)!r}")
 
-        if not 0.0 <= self.temperature < math.inf:
-            fail("temperature", "finite and >= 0")
-        if self.top_k < -1:
-            fail("top_k", ">= -1 (0 or -1: off)")
-        if not 0.0 < self.top_p <= 1.0:
-            fail("top_p", "in (0, 1]")
-        if not 0.0 <= self.min_p <= 1.0:
-            fail("min_p", "in [0, 1]")
-        if not 0.0 < self.repetition_penalty < math.inf:
-            fail("repetition_penalty", "finite and > 0")
-        for name in ("frequency_penalty", "presence_penalty"):
-            if not math.isfinite(getattr(self, name)):
-                fail(name, "finite")
-        if self.seed is not None and not -2**63 <= self.seed < 2**63:
-            fail("seed", "None or a 64-bit signed integer")
-        if not all(math.isfinite(b) for b in (self.logit_bias or {}).values()):
-            fail("logit_bias", "finite biases")
-        if self.min_tokens < 0:
-            fail("min_tokens", ">= 0")
-        if self.logprobs is not None and self.logprobs < 0:
-            fail("logprobs", "None or >= 0")
+        def integer(name, value, low, high):
+            try:
+                value = operator.index(value)
+            except TypeError:
+                fail(name, "an integer")
+            if not low <= value <= high:
+                fail(name, f"in [{low}, {high}]")
+            return value
+
+        def float32(name, value, ok, expected):
+            try:
+                value = array("f", [value])[0]  # as the sampler stores it
+            except TypeError:
+                fail(name, "a number")
+            if not ok(value):
+                fail(name, expected)
+            return value
+
+        def token_ids(name, ids):
+            try:
+                ids = [operator.index(t) for t in ids]
+            except TypeError:
+                fail(name, "integer token ids")
+            if any(not 0 <= t < vocab_size for t in ids):
+                fail(name, f"token ids in [0, {vocab_size})")
+            return ids
+
+        finite = math.isfinite
+        temperature = float32("temperature", self.temperature, lambda t: finite(t) and t >= 0, "finite and >= 0")
+        floats = dict(
+            temperature=temperature if self.temperature >= GREEDY_TEMPERATURE else 0.0,
+            top_p=float32("top_p", self.top_p, lambda p: 0.0 < p <= 1.0, "in (0, 1]"),
+            min_p=float32("min_p", self.min_p, lambda p: 0.0 <= p <= 1.0, "in [0, 1]"),
+            repetition_penalty=float32("repetition_penalty", self.repetition_penalty, lambda r: finite(r) and r > 0,
+                                       "finite and > 0 in float32"),
+            frequency_penalty=float32("frequency_penalty", self.frequency_penalty, finite, "finite in float32"),
+            presence_penalty=float32("presence_penalty", self.presence_penalty, finite, "finite in float32"))
+        top_k = integer("top_k", self.top_k, -1, 2**31 - 1)
+        min_tokens = integer("min_tokens", self.min_tokens, 0, 2**31 - 1)
+        seed = None if self.seed is None else integer("seed", self.seed, -2**63, 2**63 - 1)
+        if self.logprobs is not None:
+            integer("logprobs", self.logprobs, 0, 2**31 - 1)
         if self.allowed_token_ids is not None and len(self.allowed_token_ids) == 0:
             fail("allowed_token_ids", "None (every token) or a non-empty list")
-        lists = {"logit_bias": list(self.logit_bias or ()), "allowed_token_ids": list(self.allowed_token_ids or ()),
-                 "stop_token_ids": list(self.stop_token_ids),
-                 "bad_words": [t for word in (self.bad_words or ()) for t in word]}
-        for name, ids in lists.items():
-            if any(not 0 <= int(t) < vocab_size for t in ids):
-                fail(name, f"token ids in [0, {vocab_size})")
+        stops = token_ids("stop_token_ids", self.stop_token_ids)
+        bias = dict(self.logit_bias or {})
+        bias_values = [float32("logit_bias", b, finite, "finite biases in float32") for b in bias.values()]
+        return _PackedParams(
+            floats=floats, top_k=top_k if 0 < top_k < vocab_size else 0, min_tokens=min_tokens, seed=seed,
+            allowed=token_ids("allowed_token_ids", self.allowed_token_ids or ()),
+            bias_ids=token_ids("logit_bias", bias), bias_values=bias_values,
+            stops=stops if min_tokens > 0 else [],
+            bad_words=[token_ids("bad_words", word) for word in self.bad_words or () if len(word) > 0],
+            logprobs=self.logprobs)
+
+
+# Temperatures below it are greedy (as serving stacks treat them): dividing by one overflows float32.
+GREEDY_TEMPERATURE = 1e-5
+
+
+@dataclasses.dataclass(frozen=True)
+class _PackedParams:
+    """A request's parameters as the sampler writes them into its slot, checked (SamplingParams._packed)."""
+
+    floats: dict
+    top_k: int
+    min_tokens: int
+    seed: int | None
+    allowed: list
+    bias_ids: list
+    bias_values: list
+    stops: list
+    bad_words: list
+    logprobs: int | None
 
 
 class SamplerOutput(NamedTuple):
     """`Sampler.step`'s result. sampled_token_ids: int64 ``[T]`` (``-1`` for a row whose slot is out of
     range or that has no finite logit). The logprobs fields are None unless the sampler has
-    ``max_num_logprobs``; then, as `logprobs` with ``k = max_num_logprobs`` for every row:
-    topk_ids int64 ``[T, k]``, topk_logprobs float32 ``[T, k]``, and the sampled token's logprob
-    (float32 ``[T]``) and rank (int64 ``[T]``)."""
+    ``max_num_logprobs`` (and, with skip_unused_ops, a request in a slot asked for logprobs); then,
+    as `logprobs` with ``k = max_num_logprobs`` for every row: topk_ids int64 ``[T, k]``,
+    topk_logprobs float32 ``[T, k]``, and the sampled token's logprob (float32 ``[T]``) and rank
+    (int64 ``[T]``). A request that asked for n logprobs reads the first n of its row."""
 
     sampled_token_ids: torch.Tensor
     topk_ids: torch.Tensor | None = None
@@ -113,11 +168,13 @@ class SamplerOutput(NamedTuple):
 
 
 # What makes a request need each of the step's ops that skip_unused_ops may leave out.
+# Of a request's packed parameters (_PackedParams, which the caller cannot change after add_request).
 _NEEDS = {
-    "logit_bias": lambda p: bool(p.logit_bias) or p.allowed_token_ids is not None or (
-        p.min_tokens > 0 and len(p.stop_token_ids) > 0),
-    "bad_words": lambda p: any(len(word) > 0 for word in p.bad_words or ()),
-    "penalties": lambda p: (p.repetition_penalty, p.frequency_penalty, p.presence_penalty) != (1.0, 0.0, 0.0),
+    "logit_bias": lambda p: bool(p.allowed or p.bias_ids or p.stops),
+    "bad_words": lambda p: bool(p.bad_words),
+    "penalties": lambda p: (p.floats["repetition_penalty"], p.floats["frequency_penalty"],
+                            p.floats["presence_penalty"]) != (1.0, 0.0, 0.0),
+    "logprobs": lambda p: p.logprobs is not None,
 }
 
 # Per-slot parameters, kept as the rows of one float32 and one int32 block so that `add_request`
@@ -134,8 +191,8 @@ class Sampler:
         max_num_reqs: R, the request slots.
         vocab_size: V.
         device: where the state lives (the logits' device).
-        max_model_len: the most tokens a request generates that `bad_words` looks back over (its
-            history is ``[R, max_model_len]``; tokens past it are not recorded).
+        max_model_len: the generated tokens a request's history keeps for `bad_words` (``[R,
+            max_model_len]`` int32): past that many, only one-token bad words apply.
         max_num_logprobs: None (no logprobs), or the ``k`` of every step's `logprobs` (0: the sampled
             token's logprob and rank only); requests may ask for up to that many.
         processed_logprobs: logprobs of the logits as `sample` draws from them (processed, then
@@ -143,11 +200,13 @@ class Sampler:
             rather than of the logits as given to `step` (the default, as vLLM returns them).
         max_allowed_ids, max_logit_bias, max_stop_ids: the widths of the allowed, bias and stop lists.
         max_bad_words, max_bad_word_ids: how many bad-word sequences, and their ids in all, a request may have.
-        seed: seeds the generator of the seeds of requests that give none.
-        skip_unused_ops: leave out of `step` the ops (logit_bias, bad_words, penalties) that no request
-            in a slot needs, as the host knows from `add_request`: fewer launches eagerly. A step
-            captured in a CUDA graph or traced by torch.compile keeps the choice made at capture, so
-            leave it off (the default) for those.
+        seed: seeds the generator of the seeds of requests that give none (the same seeds in every
+            process that passes the same one).
+        skip_unused_ops: leave out of `step` the ops (logit_bias, bad_words, penalties, and logprobs
+            with its copy of the logits) that no request in a slot needs, as the host knows from
+            `add_request`: fewer launches eagerly. A step captured in a CUDA graph keeps the choice
+            made at capture, and torch.compile recompiles for each choice: leave it off (the
+            default) for those.
 
     The state tensors are attributes named as the ops' arguments (``temperature``, ``top_k``, ...,
     ``output_counts``, ``output_mask``, ``history``, ``output_lens``): read them, and change them only
@@ -192,31 +251,35 @@ class Sampler:
         self.prompt_mask = torch.zeros(R, words, dtype=i32, device=dev)
         self.output_mask = torch.zeros(R, words, dtype=i32, device=dev)
         self.output_counts = torch.zeros(R, V, dtype=i32, device=dev)
-        # One row (entry) more than the slots: a step's rows that record nothing write there, so that
-        # no two rows of a step write one element (see _record).
+        # One row (entry) more than the slots, never read: a step's rows that record nothing write
+        # there, so that no two rows of a step write one element of a slot's state (see _record).
         self._history = torch.zeros(R + 1, max_model_len, dtype=i32, device=dev)
         self._output_lens = torch.zeros(R + 1, dtype=i32, device=dev)
         self.history, self.output_lens = self._history[:R], self._output_lens[:R]
         self._active: dict[int, SamplingParams] = {}
         self.skip_unused_ops = skip_unused_ops
+        self._needs: dict[int, frozenset] = {}  # slot -> the ops of _NEEDS its request needs
         self._needed_by = dict.fromkeys(_NEEDS, 0)  # op -> how many requests in a slot need it
         self._seeds = random.Random(seed)
 
-    def warmup(self, dtypes: Sequence[torch.dtype] = (torch.float32,), **kwargs) -> dict:
+    def warmup(self, dtypes: Sequence[torch.dtype] = (torch.float32,), max_num_tokens: int | None = None,
+               **kwargs) -> dict:
         """Compiles, before the first step, every Triton kernel variant `step` launches on this
-        sampler's state for batches of 1 to max_num_reqs rows of logits of `dtypes` (idx_mapping
-        int32): `torch_sampling_ops.warmup` with the sampler's sizes; `kwargs` go to it (``parallel``,
+        sampler's state for batches of 1 to max_num_tokens rows (default max_num_reqs; more for
+        batches padded with rows out of range) of logits of `dtypes` (idx_mapping int32):
+        `torch_sampling_ops.warmup` with the sampler's sizes; `kwargs` go to it (``parallel``,
         ``workers``). Returns its result; on the CPU it does nothing."""
         from ._warmup import warmup
 
         if self.processed_logprobs and self.max_num_logprobs is not None:
             dtypes = tuple(dict.fromkeys((*dtypes, torch.float32)))  # the filters run on a float32 copy
-        return warmup(self.vocab_size, tuple(dtypes), device=self.device, **self._warmup_sizes(), **kwargs)
+        return warmup(self.vocab_size, tuple(dtypes), device=self.device, **self._warmup_sizes(max_num_tokens),
+                      **kwargs)
 
-    def _warmup_sizes(self) -> dict:
+    def _warmup_sizes(self, max_num_tokens: int | None = None) -> dict:
         """The sizes `warmup` takes, this sampler's."""
         R = self.max_num_reqs
-        return dict(max_num_tokens=R, num_slots=R, index_dtype=torch.int32,
+        return dict(max_num_tokens=max_num_tokens or R, num_slots=R, index_dtype=torch.int32,
                     logit_bias_widths=((self.allowed_ids.size(1), self.bias_ids.size(1), self.stop_ids.size(1)),),
                     num_logprobs=() if self.max_num_logprobs is None else (self.max_num_logprobs,),
                     bad_words_shape=(self.bad_word_ids.size(1), self.bad_word_offsets.size(1) - 1,
@@ -234,54 +297,51 @@ class Sampler:
             raise ValueError(f"Sampler.add_request: slot must be in [0, {R}), got {slot}")
         if slot in self._active:
             raise ValueError(f"Sampler.add_request: slot {slot} is in use; remove_request({slot}) first")
-        params.validate(V)
-        if params.logprobs is not None and (self.max_num_logprobs is None or params.logprobs > self.max_num_logprobs):
-            raise ValueError(f"Sampler.add_request: the request asks for {params.logprobs} logprobs, the sampler "
+        packed = params._packed(V)
+        if packed.logprobs is not None and (self.max_num_logprobs is None or packed.logprobs > self.max_num_logprobs):
+            raise ValueError(f"Sampler.add_request: the request asks for {packed.logprobs} logprobs, the sampler "
                              f"gives at most {self.max_num_logprobs} (max_num_logprobs)")
-        bias = dict(params.logit_bias or {})
-        allowed = list(params.allowed_token_ids or ())
-        stops = list(params.stop_token_ids) if params.min_tokens > 0 else []
-        bad = [list(w) for w in (params.bad_words or ()) if len(w) > 0]
-        for name, needed, capacity in (("max_allowed_ids", len(allowed), self.allowed_ids.size(1)),
-                                       ("max_logit_bias", len(bias), self.bias_ids.size(1)),
-                                       ("max_stop_ids", len(stops), self.stop_ids.size(1)),
-                                       ("max_bad_words", len(bad), self.bad_word_offsets.size(1) - 1),
-                                       ("max_bad_word_ids", sum(map(len, bad)), self.bad_word_ids.size(1))):
+        for name, needed, capacity in (("max_allowed_ids", len(packed.allowed), self.allowed_ids.size(1)),
+                                       ("max_logit_bias", len(packed.bias_ids), self.bias_ids.size(1)),
+                                       ("max_stop_ids", len(packed.stops), self.stop_ids.size(1)),
+                                       ("max_bad_words", len(packed.bad_words), self.bad_word_offsets.size(1) - 1),
+                                       ("max_bad_word_ids", sum(map(len, packed.bad_words)), self.bad_word_ids.size(1))):
             if needed > capacity:
                 raise ValueError(f"Sampler.add_request: the request needs {needed}, more than the sampler's "
                                  f"{name} = {capacity}")
-        seed = params.seed if params.seed is not None else self._seeds.getrandbits(63)
-        ints = dict(top_k=params.top_k if 0 < params.top_k < V else 0, min_tokens=params.min_tokens,
-                    num_allowed=len(allowed), num_bias=len(bias), num_stop=len(stops), num_bad_words=len(bad))
-        floats = [getattr(params, name) for name in _FLOAT_FIELDS]
-        self._floats[:, slot].copy_(self._host(floats, torch.float32), non_blocking=True)
-        self._ints[:, slot].copy_(self._host([ints[name] for name in _INT_FIELDS], torch.int32), non_blocking=True)
+        # Every host tensor is built before the first write to the slot.
+        prompt = torch.as_tensor(prompt_token_ids if isinstance(prompt_token_ids, torch.Tensor)
+                                 else list(prompt_token_ids), dtype=torch.int64)
+        ints = dict(top_k=packed.top_k, min_tokens=packed.min_tokens, num_allowed=len(packed.allowed),
+                    num_bias=len(packed.bias_ids), num_stop=len(packed.stops), num_bad_words=len(packed.bad_words))
+        scalars = [(self._floats[:, slot], self._host([packed.floats[n] for n in _FLOAT_FIELDS], torch.float32)),
+                   (self._ints[:, slot], self._host([ints[n] for n in _INT_FIELDS], torch.int32))]
+        lists = [(ids[slot, :len(values)], self._host(values, dtype))
+                 for ids, values, dtype in ((self.allowed_ids, packed.allowed, torch.int32),
+                                            (self.bias_ids, packed.bias_ids, torch.int32),
+                                            (self.bias_values, packed.bias_values, torch.float32),
+                                            (self.stop_ids, packed.stops, torch.int32)) if values]
+        seed = packed.seed if packed.seed is not None else self._seeds.getrandbits(63)
+        for dst, src in scalars + lists:
+            dst.copy_(src, non_blocking=True)
         self.seeds[slot].fill_(seed)
-        for ids, values in ((self.allowed_ids, allowed), (self.bias_ids, list(bias)), (self.stop_ids, stops)):
-            if values:
-                ids[slot, :len(values)].copy_(self._host(values, torch.int32), non_blocking=True)
-        if bias:
-            self.bias_values[slot, :len(bias)].copy_(self._host(list(bias.values()), torch.float32), non_blocking=True)
-        state.set_bad_words(self.bad_word_ids, self.bad_word_offsets, self.num_bad_words, slot, bad)
+        state.set_bad_words(self.bad_word_ids, self.bad_word_offsets, self.num_bad_words, slot, packed.bad_words)
         state.clear_slot(slot, self.output_counts, self.output_mask)
-        state.set_prompt_mask(self.prompt_mask, slot, prompt_token_ids, V)
+        state.set_prompt_mask(self.prompt_mask, slot, prompt, V)
         self.history[slot].zero_()
         self.output_lens[slot].zero_()
         self._active[slot] = params
-        self._count_needs(params, 1)
+        self._needs[slot] = frozenset(op for op, needs in _NEEDS.items() if needs(packed))
+        for op in self._needs[slot]:
+            self._needed_by[op] += 1
 
     def remove_request(self, slot: int) -> None:
         """Frees a slot for `add_request`. Its state stays on the device until then: rows must not map
         to a free slot."""
-        params = self._active.pop(slot, None)
-        if params is None:
+        if self._active.pop(slot, None) is None:
             raise ValueError(f"Sampler.remove_request: slot {slot} holds no request")
-        self._count_needs(params, -1)
-
-    def _count_needs(self, params: SamplingParams, change: int) -> None:
-        for op, needs in _NEEDS.items():
-            if needs(params):
-                self._needed_by[op] += change
+        for op in self._needs.pop(slot):
+            self._needed_by[op] -= 1
 
     def _runs(self, op: str) -> bool:
         """Whether `step` runs `op` (one of _NEEDS): always, unless skip_unused_ops and no request in a
@@ -314,11 +374,11 @@ class Sampler:
         """
         self._check_step(logits, idx_mapping, token_bitmask)
         R = self.max_num_reqs
-        # A row whose slot is out of range is left alone by the ops; it reads and writes the spare
-        # entry R (-1 and R clamped to, then -1 taken to R).
-        slots = idx_mapping.long().clamp_(-1, R).remainder_(R + 1)
+        # The ops leave a row whose slot is out of range alone but for the bitmask; its slot here is
+        # the spare entry R (clamped into [-1, R], then -1 taken to R; the caller's tensor unchanged).
+        slots = idx_mapping.long().clamp(-1, R).remainder_(R + 1)
         output_lens = self._output_lens[slots]
-        wants_logprobs = self.max_num_logprobs is not None
+        wants_logprobs = self.max_num_logprobs is not None and self._runs("logprobs")
         raw = logits.clone() if wants_logprobs and not self.processed_logprobs else None
         if token_bitmask is not None:
             apply_token_bitmask(logits, token_bitmask)
@@ -326,8 +386,9 @@ class Sampler:
             logit_bias(logits, idx_mapping, output_lens, self.allowed_ids, self.num_allowed, self.bias_ids,
                        self.bias_values, self.num_bias, self.stop_ids, self.num_stop, self.min_tokens)
         if self._runs("bad_words"):
+            # Past max_model_len the history stops: only one-token bad words apply there.
             bad_words(logits, idx_mapping, self.bad_word_ids, self.bad_word_offsets, self.num_bad_words,
-                      self.history, output_lens.clamp(max=self.max_model_len))
+                      self.history, output_lens.masked_fill(output_lens > self.max_model_len, 0))
         if self._runs("penalties"):
             penalties(logits, idx_mapping, self.prompt_mask, self.output_mask, self.output_counts,
                       self.repetition_penalty, self.frequency_penalty, self.presence_penalty)
@@ -363,6 +424,11 @@ class Sampler:
         check("idx_mapping", idx_mapping, (torch.int32, torch.int64), (T,))
         if token_bitmask is not None:
             check("token_bitmask", token_bitmask, (torch.int32,), (T, (self.vocab_size + 31) // 32))
+        if _checks.debug_enabled():  # TORCH_SAMPLING_OPS_DEBUG=1: value checks, with host syncs
+            in_range = idx_mapping[(idx_mapping >= 0) & (idx_mapping < self.max_num_reqs)]
+            if in_range.unique().numel() != in_range.numel():
+                fail("idx_mapping", "each slot at most once a step (TORCH_SAMPLING_OPS_DEBUG check)",
+                     idx_mapping.tolist())
 
     def _processed(self, logits: torch.Tensor, idx_mapping: torch.Tensor) -> torch.Tensor:
         """A float32 copy of the processed logits with the filters `sample` applies (temperature,
