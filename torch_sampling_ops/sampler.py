@@ -167,8 +167,8 @@ class SamplerOutput(NamedTuple):
     token_ranks: torch.Tensor | None = None
 
 
-# What makes a request need each of the step's ops that skip_unused_ops may leave out.
-# Of a request's packed parameters (_PackedParams, which the caller cannot change after add_request).
+# What makes a request need each of the step's ops that skip_unused_ops may leave out, judged on its
+# packed parameters (_PackedParams: the caller's lists changed after add_request do not count).
 _NEEDS = {
     "logit_bias": lambda p: bool(p.allowed or p.bias_ids or p.stops),
     "bad_words": lambda p: bool(p.bad_words),
