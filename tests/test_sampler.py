@@ -303,6 +303,32 @@ def test_warmup_prepares_every_variant_a_step_launches(monkeypatch, gen, dtype, 
     assert not missing, missing
 
 
+@pytest.mark.interpret
+def test_step_through_the_triton_kernels_equals_the_cpu_kernels(monkeypatch, gen):
+    """The step with every op run by its Triton kernels (interpreted) against the C++ kernels: the
+    same tokens and recorded state, logits and logprobs within float32 rounding."""
+    from torch_sampling_ops import _registry
+    from torch_sampling_ops import sampler as sampler_module
+
+    cpp, triton_path = make_sampler("cpu"), make_sampler("cpu")
+    cpp_ops = {name: getattr(sampler_module, name) for name in OPS}
+    for step in (0, 1, 5):
+        logits, idx_mapping, bitmask = step_inputs(7, torch.float32, "cpu", gen, step)
+        x, y = logits.clone(), logits.clone()
+        a = cpp.step(x, idx_mapping, bitmask)
+        for name in OPS:
+            monkeypatch.setattr(sampler_module, name, _registry.triton_impl(name))
+        b = triton_path.step(y, idx_mapping, bitmask)
+        for name in OPS:
+            monkeypatch.setattr(sampler_module, name, cpp_ops[name])
+        torch.testing.assert_close(x, y, atol=1e-5, rtol=1e-5)
+        for u, v in zip(a, b, strict=True):
+            torch.testing.assert_close(u, v, atol=1e-4, rtol=1e-4)
+        assert torch.equal(a.sampled_token_ids, b.sampled_token_ids) and torch.equal(a.topk_ids, b.topk_ids)
+    for name, value in snapshot(cpp).items():
+        assert torch.equal(value, getattr(triton_path, name)), name
+
+
 def test_seeds_come_from_the_sampler_seed():
     """Requests without a seed get one from the sampler's generator: equal for equal sampler seeds."""
     seeds = [tso.Sampler(2, V, seed=s) for s in (0, 0, 1)]
