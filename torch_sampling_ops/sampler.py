@@ -256,9 +256,9 @@ class Sampler:
         self._history = torch.zeros(R + 1, max_model_len, dtype=i32, device=dev)
         self._output_lens = torch.zeros(R + 1, dtype=i32, device=dev)
         self.history, self.output_lens = self._history[:R], self._output_lens[:R]
-        self._active: dict[int, SamplingParams] = {}
         self.skip_unused_ops = skip_unused_ops
-        self._needs: dict[int, frozenset] = {}  # slot -> the ops of _NEEDS its request needs
+        # slot -> its request's parameters and the ops of _NEEDS it needs
+        self._requests: dict[int, tuple[SamplingParams, frozenset]] = {}
         self._needed_by = dict.fromkeys(_NEEDS, 0)  # op -> how many requests in a slot need it
         self._seeds = random.Random(seed)
 
@@ -295,7 +295,7 @@ class Sampler:
         R, V = self.max_num_reqs, self.vocab_size
         if not 0 <= slot < R:
             raise ValueError(f"Sampler.add_request: slot must be in [0, {R}), got {slot}")
-        if slot in self._active:
+        if slot in self._requests:
             raise ValueError(f"Sampler.add_request: slot {slot} is in use; remove_request({slot}) first")
         packed = params._packed(V)
         if packed.logprobs is not None and (self.max_num_logprobs is None or packed.logprobs > self.max_num_logprobs):
@@ -314,9 +314,9 @@ class Sampler:
                                  else list(prompt_token_ids), dtype=torch.int64)
         ints = dict(top_k=packed.top_k, min_tokens=packed.min_tokens, num_allowed=len(packed.allowed),
                     num_bias=len(packed.bias_ids), num_stop=len(packed.stops), num_bad_words=len(packed.bad_words))
-        scalars = [(self._floats[:, slot], self._host([packed.floats[n] for n in _FLOAT_FIELDS], torch.float32)),
-                   (self._ints[:, slot], self._host([ints[n] for n in _INT_FIELDS], torch.int32))]
-        lists = [(ids[slot, :len(values)], self._host(values, dtype))
+        scalars = [(self._floats[:, slot], state.host_values([packed.floats[n] for n in _FLOAT_FIELDS], torch.float32, self.device)),
+                   (self._ints[:, slot], state.host_values([ints[n] for n in _INT_FIELDS], torch.int32, self.device))]
+        lists = [(ids[slot, :len(values)], state.host_values(values, dtype, self.device))
                  for ids, values, dtype in ((self.allowed_ids, packed.allowed, torch.int32),
                                             (self.bias_ids, packed.bias_ids, torch.int32),
                                             (self.bias_values, packed.bias_values, torch.float32),
@@ -330,17 +330,17 @@ class Sampler:
         state.set_prompt_mask(self.prompt_mask, slot, prompt, V)
         self.history[slot].zero_()
         self.output_lens[slot].zero_()
-        self._active[slot] = params
-        self._needs[slot] = frozenset(op for op, needs in _NEEDS.items() if needs(packed))
-        for op in self._needs[slot]:
+        needed = frozenset(op for op, needs in _NEEDS.items() if needs(packed))
+        self._requests[slot] = params, needed
+        for op in needed:
             self._needed_by[op] += 1
 
     def remove_request(self, slot: int) -> None:
         """Frees a slot for `add_request`. Its state stays on the device until then: rows must not map
         to a free slot."""
-        if self._active.pop(slot, None) is None:
+        if slot not in self._requests:
             raise ValueError(f"Sampler.remove_request: slot {slot} holds no request")
-        for op in self._needs.pop(slot):
+        for op in self._requests.pop(slot)[1]:
             self._needed_by[op] -= 1
 
     def _runs(self, op: str) -> bool:
@@ -350,12 +350,7 @@ class Sampler:
 
     def request(self, slot: int) -> SamplingParams | None:
         """The parameters of the request in `slot`, None for a free slot."""
-        return self._active.get(slot)
-
-    def _host(self, values: list, dtype: torch.dtype) -> torch.Tensor:
-        """A CPU tensor of `values`, pinned when the state is on a GPU (so its copy does not wait)."""
-        t = torch.tensor(values, dtype=dtype)
-        return t.pin_memory() if self.device.type == "cuda" else t
+        return self._requests[slot][0] if slot in self._requests else None
 
     # The decode step
 
@@ -402,33 +397,21 @@ class Sampler:
         return out
 
     def _check_step(self, logits, idx_mapping, token_bitmask) -> None:
-        """step's arguments, checked before any op runs (so that a bad one leaves the logits as they
-        were); the ops check dtypes and layouts again."""
-        def fail(name, expected, got):
-            raise ValueError(f"Sampler.step: '{name}' must be {expected}, got {got}")
-
-        def check(name, t, dtypes, shape):
-            if not isinstance(t, torch.Tensor):
-                fail(name, "a Tensor", type(t).__name__)
-            if t.device != self.device:
-                fail(name, f"on the sampler's device {self.device}", t.device)
-            if t.dtype not in dtypes:
-                fail(name, " or ".join(str(d) for d in dtypes), t.dtype)
-            if tuple(t.shape) != shape:
-                fail(name, f"of shape {shape}", tuple(t.shape))
-
-        if not isinstance(logits, torch.Tensor) or logits.dim() != 2:
-            fail("logits", f"a [T, {self.vocab_size}] Tensor", getattr(logits, "shape", type(logits).__name__))
-        T = logits.size(0)
-        check("logits", logits, (torch.float32, torch.float16, torch.bfloat16), (T, self.vocab_size))
-        check("idx_mapping", idx_mapping, (torch.int32, torch.int64), (T,))
+        """step's arguments, checked as the ops check them but before any op runs, so that a bad one
+        leaves the logits as they were."""
+        op, V = "Sampler.step", self.vocab_size
+        _checks.check_tensor(op, "logits", logits, _checks.LOGITS_DTYPES, ndim=2, device=self.device,
+                             shape=(None, V), like="the sampler's state")
+        T = logits.shape[0]
+        _checks.check_tensor(op, "idx_mapping", idx_mapping, _checks.INDEX_DTYPES, ndim=1, device=self.device,
+                             shape=(T,), like="the sampler's state")
         if token_bitmask is not None:
-            check("token_bitmask", token_bitmask, (torch.int32,), (T, (self.vocab_size + 31) // 32))
+            _checks.check_tensor(op, "token_bitmask", token_bitmask, (torch.int32,), ndim=2, device=self.device,
+                                 shape=(T, (V + 31) // 32), like="the sampler's state")
         if _checks.debug_enabled():  # TORCH_SAMPLING_OPS_DEBUG=1: value checks, with host syncs
             in_range = idx_mapping[(idx_mapping >= 0) & (idx_mapping < self.max_num_reqs)]
-            if in_range.unique().numel() != in_range.numel():
-                fail("idx_mapping", "each slot at most once a step (TORCH_SAMPLING_OPS_DEBUG check)",
-                     idx_mapping.tolist())
+            slots = in_range.sort().values
+            _checks.check_values(op, "idx_mapping", slots[1:] != slots[:-1], "each slot at most once a step")
 
     def _processed(self, logits: torch.Tensor, idx_mapping: torch.Tensor) -> torch.Tensor:
         """A float32 copy of the processed logits with the filters `sample` applies (temperature,

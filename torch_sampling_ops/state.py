@@ -12,14 +12,18 @@ from collections.abc import Sequence
 import torch
 
 
+def host_values(values, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A CPU tensor of `values` (a sequence) for a copy to `device`: pinned when that is a GPU, so
+    that a `non_blocking` copy does not wait."""
+    t = torch.tensor(values, dtype=dtype)
+    return t.pin_memory() if device.type == "cuda" else t
+
+
 def _as_ids(token_ids, device: torch.device) -> torch.Tensor:
     """A 1-D int64 tensor of token ids on `device` (a list is copied once, without waiting)."""
     if isinstance(token_ids, torch.Tensor):
         return token_ids.reshape(-1).to(device=device, dtype=torch.int64, non_blocking=True)
-    ids = torch.tensor(list(token_ids), dtype=torch.int64)
-    if device.type == "cuda":
-        ids = ids.pin_memory()
-    return ids.to(device, non_blocking=True)
+    return host_values(list(token_ids), torch.int64, device).to(device, non_blocking=True)
 
 
 def pack_bitmask(bits: torch.Tensor) -> torch.Tensor:
@@ -76,11 +80,8 @@ def set_bad_words(bad_word_ids: torch.Tensor, bad_word_offsets: torch.Tensor, nu
     for s in sequences:
         offsets.append(offsets[-1] + len(s))
     offsets += [offsets[-1]] * (N + 1 - len(offsets))
-    ids_row = torch.zeros(W, dtype=bad_word_ids.dtype)
-    ids_row[: len(flat)] = torch.tensor(flat, dtype=bad_word_ids.dtype)
     device = bad_word_ids.device
-    pin = device.type == "cuda"
-    for dst, src in ((bad_word_ids[slot], ids_row),
-                     (bad_word_offsets[slot], torch.tensor(offsets, dtype=bad_word_offsets.dtype))):
-        dst.copy_(src.pin_memory() if pin else src, non_blocking=True)
+    for dst, src in ((bad_word_ids[slot], host_values(flat + [0] * (W - len(flat)), bad_word_ids.dtype, device)),
+                     (bad_word_offsets[slot], host_values(offsets, bad_word_offsets.dtype, device))):
+        dst.copy_(src, non_blocking=True)
     num_bad_words[slot].fill_(len(sequences))
