@@ -26,12 +26,6 @@ namespace tso {
 // skip test (block_gumbel_argmax).
 constexpr double kGumbelApproxTol = 1.0 / 65536.0;
 
-template <typename scalar_t>
-inline float logit_at(const scalar_t* row, int64_t j) {
-  const float x = static_cast<float>(row[j]);
-  return x == x ? x : kNegInf;  // NaN is read as -inf
-}
-
 // A running argmax that keeps the lower index on ties (tokens may be offered out of index order).
 struct Argmax {
   float best = kNegInf;

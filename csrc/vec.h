@@ -85,6 +85,13 @@ float load_row(const scalar_t* row, int64_t V, float* x, float temp = 1.0f) {
   return m;
 }
 
+// One logit as float32, NaN read as -inf (the scalar twin of load_logits).
+template <typename scalar_t>
+inline float logit_at(const scalar_t* row, int64_t j) {
+  const float x = static_cast<float>(row[j]);
+  return x == x ? x : kNegInf;
+}
+
 // The sum of exp(x[j] - m) over a float32 row (NaN read as -inf: no mass), vectorized with
 // at::vec's exp_u20 (about 20 ulp a term: the logsumexp within about 1e-6).
 inline float sum_exp(const float* x, int64_t V, float m) {
@@ -101,7 +108,7 @@ inline float sum_exp(const float* x, int64_t V, float m) {
   (acc0 + acc1).store(lanes);
   float s = 0.0f;
   for (int k = 0; k < Vec::size(); ++k) s += lanes[k];
-  for (; j < V; ++j) s += x[j] == x[j] ? std::exp(x[j] - m) : 0.0f;
+  for (; j < V; ++j) s += std::exp(logit_at(x, j) - m);
   return s;
 }
 
