@@ -206,23 +206,39 @@ def test_exact_rescoring_gives_the_exact_draws(backend, with_probs, monkeypatch)
             assert torch.equal(fast[0], exact[0]) and torch.equal(fast[1], exact[1])
 
 
-@pytest.mark.parametrize("scale", [0.3, 3.0, 30.0])
-@pytest.mark.parametrize("draft", ["random", "near_p", "one_hot"])
-def test_cpu_residual_draw_with_skipped_tokens_gives_the_exact_draws(scale, draft):
-    """The C++ residual draw skips tokens whose noise cannot bring them near the best (its bound
-    log r <= log p): the same tokens as scoring every token exactly, on rows of small and large
-    logit spreads, with draft distributions far from p, close to it (few positive residuals), and
-    without draft probabilities."""
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("scale", [0.3, 3.0, 12.0, 30.0])
+@pytest.mark.parametrize("draft", ["random", "near_p", "sharper", "one_hot", "negative"])
+def test_residual_draw_with_skipped_tokens_gives_the_exact_draws(backend, scale, draft, monkeypatch):
+    """The residual draw skips tokens whose noise cannot bring them near the best (its bound log r <=
+    log p): the same tokens as scoring every token exactly (every other request rejects its first
+    draft, the others some of theirs), on rows of small and large logit spreads (at 12 and 30 many
+    tokens' p are subnormal or 0), with draft distributions far from p, close to it (few positive
+    residuals), sharper than it (no residual at its top tokens), without draft probabilities, and
+    with some negative ones (invalid input, which bounds nothing: the exact pass)."""
     gen = torch.Generator().manual_seed(41)
-    counts, V = [3, 1, 2, 3] * 6, 32000
+    counts, V = {"cpu": ([3, 1, 2, 3] * 6, 32000), "cuda": ([3, 1, 2, 3] * 16, 32000)}.get(
+        backend, ([3, 1, 2, 3], 2 * speculative._CHUNK + 9))
     args = spec_args(counts, V, gen, "cpu", with_probs=draft != "one_hot", temperature=torch.ones(len(counts)),
                      match=0.2)
     args[0] = args[0] * scale
+    N, cu = len(args[1]), args[3]
+    for i in range(0, len(counts), 2):  # every other request rejects its first draft: a residual draw
+        args[0][int(cu[i]) + i, args[1][int(cu[i])]] = NEG_INF
+    rows = torch.cat([torch.arange(int(cu[i]) + i, int(cu[i + 1]) + i) for i in range(len(counts))])
     if draft == "near_p":
-        N, cu = len(args[1]), args[3]
-        rows = torch.cat([torch.arange(int(cu[i]) + i, int(cu[i + 1]) + i) for i in range(len(counts))])
         args[2] = torch.softmax(args[0][rows] + 0.01 * torch.randn(N, V, generator=gen), dim=1)
-    fast, exact = _C.rejection_sample(*args), _C.rejection_sample(*args, tol=1e30)
+    if draft == "sharper":  # q above p at the top tokens: the residual's winner lies below them
+        args[2] = torch.softmax(args[0][rows] * 1.3, dim=1)
+    if draft == "negative":
+        args[2][::2, 5::97] = -1e-3
+    args = [a.to(device_of(backend)) if isinstance(a, torch.Tensor) else a for a in args]
+    if backend == "cpu":
+        fast, exact = _C.rejection_sample(*args), _C.rejection_sample(*args, tol=1e30)
+    else:
+        fast = run_op(backend, "rejection_sample", *args)
+        monkeypatch.setattr(gumbel, "GUMBEL_APPROX_TOL", 1e30)
+        exact = run_op(backend, "rejection_sample", *args)
     assert torch.equal(fast[0], exact[0]) and torch.equal(fast[1], exact[1])
 
 

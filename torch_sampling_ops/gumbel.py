@@ -155,9 +155,11 @@ def argmax_init(BLOCK_V: tl.constexpr):
 
 
 @triton.jit
-def argmax_update(best, best_j, score, live, offs):
-    """Per-lane running argmax; strictly larger only, so a lane keeps its lower index on ties."""
-    take = live & ((best_j < 0) | (score > best))
+def argmax_update(best, best_j, score, offs):
+    """Per-lane running argmax from argmax_init: strictly larger only, so from -inf it takes exactly the
+    scores above -inf (NaN never) and a lane keeps its lower index on ties. `offs`: the tokens of
+    `score`, or one value standing for them (argmax_tokens keeps a lane's tile start)."""
+    take = score > best
     return tl.where(take, score, best), tl.where(take, offs, best_j)
 
 
@@ -237,7 +239,7 @@ def _exact_gumbel_argmax(row_ptr, begin, end, key, temp, SCALE: tl.constexpr, BL
     for start in range(begin, end, BLOCK_V):
         offs = start + tl.arange(0, BLOCK_V)
         score = _exact_gumbel_scores(row_ptr, offs, offs < end, key, temp, SCALE)
-        best, best_j = argmax_update(best, best_j, score, score > float("-inf"), offs)
+        best, best_j = argmax_update(best, best_j, score, offs)
     return argmax_finish(best, best_j, 2147483647)
 
 
@@ -424,29 +426,19 @@ def gumbel_argmax(row_ptr, begin, end, key, temp, tol, SCALE: tl.constexpr, BLOC
 
 
 @triton.jit
-def _argmax_tile(x, start, best, best_start):
-    """argmax_tokens' update of the lanes' best with the tile x starting at token `start`. From
-    best = -inf, strictly larger takes exactly the tokens above -inf (NaN never) and keeps a lane's
-    lower index on ties; a lane's token is its best tile's start plus the lane."""
-    take = x > best
-    return tl.where(take, x, best), tl.where(take, start, best_start)
-
-
-@triton.jit
 def argmax_tokens(row_ptr, begin, end, BLOCK_V: tl.constexpr, STAGES: tl.constexpr = 1):
     """(max, token) of row_ptr[begin:end] over the tokens above -inf (NaN never), the lower index
     among ties; (-inf, -1) without one: a greedy row's argmax. STAGES tiles in flight."""
     lanes = tl.arange(0, BLOCK_V)
-    best = tl.full((BLOCK_V,), float("-inf"), dtype=tl.float32)
-    best_start = tl.full((BLOCK_V,), -1, dtype=tl.int32)  # the tile of a lane's best; -1: none yet
+    best, best_start = argmax_init(BLOCK_V)  # best_start: the tile of a lane's best; -1: none yet
     # Whole tiles unmasked, then the partial tile at the end masked.
     full_end = begin + (end - begin) // BLOCK_V * BLOCK_V
     for start in tl.range(begin, full_end, BLOCK_V, num_stages=STAGES):
-        best, best_start = _argmax_tile(tl.load(row_ptr + start + lanes).to(tl.float32), start, best, best_start)
+        best, best_start = argmax_update(best, best_start, tl.load(row_ptr + start + lanes).to(tl.float32), start)
     if full_end < end:
         offs = full_end + lanes
         x = tl.load(row_ptr + offs, mask=offs < end, other=float("-inf")).to(tl.float32)
-        best, best_start = _argmax_tile(x, full_end, best, best_start)
+        best, best_start = argmax_update(best, best_start, x, full_end)
     return argmax_finish(best, tl.where(best_start >= 0, best_start + lanes, -1), 2147483647)
 
 

@@ -53,6 +53,7 @@ from .gumbel import (
     argmax_update,
     block_bits,
     block_noise_approx,
+    first_arrival_value,
     gumbel_argmax,
     reach_round_tokens,
     round_best,
@@ -149,58 +150,100 @@ def _exact_residual_chunk(row_ptr, probs_row_ptr, draft, row_max, row_sum, key, 
         offs = tile + tl.arange(0, BLOCK_V)
         score_r, score_p = _exact_residual_scores(row_ptr, probs_row_ptr, draft, row_max, row_sum, key, offs,
                                                   offs < limit, limit, HAS_PROBS)
-        best_r, best_rj = argmax_update(best_r, best_rj, score_r, score_r > float("-inf"), offs)
-        best_p, best_pj = argmax_update(best_p, best_pj, score_p, score_p > float("-inf"), offs)
+        best_r, best_rj = argmax_update(best_r, best_rj, score_r, offs)
+        best_p, best_pj = argmax_update(best_p, best_pj, score_p, offs)
     score_r, token_r = argmax_finish(best_r, best_rj, vocab_size)
     score_p, token_p = argmax_finish(best_p, best_pj, vocab_size)
     return score_r, token_r, score_p, token_p
+
+
+# A block whose largest fl(x - m) lies below _LOG_P_ZERO has p = 0 at every token (the approximate
+# exp of a number below -120 * log2(e) is 0, and sum >= 1): it holds no residual. Below
+# _LOG_P_CLAMP a p may be subnormal (less accurate): a block's bound takes log p at least -87 there.
+_LOG_P_ZERO = tl.constexpr(-120.0)
+_LOG_P_CLAMP = tl.constexpr(-87.0)
+
+
+@triton.jit
+def _residual_blocks(x, q, blocks, draft, row_max, row_sum, log_sum, key, realised_r, r1, r1_block, r2, r2_block, r3,
+                     realised_p, p1, p1_block, p2, p2_block, p3, HAS_PROBS: tl.constexpr):
+    """_residual_chunk's pass over a [lanes, 4] tile of `blocks`: logits x (-inf past the row) and
+    draft probabilities q (0 past the row; not read without HAS_PROBS). Each block's bounds and first
+    arrival's scores of both lists go into the lanes' state (gumbel._block_candidates_update).
+
+    The residual's bound needs no r: with q >= 0, r = p - q <= p, and p = exp(fl(x - m)) / sum
+    (an ex2.approx and a division) lies within a relative 2**-16.9 of its exact value where p >=
+    e**-87 is normal, below e**-87 * (1 + 2**-16.9) elsewhere; so log r <= max(fl(x_max - m) - log
+    sum, -87) + 2**-16.9 for every token of the block, and the bound stays within 2**-17 * 22 +
+    2**-22 * |U| of the block's largest exact score, inside err(U) = 2**-16 * (35 + |U|). A block
+    with a negative q bounds at +inf (the exact pass). r_pos is computed as the exact scores compute
+    r (its log from one hardware log2: non-ftz, r may be subnormal), so its L stays within err(L)."""
+    hb = block_bits(key, blocks)
+    noise_max = block_noise_approx(hb)
+    x_max = tl.max(x, axis=1)  # max ignores NaN (a NaN logit scores -inf in both lists)
+    x_pos = first_arrival_value(x, hb)
+    # the draw from p
+    realised_p = tl.maximum(realised_p, x_pos + noise_max)
+    p1, p1_block, p2, p2_block, p3 = _block_candidates_update(p1, p1_block, p2, p2_block, p3, x_max + noise_max,
+                                                              blocks)
+    # the residual draw, over r > 0
+    log_p = x_max - row_max
+    bound = tl.where(log_p >= _LOG_P_ZERO, tl.maximum(log_p - log_sum, _LOG_P_CLAMP), float("-inf")) + noise_max
+    if HAS_PROBS:
+        bound = tl.where(tl.min(q, axis=1) >= 0.0, bound, float("inf"))
+        q_pos = first_arrival_value(q, hb)
+    else:
+        q_pos = tl.where(blocks * 4 + (hb & 3).to(tl.int32) == draft, 1.0, 0.0)
+    r_pos = tl.exp(x_pos - row_max) / row_sum - q_pos  # as _residual_terms computes r; NaN for a NaN x_pos
+    realised_r = tl.maximum(realised_r, tl.where(
+        r_pos > 0.0, 0.6931471805599453 * fast_log2(tl.where(r_pos > 0.0, r_pos, 1.0)) + noise_max, float("-inf")))
+    r1, r1_block, r2, r2_block, r3 = _block_candidates_update(r1, r1_block, r2, r2_block, r3, bound, blocks)
+    return realised_r, r1, r1_block, r2, r2_block, r3, realised_p, p1, p1_block, p2, p2_block, p3
 
 
 @triton.jit
 def _residual_chunk(row_ptr, probs_row_ptr, draft, row_max, row_sum, key, start, limit, vocab_size, tol,
                     HAS_PROBS: tl.constexpr, BLOCK_V: tl.constexpr, REACH_SLOTS: tl.constexpr, STAGES: tl.constexpr):
     """_exact_residual_chunk's result, bit for bit, on block bounds as gumbel.gumbel_argmax draws, for
-    both lists at once: per block of 4 tokens one hash and M_b (block_noise_approx) bound the block's
-    exact scores by U = log(max r) + M_b (over its r > 0) and U = max x + M_b, and its first
-    arrival realises L = log(r_pos) + M_b (r_pos > 0) and L = x_pos + M_b. Per lane and list: the two
-    blocks of largest U, the largest other U, the largest L (gumbel._block_reach). The blocks that
-    reach either list's floor are scored exactly for both lists (a block outside a list's reach
-    scores below its winner), REACH_SLOTS at a time; the exact pass when either list would take it.
-
-    log r comes from one hardware log2 (non-ftz: r may be denormal), within 2**-21.7 * |log r| +
-    2**-23.1, and |log r| <= |U| + |M_b| <= |U| + 18.1; with M_b's error (2**-17 * (1 + |M_b|)) a
-    bound or realised score stays within 2**-17 * 21 + 2**-20 * |U| of its exact value, below
-    err(U) = 2**-16 * (35 + |U|)."""
+    both lists at once (`_residual_blocks`): per block of 4 tokens one hash and M_b
+    (block_noise_approx) bound the block's exact scores by U = log p_max + M_b (r <= p) and U = max x
+    + M_b, and its first arrival realises L = log(r_pos) + M_b (r_pos > 0) and L = x_pos + M_b. Per
+    lane and list: the two blocks of largest U, the largest other U, the largest L
+    (gumbel._block_reach). The blocks that reach either list's floor are scored exactly for both
+    lists (a block outside a list's reach scores below its winner), REACH_SLOTS at a time; the exact
+    pass when either list would take it. `start` is a multiple of 4 (no block straddles it)."""
     NUM_LANES: tl.constexpr = BLOCK_V // 4
     lanes = tl.arange(0, NUM_LANES)
     column = tl.arange(0, 4)
+    log_sum = tl.log(row_sum)
     neg = tl.full((NUM_LANES,), float("-inf"), dtype=tl.float32)
     none = tl.full((NUM_LANES,), -1, dtype=tl.int32)
     realised_r, r1, r2, r3, r1_block, r2_block = neg, neg, neg, neg, none, none
     realised_p, p1, p2, p3, p1_block, p2_block = neg, neg, neg, neg, none, none
-    for tile in tl.range(start - start % 4, limit, BLOCK_V, num_stages=STAGES):
+    # Whole tiles unmasked, then the partial tile at the end masked.
+    full_end = start + (limit - start) // BLOCK_V * BLOCK_V
+    for tile in tl.range(start, full_end, BLOCK_V, num_stages=STAGES):
         blocks = tile // 4 + lanes
         offs = blocks[:, None] * 4 + column[None, :]
-        x, r, has = _residual_terms(row_ptr, probs_row_ptr, draft, row_max, row_sum, offs, limit, HAS_PROBS)
-        hb = block_bits(key, blocks)
-        noise_max = block_noise_approx(hb)
-        arrival = (hb & 3).to(tl.int32)
-        # A first arrival below `start` realises nothing (the tokens below `start` of a block only
-        # raise its bounds; the exact scoring skips them).
-        first_arrival = (column[None, :] == arrival[:, None]) & (blocks * 4 + arrival >= start)[:, None]
-        # the draw from p
-        bound = tl.max(x, axis=1) + noise_max
-        realised_p = tl.maximum(realised_p, tl.max(tl.where(first_arrival, x, float("-inf")), axis=1) + noise_max)
-        p1, p1_block, p2, p2_block, p3 = _block_candidates_update(p1, p1_block, p2, p2_block, p3, bound, blocks)
-        # the residual draw, over r > 0
-        r_max = tl.max(tl.where(has, r, 0.0), axis=1)
-        r_pos = tl.max(tl.where(has & first_arrival, r, 0.0), axis=1)
-        bound = tl.where(r_max > 0.0, 0.6931471805599453 * fast_log2(tl.where(r_max > 0.0, r_max, 1.0)) + noise_max,
-                         float("-inf"))
-        realised_r = tl.maximum(realised_r, tl.where(
-            r_pos > 0.0, 0.6931471805599453 * fast_log2(tl.where(r_pos > 0.0, r_pos, 1.0)) + noise_max,
-            float("-inf")))
-        r1, r1_block, r2, r2_block, r3 = _block_candidates_update(r1, r1_block, r2, r2_block, r3, bound, blocks)
+        x = tl.load(row_ptr + offs).to(tl.float32)
+        if HAS_PROBS:
+            q = tl.load(probs_row_ptr + offs)
+        else:
+            q = x  # not read
+        realised_r, r1, r1_block, r2, r2_block, r3, realised_p, p1, p1_block, p2, p2_block, p3 = _residual_blocks(
+            x, q, blocks, draft, row_max, row_sum, log_sum, key, realised_r, r1, r1_block, r2, r2_block, r3,
+            realised_p, p1, p1_block, p2, p2_block, p3, HAS_PROBS)
+    if full_end < limit:
+        blocks = full_end // 4 + lanes
+        offs = blocks[:, None] * 4 + column[None, :]
+        x = tl.load(row_ptr + offs, mask=offs < limit, other=float("-inf")).to(tl.float32)
+        if HAS_PROBS:
+            q = tl.load(probs_row_ptr + offs, mask=offs < limit, other=0.0)
+        else:
+            q = x  # not read
+        realised_r, r1, r1_block, r2, r2_block, r3, realised_p, p1, p1_block, p2, p2_block, p3 = _residual_blocks(
+            x, q, blocks, draft, row_max, row_sum, log_sum, key, realised_r, r1, r1_block, r2, r2_block, r3,
+            realised_p, p1, p1_block, p2, p2_block, p3, HAS_PROBS)
     exhaustive_r, reach_r1, reach_r2 = _block_reach(r1, r2, r3, realised_r, tol)
     exhaustive_p, reach_p1, reach_p2 = _block_reach(p1, p2, p3, realised_p, tol)
     # A block in both lists is scored once.
