@@ -463,6 +463,28 @@ def test_bad_values_give_the_documented_result(backend, gen):
     assert bool((tokens < V).all())
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("with_probs", [True, False], ids=["probs", "no_probs"])
+def test_nan_logits_and_dead_chunks_read_as_minus_inf(backend, with_probs, gen):
+    """Target rows with NaN logits scattered, a chunk of NaN alone, a chunk of -inf alone and a
+    ragged last chunk: the tokens of the same rows with NaN read as -inf, bit for bit (the softmax
+    sums, the residual and bonus draws, the greedy argmax), and the reference's."""
+    V = 3 * speculative._CHUNK + 7
+    counts = [3, 2, 3, 1, 3, 2]
+    args = spec_args(counts, V, gen, torch.device("cpu"), with_probs=with_probs,
+                     temperature=torch.tensor([1.0, 1.0, 0.0, 1.0, 1.0, 0.0]), match=0.6)
+    logits = args[0]
+    logits[:, 11::53] = float("nan")
+    logits[::2, speculative._CHUNK:2 * speculative._CHUNK] = float("nan")
+    logits[1::2, 2 * speculative._CHUNK:3 * speculative._CHUNK] = NEG_INF
+    cleaned = torch.where(logits.isnan(), NEG_INF, logits)
+    args = [a.to(device_of(backend)) if isinstance(a, torch.Tensor) else a for a in args]
+    out = run_op(backend, "rejection_sample", *args)
+    assert_matches_reference(out, [cleaned, *args[1:]])
+    same = run_op(backend, "rejection_sample", cleaned.to(device_of(backend)), *args[1:])
+    assert torch.equal(out[0], same[0]) and torch.equal(out[1], same[1])
+
+
 # ----------------------------------------------------------------------------------------------
 # CUDA
 

@@ -94,20 +94,36 @@ def _load_row(row_ptr, offs, limit):
 
 
 @triton.jit
+def _max_sum_lanes(x, lane_max, lane_sum):
+    """_max_sum_chunk's update of each lane's running (max, sum of exp(x - max)) with its block of 4
+    logits x [lanes, 4] (NaN read as -inf): one rescaling a block, no exchange between lanes."""
+    x = tl.maximum(x, float("-inf"))  # NaN -> -inf (max ignores NaN)
+    new_max = tl.maximum(lane_max, tl.max(x, axis=1))
+    terms = tl.sum(exp_flush_tiny(x - new_max[:, None]), axis=1)
+    lane_sum = tl.where(new_max > float("-inf"), lane_sum * exp_flush_tiny(lane_max - new_max) + terms, 0.0)
+    return new_max, lane_sum
+
+
+@triton.jit
 def _max_sum_chunk(row_ptr, start, limit, BLOCK_V: tl.constexpr, STAGES: tl.constexpr):
     """(max, sum of exp(x - max)) of row tokens [start, limit); (-inf, 0) without a logit above -inf.
-    The sums stay per lane until the end: one cross-warp reduction a tile (the max), not two. The
-    lane holding the max ends with a term exp(0) = 1, so the terms and rescalings below 2**-126
-    that `exp_flush_tiny` drops lie below the sum's float32 resolution."""
-    run_max = float("-inf")
-    lane_sum = tl.zeros((BLOCK_V,), dtype=tl.float32)
-    for tile in tl.range(start, limit, BLOCK_V, num_stages=STAGES):
-        x = _load_row(row_ptr, tile + tl.arange(0, BLOCK_V), limit)
-        new_max = tl.maximum(run_max, tl.max(x, axis=0))
-        if new_max > float("-inf"):
-            lane_sum = lane_sum * exp_flush_tiny(run_max - new_max) + exp_flush_tiny(x - new_max)
-            run_max = new_max
-    return run_max, tl.sum(lane_sum, axis=0)
+    Each lane keeps the max and sum of its own blocks of 4 tokens, combined at the end as sum_l
+    sum_l * exp(max_l - max). A lane's sum holds a term exp(0) = 1, so the terms and rescalings below
+    2**-126 that `exp_flush_tiny` drops lie below its float32 resolution. `start` is a multiple of 4."""
+    NUM_LANES: tl.constexpr = BLOCK_V // 4
+    offs = tl.arange(0, NUM_LANES)[:, None] * 4 + tl.arange(0, 4)[None, :]
+    lane_max = tl.full((NUM_LANES,), float("-inf"), dtype=tl.float32)
+    lane_sum = tl.zeros((NUM_LANES,), dtype=tl.float32)
+    # Whole tiles unmasked, then the partial tile at the end masked.
+    full_end = start + (limit - start) // BLOCK_V * BLOCK_V
+    for tile in tl.range(start, full_end, BLOCK_V, num_stages=STAGES):
+        lane_max, lane_sum = _max_sum_lanes(tl.load(row_ptr + tile + offs).to(tl.float32), lane_max, lane_sum)
+    if full_end < limit:
+        x = tl.load(row_ptr + full_end + offs, mask=full_end + offs < limit, other=float("-inf")).to(tl.float32)
+        lane_max, lane_sum = _max_sum_lanes(x, lane_max, lane_sum)
+    row_max = tl.max(lane_max, axis=0)
+    scaled = tl.where(lane_max > float("-inf"), lane_sum * exp_flush_tiny(lane_max - row_max), 0.0)
+    return row_max, tl.sum(scaled, axis=0)
 
 
 @triton.jit
