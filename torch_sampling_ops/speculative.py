@@ -132,7 +132,10 @@ def _residual_terms(row_ptr, probs_row_ptr, draft, row_max, row_sum, offs, limit
     (softmax max and sum given) and its draft row (the one-hot of `draft` without draft probs)."""
     in_row = offs < limit
     x = _load_row(row_ptr, offs, limit)
-    p = tl.exp(x - row_max) / row_sum  # NaN for every token of a row with max -inf: never taken
+    # The IEEE division rounds p on its own: a product by 1 / sum could fuse with the subtraction below
+    # at one site and not another, and r = p - q cancels where q is near p. NaN for every token of a
+    # row with max -inf: never taken.
+    p = tl.math.div_rn(tl.exp(x - row_max), row_sum)
     if HAS_PROBS:
         q = tl.load(probs_row_ptr + offs, mask=in_row, other=0.0)
     else:
@@ -210,7 +213,7 @@ def _residual_blocks(x, q, blocks, draft, row_max, row_sum, log_sum, key, realis
         q_pos = first_arrival_value(q, hb)
     else:
         q_pos = tl.where(blocks * 4 + (hb & 3).to(tl.int32) == draft, 1.0, 0.0)
-    r_pos = tl.exp(x_pos - row_max) / row_sum - q_pos  # as _residual_terms computes r; NaN for a NaN x_pos
+    r_pos = tl.math.div_rn(tl.exp(x_pos - row_max), row_sum) - q_pos  # as _residual_terms; NaN for a NaN x_pos
     realised_r = tl.maximum(realised_r, tl.where(
         r_pos > 0.0, 0.6931471805599453 * fast_log2(tl.where(r_pos > 0.0, r_pos, 1.0)) + noise_max, float("-inf")))
     r1, r1_block, r2, r2_block, r3 = _block_candidates_update(r1, r1_block, r2, r2_block, r3, bound, blocks)
