@@ -319,6 +319,33 @@ def test_compile_fullgraph(backend, compile_backend, name, gen, monkeypatch):
     spec.assert_matches(to_cpu(out), spec.fresh(args[0]).cpu(), to_cpu(args[1:]))
 
 
+def at_storage_offset(t: torch.Tensor, offset: int = 16) -> torch.Tensor:
+    """A copy of t in a storage that begins `offset` elements before it (t's sizes and strides)."""
+    span = 1 + sum((size - 1) * stride for size, stride in zip(t.shape, t.stride())) if t.numel() else 0
+    base = torch.empty(offset + span, dtype=t.dtype, device=t.device)
+    view = base.as_strided(t.shape, t.stride(), offset)
+    return view.copy_(t)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("name", OP_NAMES)
+def test_compile_with_every_argument_a_view_into_its_storage(name, gen):
+    """Every tensor argument a view at a nonzero storage offset (a slice of a state buffer, a row
+    range of the logits), the logits a graph input written in place: Inductor's result and the
+    arguments after the call are eager's, bit for bit."""
+    torch._dynamo.reset()
+    spec = BY_NAME[name]
+    args = [at_storage_offset(a) if isinstance(a, torch.Tensor) else a for a in spec.args(torch.device("cuda"), gen)]
+    eager_args, compiled_args = clone_args(args), [at_storage_offset(a) if isinstance(a, torch.Tensor) else a
+                                                   for a in args]
+    eager = spec.run(eager_args)
+    compiled = torch.compile(lambda *a: spec.run(list(a)), backend="inductor", fullgraph=True)(*compiled_args)
+    torch.testing.assert_close(compiled, eager, atol=0, rtol=0, equal_nan=True)
+    for i, (a, b) in enumerate(zip(compiled_args, eager_args)):
+        if isinstance(a, torch.Tensor):
+            torch.testing.assert_close(a, b, atol=0, rtol=0, equal_nan=True, msg=f"argument {i}")
+
+
 @pytest.mark.cuda
 @pytest.mark.parametrize("name", OP_NAMES)
 def test_cuda_graph_replays_with_changed_arguments(name, gen):

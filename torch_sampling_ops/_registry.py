@@ -69,10 +69,17 @@ def _tracing_triton():
 
 
 def _inline_under_compile(op, args) -> bool:
+    """Whether torch.compile traces the op's kernels (CUDA) or keeps the op as one node. A call with
+    a tensor at a nonzero storage offset stays one node: Inductor's mutation analysis flags every
+    kernel argument whose loaded values address a store (index lists, counts, slots), and Inductor
+    (2.11) clones such an argument through its base storage read from the view's own data pointer,
+    so a view that does not start its storage would be given, and written back, another part of it."""
     from torch.export._trace import custom_triton_ops_decomposition_disabled
 
     first = args[0]
-    return isinstance(first, torch.Tensor) and first.device.type == "cuda" and not custom_triton_ops_decomposition_disabled()
+    return (isinstance(first, torch.Tensor) and first.device.type == "cuda"
+            and not custom_triton_ops_decomposition_disabled()
+            and not any(isinstance(a, torch.Tensor) and a.storage_offset() != 0 for a in args))
 
 
 def _functional_rule(mode, op, types, args, kwargs):
