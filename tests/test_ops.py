@@ -335,9 +335,11 @@ def test_compile_with_every_argument_a_view_into_its_storage(name, gen):
     arguments after the call are eager's, bit for bit."""
     torch._dynamo.reset()
     spec = BY_NAME[name]
-    args = [at_storage_offset(a) if isinstance(a, torch.Tensor) else a for a in spec.args(torch.device("cuda"), gen)]
-    eager_args, compiled_args = clone_args(args), [at_storage_offset(a) if isinstance(a, torch.Tensor) else a
-                                                   for a in args]
+    def offset_views(args):
+        return [at_storage_offset(a) if isinstance(a, torch.Tensor) else a for a in args]
+
+    args = offset_views(spec.args(torch.device("cuda"), gen))
+    eager_args, compiled_args = clone_args(args), offset_views(args)
     eager = spec.run(eager_args)
     compiled = torch.compile(lambda *a: spec.run(list(a)), backend="inductor", fullgraph=True)(*compiled_args)
     torch.testing.assert_close(compiled, eager, atol=0, rtol=0, equal_nan=True)
