@@ -64,14 +64,18 @@ def host_cost_table(calls: int = 2000) -> str:
                                    calls)])
     for case in CASES:
         inputs = case.make(1, 4096 if "logit_bias" in case.name or "penalties" in case.name else 1000, "cuda", 0)
-        for mode, launch_cache, records in (("call records", True, True), ("launch cache", True, False),
-                                            ("plain Triton launches", False, False)):
+        for mode, launch_cache, records, native in (
+                ("call records", True, True, True), ("call records, Triton's launchers", True, True, False),
+                ("launch cache", True, False, False), ("plain Triton launches", False, False, False)):
             _launch._ENABLED = launch_cache and _launch._fast_path_supported()
             _call_cache._ENABLED = records
+            _call_cache._NATIVE_ENABLED = native
+            _call_cache.clear()
             us = eager_overhead_us(lambda case=case, inputs=inputs: case.ours(*inputs), calls)
             rows.append([f"{case.name}, T = 1, {mode}", us])
     _launch._ENABLED = _launch._fast_path_supported()
-    _call_cache._ENABLED = True
+    _call_cache._ENABLED = _call_cache._NATIVE_ENABLED = True
+    _call_cache.clear()
     # The allocations the launchers make per call (caching allocator, warm).
     V = 151936
     settings = truncation.current_settings()

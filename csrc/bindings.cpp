@@ -7,6 +7,7 @@ pybind11::object arg_signature(const pybind11::tuple& args);     // arg_signatur
 void register_cpu_checks(const std::string& name, pybind11::object checks,
                          std::vector<int> written);  // cpu_dispatch.cpp
 void set_debug_checks(bool enabled);                 // cpu_dispatch.cpp
+void bind_launch_plan(pybind11::module_& m);         // replay.cpp
 }  // namespace tso
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -54,6 +55,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("tol") = tso::kGumbelApproxTol);
   m.def("bind_launch_args", &tso::bind_launch_args);
   m.def("arg_signature", &tso::arg_signature);
+  tso::bind_launch_plan(m);
   m.def("register_cpu_checks", &tso::register_cpu_checks,
         "Hands the C++ CPU kernel of sampling::<name> its Python checks and the indices of the "
         "arguments it writes in place.");

@@ -264,6 +264,37 @@ def test_repeated_call_replays_its_launches(toy):
     assert ws_ptr % 16 == 0
 
 
+def test_native_parameters_are_packed_per_type():
+    """A LaunchPlan's parameters: pointers from the pool, constants as the bits the kernel reads
+    (float32, two's complement), constexprs left out, Triton's two scratch pointers last."""
+    x = torch.empty(4)
+    spec = (0xF00, 128, 0, 1, True, False, ("*fp32", "fp32", "i64", "i32", "i1", "constexpr"))
+    sources, bits = _call_cache._native_params(spec, (x, 1.5, -1, 7, True, 64), [3, 9, 10, 11, 12, 13])
+    assert sources == [3, -1, -1, -1, -1, -1, -1]
+    assert bits == [0, 0x3FC00000, 0xFFFFFFFFFFFFFFFF, 7, 1, 0, 0]
+    assert _call_cache._native_params(spec, (x, 1.5, -1, 7, True), [3, 9, 10, 11, 12]) is None  # too few
+    assert _call_cache._native_params(spec, (1, 1.5, -1, 7, True, 64), [3, 9, 10, 11, 12, 13]) is None  # no tensor
+    assert _call_cache._native_params(spec, (x, 1e39, -1, 7, True, 64), [3, 9, 10, 11, 12, 13]) is None
+    assert _call_cache._native_params(None, (x,), [3]) is None
+
+
+@pytest.mark.skipif(HAS_CUDA, reason="the toy kernel's function handle must not reach a driver")
+def test_native_plan_without_a_driver_falls_back_to_the_launchers(toy, monkeypatch):
+    kernel, plain, launches = toy
+    spec = (0xF00, 128, 0, 1, True, False, ("*fp32", "i32", "*fp32", "constexpr", "constexpr"))
+    monkeypatch.setattr(_launch, "_native_spec", lambda compiled, launcher, nparams: spec)
+    body, bodies = _toy_body(kernel)
+    cache = _call_cache.Cache()
+    cache.call(body, (torch.empty(64), 100), b"sig")
+    (record,) = cache._records.values()
+    assert record._plan is not None and len(record._plan) == 2
+    launches.clear()
+    x2 = torch.empty(64)
+    out = cache.call(body, (x2, 100), b"sig")
+    assert len(bodies) == 1 and len(launches) == 2  # no libcuda here: Triton's launchers ran
+    assert launches[0][9] == x2.data_ptr() and launches[1][11] == out.data_ptr()
+
+
 @pytest.mark.parametrize("case", ["other value", "other signature", "misaligned pointer", "other state"])
 def test_call_with_other_metadata_is_recorded_again(toy, monkeypatch, case):
     kernel, plain, launches = toy

@@ -12,7 +12,7 @@ from op_table import BY_NAME, OPS, bad_inputs, clone_args, to_cpu
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import torch_sampling_ops
-from torch_sampling_ops import _launch, _registry
+from torch_sampling_ops import _call_cache, _launch, _registry
 
 from conftest import OP_BACKENDS, device_of
 
@@ -424,6 +424,9 @@ def test_repeated_calls_replay_and_match_the_launcher(name, gen, monkeypatch):
         monkeypatch.setattr(_launch, "_ENABLED", _launch._fast_path_supported())
         assert _same_bits(replayed, expected)
         assert _same_bits(args[0], by_launcher[0])
+    if _launch._triton_version() in _launch._NATIVE_TRITON and _call_cache._NATIVE_ENABLED:
+        records = [r for cache in _call_cache._CACHES for r in cache._records.values() if r is not None]
+        assert records and all(r._plan is not None for r in records), f"{name}: not replayed by a LaunchPlan"
 
 
 def test_inductor_calls_the_op_on_cpu(gen):

@@ -9,6 +9,12 @@ every allocation (`new_empty` / `empty`, seen by a dispatch mode). The record th
 calls without the body: it allocates the outputs, puts the workspaces in one buffer, and calls
 each launcher with the arguments picked from the call's pointers and the recorded constants.
 
+With the extension and a verified Triton release, a record launches its kernels through one
+`_C.LaunchPlan` (csrc/replay.cpp): the CUfunction, grid, block, shared memory and launch attributes
+of each launch and its parameters as Triton's launcher would pass them (pointers picked from the
+call's pool, the constants packed once), all launched by cuLaunchKernelEx in one call from Python.
+TORCH_SAMPLING_OPS_NATIVE_REPLAY=0 keeps Triton's launchers.
+
 A body is not recorded (its calls keep running it) when it does anything else: a launch that takes
 Triton's plain path, an op other than an allocation (a view, a fill, a copy), a launch argument or
 a returned tensor that is neither an argument of the call nor one of its allocations.
@@ -25,6 +31,7 @@ from __future__ import annotations
 
 import operator
 import os
+import struct
 from collections.abc import Callable
 
 import torch
@@ -36,6 +43,8 @@ _ALLOCATIONS = (torch.ops.aten.new_empty.default, torch.ops.aten.empty.memory_fo
 _WORKSPACE_ALIGN = 256  # bytes between workspaces in the shared buffer (Triton specialises on 16)
 
 _ENABLED = os.environ.get("TORCH_SAMPLING_OPS_CALL_RECORDS", "1") != "0"
+# Whether a record launches its kernels through one `_C.LaunchPlan` (else each through Triton's launcher).
+_NATIVE_ENABLED = os.environ.get("TORCH_SAMPLING_OPS_NATIVE_REPLAY", "1") != "0"
 _STATE: list[Callable[[], object]] = []
 
 
@@ -77,10 +86,10 @@ class CallRecord:
     """The launches of one call, replayable on new arguments of the same metadata."""
 
     __slots__ = ("state", "_device", "_device_index", "_allocations", "_workspace_bytes", "_constants",
-                 "_launches", "_outputs", "_returns_tuple")
+                 "_launches", "_outputs", "_returns_tuple", "_plan")
 
     def __init__(self, call_state, device_index, allocations, workspace_bytes, constants, launches, outputs,
-                 returns_tuple):
+                 returns_tuple, plan=None):
         self.state = call_state
         self._device_index = device_index
         # (shape, dtype, offset in the workspace buffer or -1 for an output, device) of each allocation
@@ -91,6 +100,7 @@ class CallRecord:
         self._launches = launches
         self._outputs = outputs  # allocation index of each returned tensor
         self._returns_tuple = returns_tuple
+        self._plan = plan  # the launches as one `_C.LaunchPlan`, or None: each through Triton's launcher
 
     def replay(self, call: tuple):
         """Launches the recorded kernels on the arguments whose launch arguments are `call`
@@ -112,10 +122,11 @@ class CallRecord:
                     out = torch.empty(shape, dtype=dtype, device=device)
                     pool.append(out.data_ptr())
                     allocated.append(out)
-        pool.extend(self._constants)
         stream = _launch._get_stream(self._device_index)
-        for run, function, packed, gx, gy, gz, pick in self._launches:
-            run(gx, gy, gz, stream, function, packed, pick(pool))
+        if self._plan is None or not self._plan.replay(stream, pool):
+            pool.extend(self._constants)
+            for run, function, packed, gx, gy, gz, pick in self._launches:
+                run(gx, gy, gz, stream, function, packed, pick(pool))
         if self._returns_tuple:
             return tuple(allocated[j] for j in self._outputs)
         return allocated[self._outputs[0]] if self._outputs else None
@@ -183,7 +194,8 @@ def _build(args, call, call_state, device_index, recorder, spy, result) -> CallR
             offset += _aligned(t.numel() * t.element_size())
     constants: list = []
     launches = []
-    for (run, function, packed, tail, _), grid, launch_args in recorder.launches:
+    native = []  # the LaunchPlan's launches, while every launch has a native spec
+    for (run, function, packed, tail, _, spec), grid, launch_args in recorder.launches:
         indices = []
         for x in launch_args:
             if isinstance(x, torch.Tensor):
@@ -198,9 +210,55 @@ def _build(args, call, call_state, device_index, recorder, spy, result) -> CallR
             indices.append(n + a + len(constants))
             constants.append(x)
         g = len(grid)
-        launches.append((run, function, packed, grid[0], grid[1] if g > 1 else 1, grid[2] if g > 2 else 1,
-                         _picker(indices)))
-    return CallRecord(call_state, device_index, specs, offset, constants, launches, outputs, returns_tuple)
+        gx, gy, gz = grid[0], grid[1] if g > 1 else 1, grid[2] if g > 2 else 1
+        launches.append((run, function, packed, gx, gy, gz, _picker(indices)))
+        if native is not None:
+            params = _native_params(spec, (*launch_args, *tail), indices)
+            native = None if params is None else [*native, (*spec[:1], gx, gy, gz, *spec[1:6], *params)]
+    plan = _native_plan(native)
+    return CallRecord(call_state, device_index, specs, offset, constants, launches, outputs, returns_tuple, plan)
+
+
+def _native_params(spec, values: tuple, indices: list[int]) -> tuple[list[int], list[int]] | None:
+    """A launch's parameters for `_C.LaunchPlan`: (pool index or -1 a parameter, constant bits a
+    parameter), Triton's two scratch pointers last (null); None where the launch has no native spec
+    or a value does not fit its parameter's type."""
+    if spec is None or len(values) != len(spec[6]):
+        return None
+    sources, bits = [], []
+    for value, index, ty in zip(values, indices, spec[6], strict=True):
+        if ty == "constexpr":
+            continue
+        if ty[0] == "*":
+            if not isinstance(value, torch.Tensor):
+                return None
+            sources.append(index)
+            bits.append(0)
+            continue
+        if isinstance(value, float) and ty in ("fp32", "f32"):
+            try:
+                word = struct.unpack("<I", struct.pack("<f", value))[0]
+            except OverflowError:  # Triton's launcher would pass an infinity
+                return None
+        elif isinstance(value, int) and ty not in ("fp32", "f32"):  # bools too
+            word = int(value) & 0xFFFFFFFFFFFFFFFF
+        else:
+            return None
+        sources.append(-1)
+        bits.append(word)
+    return [*sources, -1, -1], [*bits, 0, 0]
+
+
+def _native_plan(launches):
+    """A `_C.LaunchPlan` of the launches, or None (turned off, no extension, or a launch it cannot
+    take)."""
+    if not launches or not _NATIVE_ENABLED:
+        return None
+    try:
+        from ._C import LaunchPlan
+    except ImportError:
+        return None
+    return LaunchPlan(launches)
 
 
 class Cache:

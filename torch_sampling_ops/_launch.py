@@ -152,10 +152,38 @@ def _direct_launch(launcher, version):
     return None
 
 
+# Parameter types whose values a LaunchPlan passes (as 64-bit slots whose first bytes the kernel
+# reads): pointers, integers and float32; a kernel with another type keeps Triton's launcher.
+_NATIVE_INT_TYPES = frozenset(("i1", "i8", "i16", "i32", "i64", "u1", "u8", "u16", "u32", "u64"))
+_NATIVE_TRITON = ((3, 6),)  # releases whose kernel parameters (the arguments, then two scratch pointers) were read
+
+
+def _native_spec(compiled, launcher, nparams: int):
+    """What `_C.LaunchPlan` needs to launch `compiled` itself: (function, threads a block, shared bytes,
+    CTAs a cluster, PDL, cooperative, the type of each of the kernel's `nparams` parameters in order,
+    "constexpr" for those compiled in), or None where only Triton's launcher may launch it. The
+    kernel's parameters are its non-constexpr arguments, then Triton's global and profile scratch
+    pointers (null: `_direct_launch` admits no scratch)."""
+    if _triton_version() not in _NATIVE_TRITON or _direct_launch(launcher, _triton_version()) is None:
+        return None
+    try:
+        md = compiled.metadata
+        types = tuple(compiled.src.signature.values())
+        spec = (compiled.function, 32 * md.num_warps, md.shared, md.num_ctas, bool(md.launch_pdl),
+                bool(md.launch_cooperative_grid), types)
+    except AttributeError:
+        return None
+    if len(types) != nparams or not all(isinstance(t, str) for t in types):
+        return None
+    if any(t != "constexpr" and t[0] != "*" and t not in _NATIVE_INT_TYPES and t not in ("fp32", "f32") for t in types):
+        return None
+    return spec
+
+
 def _entry(kernel, compiled, nargs: int, meta: dict):
     """The cache entry for `compiled`, the kernel `kernel[grid](*args, **meta)` launched, or _PLAIN:
     (launch(gx, gy, gz, stream, function, packed metadata, arguments), function, packed metadata,
-    constexpr values after the positional arguments, the kernel)."""
+    constexpr values after the positional arguments, the kernel, its `_native_spec` or None)."""
     if not isinstance(kernel, JITFunction) or kernel.pre_run_hooks:
         return _PLAIN
     if compiled is None or getattr(compiled, "function", None) is None:
@@ -180,7 +208,8 @@ def _entry(kernel, compiled, nargs: int, meta: dict):
     if run is None:
         def run(gx, gy, gz, stream, function, packed, args):
             launcher(gx, gy, gz, stream, function, packed, None, None, None, *args)
-    return (run, compiled.function, packed, tuple(tail), kernel)
+    native = _native_spec(compiled, launcher, len(kernel.params))
+    return (run, compiled.function, packed, tuple(tail), kernel, native)
 
 
 # Set by `compiling_only` for one thread: its launches compile their kernel and launch nothing.
@@ -283,7 +312,7 @@ def launch(kernel, grid, args: tuple, meta: dict):
     if entry is _PLAIN:
         return _plain(kernel, grid, args, meta)
     _record(entry, grid, args)
-    run, function, packed, tail, _ = entry
+    run, function, packed, tail = entry[:4]
     n = len(grid)
     run(grid[0], grid[1] if n > 1 else 1, grid[2] if n > 2 else 1, _get_stream(device), function, packed, call + tail)
     return None
