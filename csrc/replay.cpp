@@ -132,8 +132,9 @@ class LaunchPlan {
   }
 
   // Launches every recorded kernel on `stream` with the pool's values (a list; the entries the
-  // launches read are Python ints: data pointers) in its parameters. Returns False, having launched nothing, where the driver or a
-  // current context is missing (the caller then launches through Triton).
+  // launches read are Python ints: data pointers) in its parameters. Returns False, having
+  // launched nothing, where the driver or a current context is missing (the caller then launches
+  // through Triton's launchers).
   bool replay(uint64_t stream, const py::list& pool) const {
     const Driver& d = driver();
     if (d.launch == nullptr) return false;
