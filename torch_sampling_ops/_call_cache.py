@@ -214,7 +214,11 @@ def _build(args, call, call_state, device_index, recorder, spy, result) -> CallR
         launches.append((run, function, packed, gx, gy, gz, _picker(indices)))
         if native is not None:
             params = _native_params(spec, (*launch_args, *tail), indices)
-            native = None if params is None else [*native, (*spec[:1], gx, gy, gz, *spec[1:6], *params)]
+            if params is None:
+                native = None
+            else:
+                function, block, shared, num_ctas, pdl, cooperative, _ = spec
+                native.append((function, gx, gy, gz, block, shared, num_ctas, pdl, cooperative, *params))
     plan = _native_plan(native)
     return CallRecord(call_state, device_index, specs, offset, constants, launches, outputs, returns_tuple, plan)
 
