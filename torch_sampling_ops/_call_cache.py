@@ -239,12 +239,12 @@ def _native_params(spec, values: tuple, indices: list[int]) -> tuple[list[int], 
             sources.append(index)
             bits.append(0)
             continue
-        if isinstance(value, float) and ty in ("fp32", "f32"):
+        if isinstance(value, float) and ty in _launch.NATIVE_FLOAT_TYPES:
             try:
                 word = struct.unpack("<I", struct.pack("<f", value))[0]
             except OverflowError:  # Triton's launcher would pass an infinity
                 return None
-        elif isinstance(value, int) and ty not in ("fp32", "f32"):  # bools too
+        elif isinstance(value, int) and ty not in _launch.NATIVE_FLOAT_TYPES:  # bools too
             word = int(value) & 0xFFFFFFFFFFFFFFFF
         else:
             return None

@@ -155,6 +155,7 @@ def _direct_launch(launcher, version):
 # Parameter types whose values a LaunchPlan passes (as 64-bit slots whose first bytes the kernel
 # reads): pointers, integers and float32; a kernel with another type keeps Triton's launcher.
 _NATIVE_INT_TYPES = frozenset(("i1", "i8", "i16", "i32", "i64", "u1", "u8", "u16", "u32", "u64"))
+NATIVE_FLOAT_TYPES = frozenset(("fp32", "f32"))
 _NATIVE_TRITON = ((3, 6),)  # releases whose kernel parameters (the arguments, then two scratch pointers) were read
 
 
@@ -175,7 +176,7 @@ def _native_spec(compiled, launcher, nparams: int):
         return None
     if len(types) != nparams or not all(isinstance(t, str) for t in types):
         return None
-    if any(t != "constexpr" and t[0] != "*" and t not in _NATIVE_INT_TYPES and t not in ("fp32", "f32") for t in types):
+    if any(t != "constexpr" and t[0] != "*" and t not in _NATIVE_INT_TYPES and t not in NATIVE_FLOAT_TYPES for t in types):
         return None
     return spec
 
