@@ -5,8 +5,9 @@
 1. Host µs per call (a loop of 2000 calls on a tiny input, wall time per call, synchronised at the
    end) of: a bare Triton launch of an empty kernel, one of our kernels through `kernel[grid]`, the
    same kernel through the bound launcher of `_launch`, every op replayed from its call record
-   (`_call_cache`), through its launcher with the launch cache, and with plain Triton launches, and
-   `torch.empty` of the workspace sizes the launchers allocate.
+   (`_call_cache`: its workspace from the stream's buffer, or allocated per call; its launches from
+   C++ or through Triton's launchers), through its launcher with the launch cache, and with plain
+   Triton launches, and `torch.empty` of the workspace sizes the launchers allocate.
 2. Device µs per call of every op (V = 151936 fp32), eager and replayed from a CUDA graph, at
    T = 1, 32, 256 (`timing.bench_gpu`: do_bench medians rotating over input sets).
 """
@@ -49,6 +50,7 @@ def _empty_kernel(x_ptr, n, BLOCK: tl.constexpr):
 
 def host_cost_table(calls: int = 2000) -> str:
     rows = []
+    workspace_bytes = _call_cache._STREAM_WORKSPACE_BYTES
     x = torch.empty(16, device="cuda")
     rows.append(["bare Triton launch, empty kernel (kernel[grid])",
                  eager_overhead_us(lambda: _empty_kernel[(1,)](x, 16, BLOCK=16), calls)])
@@ -64,17 +66,21 @@ def host_cost_table(calls: int = 2000) -> str:
                                    calls)])
     for case in CASES:
         inputs = case.make(1, 4096 if "logit_bias" in case.name or "penalties" in case.name else 1000, "cuda", 0)
-        for mode, launch_cache, records, native in (
-                ("call records", True, True, True), ("call records, Triton's launchers", True, True, False),
-                ("launch cache", True, False, False), ("plain Triton launches", False, False, False)):
+        for mode, launch_cache, records, native, stream_workspace in (
+                ("call records", True, True, True, True),
+                ("call records, a workspace allocated per call", True, True, True, False),
+                ("call records, Triton's launchers", True, True, False, True),
+                ("launch cache", True, False, False, False), ("plain Triton launches", False, False, False, False)):
             _launch._ENABLED = launch_cache and _launch._fast_path_supported()
             _call_cache._ENABLED = records
             _call_cache._NATIVE_ENABLED = native
+            _call_cache._STREAM_WORKSPACE_BYTES = workspace_bytes if stream_workspace else 0
             _call_cache.clear()
             us = eager_overhead_us(lambda case=case, inputs=inputs: case.ours(*inputs), calls)
             rows.append([f"{case.name}, T = 1, {mode}", us])
     _launch._ENABLED = _launch._fast_path_supported()
     _call_cache._ENABLED = _call_cache._NATIVE_ENABLED = True
+    _call_cache._STREAM_WORKSPACE_BYTES = workspace_bytes
     _call_cache.clear()
     # The allocations the launchers make per call (caching allocator, warm).
     V = 151936

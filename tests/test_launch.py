@@ -264,6 +264,30 @@ def test_repeated_call_replays_its_launches(toy):
     assert ws_ptr % 16 == 0
 
 
+def test_replayed_calls_take_their_streams_workspace_outside_capture(toy, monkeypatch):
+    """Replayed calls on one stream share one workspace buffer; a call under CUDA-graph capture, or
+    one whose workspace is above the cached size, allocates its own."""
+    kernel, plain, launches = toy
+    monkeypatch.setattr(_call_cache, "_stream_workspaces", {})
+    body, bodies = _toy_body(kernel)
+    cache = _call_cache.Cache()
+    cache.call(body, (torch.empty(64), 100), b"sig")
+    pointers = []
+    for capturing in (False, False, True, False):
+        monkeypatch.setattr(_call_cache, "_capturing", lambda c=capturing: c)
+        launches.clear()
+        cache.call(body, (torch.empty(64), 100), b"sig")
+        pointers.append(launches[0][11])
+    assert len(bodies) == 1
+    assert pointers[0] == pointers[1] == pointers[3] != pointers[2]
+    assert list(_call_cache._stream_workspaces) == [(0, 77)]  # the fixture's device and stream
+    monkeypatch.setattr(_call_cache, "_STREAM_WORKSPACE_BYTES", 8)
+    monkeypatch.setattr(_call_cache, "_capturing", lambda: False)
+    _call_cache._stream_workspaces.clear()
+    cache.call(body, (torch.empty(64), 100), b"sig")
+    assert not _call_cache._stream_workspaces
+
+
 def test_native_parameters_are_packed_per_type():
     """A LaunchPlan's parameters: pointers from the pool, constants as the bits the kernel reads
     (float32, two's complement), constexprs left out, Triton's two scratch pointers last."""

@@ -378,6 +378,47 @@ def test_cuda_graph_replays_with_changed_arguments(name, gen):
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("name", OP_NAMES)
+def test_graph_replays_and_eager_calls_on_two_streams(name, gen):
+    """A graph captured after eager calls of the same metadata (replayed from their record, with the
+    stream's cached workspace), replayed on a side stream while eager calls run on the main one,
+    nothing ordering the two: each result is the reference's."""
+    spec = BY_NAME[name]
+    device = torch.device("cuda")
+    args = spec.args(device, gen)
+    logits, state = args[0], args[1:]
+    src = logits.clone()
+
+    def step():
+        logits.copy_(src)
+        return spec.run([logits, *state])
+
+    step()  # recorded
+    step()  # replayed
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=side):
+        result = step()
+    for _ in range(3):
+        fresh = spec.args(device, gen)
+        src.copy_(fresh[0])
+        for static, new in zip(state, fresh[1:]):
+            if isinstance(static, torch.Tensor):
+                static.copy_(new)
+        eager_args = [spec.args(device, gen) for _ in range(4)]
+        originals = [a[0].cpu() for a in eager_args]
+        torch.cuda.synchronize()
+        with torch.cuda.stream(side):
+            graph.replay()
+        eager = [spec.run(a) for a in eager_args]
+        torch.cuda.synchronize()
+        spec.assert_matches(to_cpu(result), src.cpu(), to_cpu(state))
+        for out, a, original in zip(eager, eager_args, originals):
+            spec.assert_matches(to_cpu(out), original, to_cpu(a[1:]))
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("name", OP_NAMES)
 def test_a_call_never_waits_for_the_device(name, gen):
     """No op synchronises the host with the GPU (no `.item()`, no data-dependent shape, no blocking
     copy): CUDA's sync debug mode raises on any, from the second call on (the first compiles)."""

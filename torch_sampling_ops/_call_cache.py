@@ -107,13 +107,14 @@ class CallRecord:
         (`_C.bind_launch_args`); returns what the body returned."""
         pool = list(call)
         allocated = []
+        stream = _launch._get_stream(self._device_index)
         if self._allocations:
             base = 0
             if self._workspace_bytes:
-                # Kept alive until the launches are queued; then the caching allocator reuses it in
-                # stream order, as it would a workspace the body allocated.
-                buffer = torch.empty(self._workspace_bytes, dtype=torch.uint8, device=self._device)
-                base = buffer.data_ptr()
+                # Referenced until the launches are queued: a buffer of this call's own must not be
+                # handed to the outputs' allocations below.
+                workspace = _workspace(self._device, self._device_index, stream, self._workspace_bytes)
+                base = workspace.data_ptr()
             for shape, dtype, offset, device in self._allocations:
                 if offset >= 0:
                     pool.append(base + offset)
@@ -122,7 +123,6 @@ class CallRecord:
                     out = torch.empty(shape, dtype=dtype, device=device)
                     pool.append(out.data_ptr())
                     allocated.append(out)
-        stream = _launch._get_stream(self._device_index)
         if self._plan is None or not self._plan.replay(stream, pool):
             pool.extend(self._constants)
             for run, function, packed, gx, gy, gz, pick in self._launches:
@@ -130,6 +130,33 @@ class CallRecord:
         if self._returns_tuple:
             return tuple(allocated[j] for j in self._outputs)
         return allocated[self._outputs[0]] if self._outputs else None
+
+
+# A replayed call's workspace of at most _STREAM_WORKSPACE_BYTES comes from one buffer kept per
+# (device, stream), grown to the largest such call: the calls on a stream run in stream order, so
+# each call's kernels start after the previous call's are done with the buffer, and a call pays no
+# allocation. Larger workspaces (large batches, where the allocation is small against the kernels)
+# and calls under CUDA-graph capture take a buffer of their own from the caching allocator: a
+# captured call's workspace then lives in the graph's private pool, so no graph shares memory
+# with another graph or with eager calls, whatever streams they are replayed on.
+_STREAM_WORKSPACE_BYTES = 8 << 20
+_stream_workspaces: dict[tuple[int, int], torch.Tensor] = {}
+# A CPU build of torch has no capture to ask about (its records hold the tests' toy launches).
+_capturing = torch.cuda.is_current_stream_capturing if torch.backends.cuda.is_built() else (lambda: False)
+
+
+def _workspace(device, device_index: int, stream: int, nbytes: int) -> torch.Tensor:
+    """A buffer of at least nbytes for one call's workspaces on `stream`, in use until the call's
+    launches are queued (then reusable in stream order)."""
+    if nbytes > _STREAM_WORKSPACE_BYTES or _capturing():
+        return torch.empty(nbytes, dtype=torch.uint8, device=device)
+    key = (device_index, stream)
+    buffer = _stream_workspaces.get(key)
+    if buffer is None or buffer.numel() < nbytes:
+        # The old buffer goes back to the caching allocator, which hands it out again only in this
+        # stream's order (it was only ever used on this stream).
+        buffer = _stream_workspaces[key] = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    return buffer
 
 
 def _aligned(n: int) -> int:
@@ -308,9 +335,11 @@ _CACHES: list[Cache] = []
 
 
 def clear() -> None:
-    """Forgets every op's records (after reassigning a module constant a body reads)."""
+    """Forgets every op's records (after reassigning a module constant a body reads) and frees the
+    streams' workspace buffers."""
     for cache in _CACHES:
         cache.clear()
+    _stream_workspaces.clear()
 
 
 def enabled() -> bool:
