@@ -97,11 +97,21 @@ struct Launch {
   std::vector<uint64_t> constants;
 };
 
+// A tensor a replay allocates and returns (an output of the call): its pool index, shape, dtype and
+// device. Allocated here rather than by torch.empty from Python, which costs a few µs a tensor.
+struct Output {
+  int64_t value = -1;  // its index among the values the launches read, or -1: none reads it
+  std::vector<int64_t> shape;
+  at::ScalarType dtype;
+  at::Device device;
+};
+
 // A recorded call's launches, each as (function, grid x, y, z, threads a block, shared bytes, CTAs
-// a cluster, PDL, cooperative, sources, constant bits); see Launch.
+// a cluster, PDL, cooperative, sources, constant bits), see Launch, and the call's outputs, each as
+// (pool index, shape, dtype, device), see Output.
 class LaunchPlan {
  public:
-  explicit LaunchPlan(const py::list& launches) {
+  LaunchPlan(const py::list& launches, const py::list& outputs) {
     for (const py::handle& item : launches) {
       const auto t = item.cast<py::tuple>();
       if (t.size() != 11) throw std::invalid_argument("LaunchPlan: a launch is an 11-tuple");
@@ -129,17 +139,28 @@ class LaunchPlan {
       max_params_ = std::max(max_params_, l.sources.size());
       launches_.push_back(std::move(l));
     }
+    for (const py::handle& item : outputs) {
+      const auto t = item.cast<py::tuple>();
+      if (t.size() != 4) throw std::invalid_argument("LaunchPlan: an output is a 4-tuple");
+      const auto index = t[0].cast<int64_t>();
+      Output o{-1, t[1].cast<std::vector<int64_t>>(), t[2].cast<at::ScalarType>(), t[3].cast<at::Device>()};
+      for (size_t k = 0; k < used_.size(); ++k) {
+        if (used_[k] == index) o.value = static_cast<int64_t>(k);
+      }
+      outputs_.push_back(std::move(o));
+    }
   }
 
-  // Launches every recorded kernel on `stream` with the pool's values (a list; the entries the
-  // launches read are Python ints: data pointers) in its parameters. Returns False, having
-  // launched nothing, where the driver or a current context is missing (the caller then launches
-  // through Triton's launchers).
-  bool replay(uint64_t stream, const py::list& pool) const {
+  // Allocates the outputs and launches every recorded kernel on `stream` with the pool's values (a
+  // list; the entries the launches read are Python ints: data pointers; an output's entry is a
+  // placeholder) in its parameters; returns the outputs, a tuple in the plan's order. Returns None,
+  // having allocated and launched nothing, where the driver or a current context is missing (the
+  // caller then allocates and launches through Triton's launchers).
+  py::object replay(uint64_t stream, const py::list& pool) const {
     const Driver& d = driver();
-    if (d.launch == nullptr) return false;
+    if (d.launch == nullptr) return py::none();
     CUcontext ctx = nullptr;
-    if (d.ctx_get_current(&ctx) != 0 || ctx == nullptr) return false;
+    if (d.ctx_get_current(&ctx) != 0 || ctx == nullptr) return py::none();
     const auto n = static_cast<int64_t>(PyList_GET_SIZE(pool.ptr()));
     std::vector<uint64_t> values(used_.size());
     for (size_t k = 0; k < used_.size(); ++k) {
@@ -147,10 +168,16 @@ class LaunchPlan {
       values[k] = PyLong_AsUnsignedLongLongMask(PyList_GET_ITEM(pool.ptr(), used_[k]));
       if (PyErr_Occurred()) throw py::error_already_set();
     }
+    py::tuple allocated(outputs_.size());
+    for (size_t i = 0; i < outputs_.size(); ++i) {
+      const Output& o = outputs_[i];
+      at::Tensor out = at::empty(o.shape, at::TensorOptions().dtype(o.dtype).device(o.device));
+      if (o.value >= 0) values[static_cast<size_t>(o.value)] = reinterpret_cast<uint64_t>(out.data_ptr());
+      allocated[i] = py::cast(std::move(out));
+    }
     std::vector<uint64_t> slots(max_params_);
     std::vector<void*> params(max_params_);
     CUresult status = 0;
-    const Launch* failed = nullptr;
     {
       py::gil_scoped_release no_gil;
       for (const Launch& l : launches_) {
@@ -191,25 +218,23 @@ class LaunchPlan {
         config.num_attrs = num_attrs;
         if (config.grid_x == 0 || config.grid_y == 0 || config.grid_z == 0) continue;
         status = d.launch(&config, reinterpret_cast<CUfunction>(l.function), params.data(), nullptr);
-        if (status != 0) {
-          failed = &l;
-          break;
-        }
+        if (status != 0) break;
       }
     }
-    if (failed != nullptr) {
+    if (status != 0) {
       const char* text = nullptr;
       d.error_string(status, &text);
       throw std::runtime_error(std::string("torch_sampling_ops: cuLaunchKernelEx failed: ") +
                                (text != nullptr ? text : "unknown error"));
     }
-    return true;
+    return std::move(allocated);
   }
 
   size_t size() const { return launches_.size(); }
 
  private:
   std::vector<Launch> launches_;
+  std::vector<Output> outputs_;
   std::vector<int64_t> used_;  // the pool indices the launches read, in first-use order
   size_t max_params_ = 0;
 };
@@ -219,7 +244,7 @@ class LaunchPlan {
 void bind_launch_plan(py::module_& m) {
   py::class_<LaunchPlan>(m, "LaunchPlan",
                          "The launches of a recorded eager call, replayed through cuLaunchKernelEx.")
-      .def(py::init<const py::list&>())
+      .def(py::init<const py::list&, const py::list&>(), py::arg("launches"), py::arg("outputs"))
       .def("replay", &LaunchPlan::replay, py::arg("stream"), py::arg("pool"))
       .def("__len__", &LaunchPlan::size);
 }

@@ -12,7 +12,8 @@ each launcher with the arguments picked from the call's pointers and the recorde
 With the extension and a verified Triton release, a record launches its kernels through one
 `_C.LaunchPlan` (csrc/replay.cpp): the CUfunction, grid, block, shared memory and launch attributes
 of each launch and its parameters as Triton's launcher would pass them (pointers picked from the
-call's pool, the constants packed once), all launched by cuLaunchKernelEx in one call from Python.
+call's pool, the constants packed once), all launched by cuLaunchKernelEx in one call from Python,
+which also allocates the call's outputs.
 TORCH_SAMPLING_OPS_NATIVE_REPLAY=0 keeps Triton's launchers.
 
 A body is not recorded (its calls keep running it) when it does anything else: a launch that takes
@@ -85,8 +86,8 @@ class _Spy(TorchDispatchMode):
 class CallRecord:
     """The launches of one call, replayable on new arguments of the same metadata."""
 
-    __slots__ = ("state", "_device", "_device_index", "_allocations", "_workspace_bytes", "_constants",
-                 "_launches", "_outputs", "_returns_tuple", "_plan")
+    __slots__ = ("state", "_device", "_device_index", "_allocations", "_slot_offsets", "_workspace_bytes",
+                 "_constants", "_launches", "_returned", "_returns_tuple", "_plan")
 
     def __init__(self, call_state, device_index, allocations, workspace_bytes, constants, launches, outputs,
                  returns_tuple, plan=None):
@@ -94,42 +95,53 @@ class CallRecord:
         self._device_index = device_index
         # (shape, dtype, offset in the workspace buffer or -1 for an output, device) of each allocation
         self._allocations = allocations
+        # Each allocation's offset from the workspace's base in the pool (an output's entry, 0, is a
+        # placeholder: its pointer is known only once it is allocated)
+        self._slot_offsets = [max(offset, 0) for _, _, offset, _ in allocations]
         self._device = next((device for _, _, offset, device in allocations if offset >= 0), None)
         self._workspace_bytes = workspace_bytes
         self._constants = constants
         self._launches = launches
-        self._outputs = outputs  # allocation index of each returned tensor
+        # Each returned tensor's place among the outputs (the allocations at offset -1, in order)
+        ordinal = {j: i for i, j in enumerate(j for j, a in enumerate(allocations) if a[2] < 0)}
+        self._returned = [ordinal[j] for j in outputs]
         self._returns_tuple = returns_tuple
-        self._plan = plan  # the launches as one `_C.LaunchPlan`, or None: each through Triton's launcher
+        # The launches as one `_C.LaunchPlan`, which also allocates the outputs; or None: each
+        # launch through Triton's launcher
+        self._plan = plan
 
     def replay(self, call: tuple):
         """Launches the recorded kernels on the arguments whose launch arguments are `call`
         (`_C.bind_launch_args`); returns what the body returned."""
         pool = list(call)
-        allocated = []
         stream = _launch._get_stream(self._device_index)
-        if self._allocations:
-            base = 0
-            if self._workspace_bytes:
-                # Referenced until the launches are queued: a buffer of this call's own must not be
-                # handed to the outputs' allocations below.
-                workspace = _workspace(self._device, self._device_index, stream, self._workspace_bytes)
-                base = workspace.data_ptr()
-            for shape, dtype, offset, device in self._allocations:
-                if offset >= 0:
-                    pool.append(base + offset)
-                    allocated.append(None)
-                else:
-                    out = torch.empty(shape, dtype=dtype, device=device)
-                    pool.append(out.data_ptr())
-                    allocated.append(out)
-        if self._plan is None or not self._plan.replay(stream, pool):
-            pool.extend(self._constants)
-            for run, function, packed, gx, gy, gz, pick in self._launches:
-                run(gx, gy, gz, stream, function, packed, pick(pool))
+        base = 0
+        if self._workspace_bytes:
+            # Referenced until the launches are queued: a buffer of this call's own must not be
+            # handed to the outputs' allocations.
+            workspace = _workspace(self._device, self._device_index, stream, self._workspace_bytes)
+            base = workspace.data_ptr()
+        pool.extend([base + offset for offset in self._slot_offsets])
+        if self._plan is not None:
+            outputs = self._plan.replay(stream, pool)
+            if outputs is not None:
+                return self._result(outputs)
+        outputs = []
+        n = len(call)
+        for j, (shape, dtype, offset, device) in enumerate(self._allocations):
+            if offset < 0:
+                out = torch.empty(shape, dtype=dtype, device=device)
+                pool[n + j] = out.data_ptr()
+                outputs.append(out)
+        pool.extend(self._constants)
+        for run, function, packed, gx, gy, gz, pick in self._launches:
+            run(gx, gy, gz, stream, function, packed, pick(pool))
+        return self._result(outputs)
+
+    def _result(self, outputs):
         if self._returns_tuple:
-            return tuple(allocated[j] for j in self._outputs)
-        return allocated[self._outputs[0]] if self._outputs else None
+            return tuple([outputs[i] for i in self._returned])
+        return outputs[self._returned[0]] if self._returned else None
 
 
 # A replayed call's workspace of at most _STREAM_WORKSPACE_BYTES comes from one buffer kept per
@@ -246,7 +258,8 @@ def _build(args, call, call_state, device_index, recorder, spy, result) -> CallR
             else:
                 function, block, shared, num_ctas, pdl, cooperative, _ = spec
                 native.append((function, gx, gy, gz, block, shared, num_ctas, pdl, cooperative, *params))
-    plan = _native_plan(native)
+    plan = _native_plan(native, [(n + j, shape, dtype, device)
+                                 for j, (shape, dtype, offset, device) in enumerate(specs) if offset < 0])
     return CallRecord(call_state, device_index, specs, offset, constants, launches, outputs, returns_tuple, plan)
 
 
@@ -280,16 +293,16 @@ def _native_params(spec, values: tuple, indices: list[int]) -> tuple[list[int], 
     return [*sources, -1, -1], [*bits, 0, 0]
 
 
-def _native_plan(launches):
-    """A `_C.LaunchPlan` of the launches, or None (turned off, no extension, or a launch it cannot
-    take)."""
+def _native_plan(launches, outputs):
+    """A `_C.LaunchPlan` of the launches and the outputs it allocates ((pool index, shape, dtype,
+    device) each), or None (turned off, no extension, or a launch it cannot take)."""
     if not launches or not _NATIVE_ENABLED:
         return None
     try:
         from ._C import LaunchPlan
     except ImportError:
         return None
-    return LaunchPlan(launches)
+    return LaunchPlan(launches, outputs)
 
 
 class Cache:
