@@ -348,32 +348,45 @@ def test_compile_with_every_argument_a_view_into_its_storage(name, gen):
             torch.testing.assert_close(a, b, atol=0, rtol=0, equal_nan=True, msg=f"argument {i}")
 
 
+class _GraphStep:
+    """One call of an op on static arguments, its logits first restored from `src`: what a graph
+    captures."""
+
+    def __init__(self, spec, gen):
+        self.spec, self.gen = spec, gen
+        args = spec.args(torch.device("cuda"), gen)
+        self.logits, self.state = args[0], args[1:]
+        self.src = self.logits.clone()
+
+    def __call__(self):
+        self.logits.copy_(self.src)
+        return self.spec.run([self.logits, *self.state])
+
+    def refresh(self) -> None:
+        """New values in the logits and every other tensor argument."""
+        fresh = self.spec.args(torch.device("cuda"), self.gen)
+        self.src.copy_(fresh[0])
+        for static, new in zip(self.state, fresh[1:]):
+            if isinstance(static, torch.Tensor):  # Python scalars are frozen at capture
+                static.copy_(new)
+
+    def assert_matches(self, result) -> None:
+        self.spec.assert_matches(to_cpu(result), self.src.cpu(), to_cpu(self.state))
+
+
 @pytest.mark.cuda
 @pytest.mark.parametrize("name", OP_NAMES)
 def test_cuda_graph_replays_with_changed_arguments(name, gen):
     """Captured once, replayed with new logits and new values of every other argument."""
-    spec = BY_NAME[name]
-    device = torch.device("cuda")
-    args = spec.args(device, gen)
-    logits, state = args[0], args[1:]
-    src = logits.clone()
-
-    def step():
-        logits.copy_(src)
-        return spec.run([logits, *state])
-
+    step = _GraphStep(BY_NAME[name], gen)
     step()  # compile the kernels before capture
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         result = step()
     for _ in range(3):
-        fresh = spec.args(device, gen)
-        src.copy_(fresh[0])
-        for static, new in zip(state, fresh[1:]):
-            if isinstance(static, torch.Tensor):  # Python scalars are frozen at capture
-                static.copy_(new)
+        step.refresh()
         graph.replay()
-        spec.assert_matches(to_cpu(result), src.cpu(), to_cpu(state))
+        step.assert_matches(result)
 
 
 @pytest.mark.cuda
@@ -383,15 +396,7 @@ def test_graph_replays_and_eager_calls_on_two_streams(name, gen):
     stream's cached workspace), replayed on a side stream while eager calls run on the main one,
     nothing ordering the two: each result is the reference's."""
     spec = BY_NAME[name]
-    device = torch.device("cuda")
-    args = spec.args(device, gen)
-    logits, state = args[0], args[1:]
-    src = logits.clone()
-
-    def step():
-        logits.copy_(src)
-        return spec.run([logits, *state])
-
+    step = _GraphStep(spec, gen)
     step()  # recorded
     step()  # replayed
     side = torch.cuda.Stream()
@@ -400,19 +405,15 @@ def test_graph_replays_and_eager_calls_on_two_streams(name, gen):
     with torch.cuda.graph(graph, stream=side):
         result = step()
     for _ in range(3):
-        fresh = spec.args(device, gen)
-        src.copy_(fresh[0])
-        for static, new in zip(state, fresh[1:]):
-            if isinstance(static, torch.Tensor):
-                static.copy_(new)
-        eager_args = [spec.args(device, gen) for _ in range(4)]
+        step.refresh()
+        eager_args = [spec.args(torch.device("cuda"), gen) for _ in range(4)]
         originals = [a[0].cpu() for a in eager_args]
         torch.cuda.synchronize()
         with torch.cuda.stream(side):
             graph.replay()
         eager = [spec.run(a) for a in eager_args]
         torch.cuda.synchronize()
-        spec.assert_matches(to_cpu(result), src.cpu(), to_cpu(state))
+        step.assert_matches(result)
         for out, a, original in zip(eager, eager_args, originals):
             spec.assert_matches(to_cpu(out), original, to_cpu(a[1:]))
 
