@@ -145,9 +145,11 @@ class CallRecord:
 
 
 # A replayed call's workspace of at most _STREAM_WORKSPACE_BYTES comes from one buffer kept per
-# (device, stream), grown to the largest such call: the calls on a stream run in stream order, so
-# each call's kernels start after the previous call's are done with the buffer, and a call pays no
-# allocation. Larger workspaces (large batches, where the allocation is small against the kernels)
+# (device, stream), grown to the largest such call, so that a call pays no allocation. The calls on
+# a stream touch it in stream order: an op's first launch is an ordinary one, or a dependent launch
+# whose programs wait (gdc_wait) before touching any workspace, and a dependent launch finishes only
+# after the launch before it (docs/design.md); so a call's kernels use the buffer only once the
+# previous call's are done with it. Larger workspaces (large batches, where the allocation is small against the kernels)
 # and calls under CUDA-graph capture take a buffer of their own from the caching allocator: a
 # captured call's workspace then lives in the graph's private pool, so no graph shares memory
 # with another graph or with eager calls, whatever streams they are replayed on.
