@@ -98,7 +98,7 @@ struct Launch {
 };
 
 // A tensor a replay allocates and returns (an output of the call): its pool index, shape, dtype and
-// device. Allocated here rather than by torch.empty from Python, which costs a few µs a tensor.
+// device. Allocated here, so that a replay makes no call from Python for its outputs.
 struct Output {
   int64_t value = -1;  // its index among the values the launches read, or -1: none reads it
   std::vector<int64_t> shape;

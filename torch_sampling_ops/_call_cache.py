@@ -149,10 +149,10 @@ class CallRecord:
 # a stream touch it in stream order: an op's first launch is an ordinary one, or a dependent launch
 # whose programs wait (gdc_wait) before touching any workspace, and a dependent launch finishes only
 # after the launch before it (docs/design.md); so a call's kernels use the buffer only once the
-# previous call's are done with it. Larger workspaces (large batches, where the allocation is small against the kernels)
-# and calls under CUDA-graph capture take a buffer of their own from the caching allocator: a
-# captured call's workspace then lives in the graph's private pool, so no graph shares memory
-# with another graph or with eager calls, whatever streams they are replayed on.
+# previous call's are done with it. Larger workspaces (large batches, where the allocation is small
+# against the kernels) and calls under CUDA-graph capture take a buffer of their own from the
+# caching allocator: a captured call's workspace then lives in the graph's private pool, so no graph
+# shares memory with another graph or with eager calls, whatever streams they are replayed on.
 _STREAM_WORKSPACE_BYTES = 8 << 20
 _stream_workspaces: dict[tuple[int, int], torch.Tensor] = {}
 # A CPU build of torch has no capture to ask about (its records hold the tests' toy launches).
