@@ -1,6 +1,6 @@
 // The launches of a recorded eager call (torch_sampling_ops/_call_cache.py), replayed through the
-// CUDA driver's cuLaunchKernelEx in one call from Python: Triton's launcher parses every argument of
-// every launch from a Python tuple, which costs more than the launch itself for a kernel with
+// CUDA driver's cuLaunchKernelEx in one call from Python: Triton's launcher parses every argument
+// of every launch from a Python tuple, which costs more than the launch itself for a kernel with
 // twenty arguments.
 //
 // The extension builds without the CUDA toolkit (the CPU kernels need none): the few driver types
@@ -143,7 +143,8 @@ class LaunchPlan {
       const auto t = item.cast<py::tuple>();
       if (t.size() != 4) throw std::invalid_argument("LaunchPlan: an output is a 4-tuple");
       const auto index = t[0].cast<int64_t>();
-      Output o{-1, t[1].cast<std::vector<int64_t>>(), t[2].cast<at::ScalarType>(), t[3].cast<at::Device>()};
+      Output o{-1, t[1].cast<std::vector<int64_t>>(), t[2].cast<at::ScalarType>(),
+               t[3].cast<at::Device>()};
       for (size_t k = 0; k < used_.size(); ++k) {
         if (used_[k] == index) o.value = static_cast<int64_t>(k);
       }
@@ -172,7 +173,8 @@ class LaunchPlan {
     for (size_t i = 0; i < outputs_.size(); ++i) {
       const Output& o = outputs_[i];
       at::Tensor out = at::empty(o.shape, at::TensorOptions().dtype(o.dtype).device(o.device));
-      if (o.value >= 0) values[static_cast<size_t>(o.value)] = reinterpret_cast<uint64_t>(out.data_ptr());
+      if (o.value >= 0)
+        values[static_cast<size_t>(o.value)] = reinterpret_cast<uint64_t>(out.data_ptr());
       allocated[i] = py::cast(std::move(out));
     }
     std::vector<uint64_t> slots(max_params_);
@@ -217,7 +219,8 @@ class LaunchPlan {
         config.attrs = attrs;
         config.num_attrs = num_attrs;
         if (config.grid_x == 0 || config.grid_y == 0 || config.grid_z == 0) continue;
-        status = d.launch(&config, reinterpret_cast<CUfunction>(l.function), params.data(), nullptr);
+        status =
+            d.launch(&config, reinterpret_cast<CUfunction>(l.function), params.data(), nullptr);
         if (status != 0) break;
       }
     }
@@ -242,8 +245,8 @@ class LaunchPlan {
 }  // namespace
 
 void bind_launch_plan(py::module_& m) {
-  py::class_<LaunchPlan>(m, "LaunchPlan",
-                         "The launches of a recorded eager call, replayed through cuLaunchKernelEx.")
+  py::class_<LaunchPlan>(
+      m, "LaunchPlan", "The launches of a recorded eager call, replayed through cuLaunchKernelEx.")
       .def(py::init<const py::list&, const py::list&>(), py::arg("launches"), py::arg("outputs"))
       .def("replay", &LaunchPlan::replay, py::arg("stream"), py::arg("pool"))
       .def("__len__", &LaunchPlan::size);
