@@ -119,6 +119,18 @@ def test_full_vocabulary(backend, gen):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+def test_top_p_over_what_top_k_keeps(backend, gen):
+    """Top-p renormalised over top-k's set: sets small enough to be sorted whole (k up to the
+    selection's `small`, 32 in the interpreter, 128 on the GPU), a larger one searched by rounds,
+    ties across the k-th value, and top_p = 0 (the largest token alone)."""
+    T, V = 5, 3000
+    logits = make_logits(T, V, torch.float32, device_of(backend), generator=gen)
+    logits[3] = torch.round(logits[3] * 2) / 2  # values on a 0.5 grid: wide ties
+    top_k, top_p = settings([(20, 0.8), (3, 0.5), (300, 0.9), (25, 0.7), (30, 0.0)])
+    run_and_check(backend, logits, torch.arange(T, dtype=INT), top_k, top_p)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_ties_at_both_boundaries_are_kept(backend):
     V = 3000
     logits = make_logits(4, V, torch.float32, device_of(backend))

@@ -201,16 +201,39 @@ def _settled_threshold(ws_row, flag, values_ptr, buffer_ptr, scratch_ptr, list_s
             threshold = tl.maximum(threshold, row_max + tl.log(min_p))
             renormalise = True
     if p_on:
+        searched = True
+        target = tl.full([], 0.0, tl.float32)
         if renormalise:  # over the kept set
-            kept_mass, in_set = _candidate_mass(values_ptr, count, row_max, threshold, TILE)
-            target = tl.maximum(p * kept_mass, 1e-30)  # top_p <= 0 keeps the most probable token(s)
             low = _float_key(threshold)
+            # A kept set of at most SMALL (top-k's, as a sampler sets it) is sorted instead of searched.
+            in_set = _compact(values_ptr, count, low, high, scratch_ptr, SMALL, TILE)
+            if in_set <= SMALL:
+                threshold = tl.maximum(_top_p_of_few(scratch_ptr, in_set, row_max, p, SMALL), threshold)
+                searched = False
+            else:
+                kept_mass, in_set = _candidate_mass(values_ptr, count, row_max, threshold, TILE)
+                target = tl.maximum(p * kept_mass, 1e-30)  # top_p <= 0 keeps the most probable token(s)
         else:
             target = tl.maximum(p * total, 1e-30)
             in_set = count
-        threshold = _select_threshold(values_ptr, buffer_ptr, list_size, scratch_ptr, count, floor, low, high,
-                                      tl.full([], 0.0, tl.float32), in_set, row_max, target, True, TILE, SMALL)
+        if searched:
+            threshold = _select_threshold(values_ptr, buffer_ptr, list_size, scratch_ptr, count, floor, low, high,
+                                          tl.full([], 0.0, tl.float32), in_set, row_max, target, True, TILE, SMALL)
     return threshold
+
+
+@triton.jit
+def _top_p_of_few(src_ptr, n, row_max, p, SMALL: tl.constexpr):
+    """Top-p's threshold over the n <= SMALL values at src (the kept set): the largest value v whose
+    values >= v carry at least p of the set's mass (relative to row_max), by one sort and a prefix
+    sum: the mass of the values >= sorted[i] is the prefix sum at the last of sorted[i]'s ties, and
+    the prefix sums only grow, so the answer is the first sorted value whose prefix sum reaches
+    the target. top_p <= 0 keeps the largest value(s)."""
+    values, _ = _candidate_values(src_ptr, n, 0, SMALL)
+    values = tl.sort(values, descending=True)  # the absent (-inf) last, with no mass
+    mass = tl.cumsum(tl.exp(values - row_max), 0)
+    target = tl.maximum(p * tl.max(mass), 1e-30)
+    return tl.max(tl.where(mass >= target, values, float("-inf")))
 
 
 @triton.jit
