@@ -125,7 +125,7 @@ def test_forked_workers_compile_every_variant_once(monkeypatch, tmp_path):
     monkeypatch.setattr(type(sampling._draw_kernel), "run", run)  # JITFunction, or interpreted
     driver = types.SimpleNamespace(launcher_cls=lambda src, metadata: note("launcher"), get_current_target=lambda: "sm")
     monkeypatch.setattr(triton.runtime.driver, "_active", driver)
-    assert _warmup._compile_in_processes(_LAUNCH_ARGS, 4) == 4
+    assert _warmup._compile_in_processes(_warmup._distinct_variants(_LAUNCH_ARGS), 4, torch.device("cpu")) == 4
     lines = [line.split(" ", 2) for line in log.read_text().splitlines()]
     compiled = [(line[0], line[2]) for line in lines if line[1] == "compile"]
     keys = [_warmup._variant_key(*variant) for variant in _warmup._distinct_variants(_LAUNCH_ARGS)]
@@ -152,8 +152,28 @@ def test_a_stuck_worker_is_killed_and_its_variants_left_to_the_caller(monkeypatc
         launcher_cls=lambda src, metadata: None, get_current_target=lambda: "sm"))
     monkeypatch.setattr(_warmup, "_WORKER_TIMEOUT_S", 1.0)
     start = time.monotonic()
-    assert _warmup._compile_in_processes(_LAUNCH_ARGS, 3) == 3
+    assert _warmup._compile_in_processes(_warmup._distinct_variants(_LAUNCH_ARGS), 3, torch.device("cpu")) == 3
     assert time.monotonic() - start < 30
+
+
+def test_the_warmup_record_names_the_variants_and_their_sources(monkeypatch, tmp_path):
+    """The record's cache entry is the same for the same variants, and another one when a variant
+    is missing, or a kernel's source or the target differs."""
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
+    target = types.SimpleNamespace(get_current_target=lambda: "sm_90")
+    monkeypatch.setattr(triton.runtime.driver, "_active", target)
+    variants = _warmup._distinct_variants(_LAUNCH_ARGS)
+    name = _warmup._warmup_record(variants).cache_dir
+    assert _warmup._warmup_record(_warmup._distinct_variants(_LAUNCH_ARGS)).cache_dir == name
+    assert _warmup._warmup_record(variants[1:]).cache_dir != name
+    kernel = variants[0][0]
+    if isinstance(kernel, JITFunction):  # compiled kernels (the interpreter's have no source hash)
+        monkeypatch.setattr(kernel, "hash", "another source")
+        assert _warmup._warmup_record(variants).cache_dir != name
+    monkeypatch.undo()
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(triton.runtime.driver, "_active", types.SimpleNamespace(get_current_target=lambda: "sm_100"))
+    assert _warmup._warmup_record(variants).cache_dir != name
 
 
 def _all_kernels():
@@ -205,3 +225,20 @@ def test_after_warmup_the_ops_compile_nothing(gen, parallel):
     torch.cuda.synchronize()
     after = {k: len(k.device_caches[device][0]) for k in _all_kernels()}
     assert after == cached, {k.fn.__name__: (cached[k], after[k]) for k in after if after[k] != cached[k]}
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
+def test_a_second_parallel_warmup_of_the_same_variants_starts_no_workers(monkeypatch):
+    """The first parallel warm-up records its variants as compiled; the next one of the same
+    variants (a restarted server) only loads them."""
+    args = dict(vocab_size=2000, dtypes=(torch.float16,), max_num_tokens=40, num_slots=4,
+                logit_bias_widths=((8, 6, 3),), parallel=True, workers=2)
+    torch_sampling_ops.warmup(**args)  # compiles, or finds the record of an earlier run
+
+    def no_workers(*_):
+        raise AssertionError("a recorded set of variants started workers")
+
+    monkeypatch.setattr(_warmup, "_compile_in_processes", no_workers)
+    info = torch_sampling_ops.warmup(**args)
+    assert info["processes"] == 1 and info["calls"] > 0

@@ -13,10 +13,14 @@ process, and Triton's front end and passes hold it while they work): workers for
 process, which start at once with its modules imported, and this process, each taking the next
 variant from one queue (the heaviest first) and compiling it into Triton's on-disk cache; the
 workers never touch the GPU. This process then replays every launch, loading the variants from
-the cache (and compiling whatever a failed worker left).
+the cache (and compiling whatever a failed worker left), and records in the cache that this set
+of variants is compiled: a later warm-up of the same set (a restarted server) starts no workers,
+whose start would cost more than loading the variants.
 """
 from __future__ import annotations
 
+import functools
+import hashlib
 import os
 import signal
 import time
@@ -25,6 +29,7 @@ from collections.abc import Sequence
 
 import torch
 import triton
+from triton.runtime.cache import get_cache_manager
 
 from . import _launch, _registry
 from .filtering import _GROUP_MIN_T
@@ -35,15 +40,21 @@ from .truncation import settings as truncation_settings
 def _truncation_row_counts(vocab_size: int, max_num_tokens: int, pdl: bool) -> list[int]:
     """One batch size per distinct launch plan of top_k_top_p (its own and `sample`'s) and of
     `sample`'s row split, for T in [1, max_num_tokens]."""
+    return list(_row_counts(vocab_size, max_num_tokens, pdl, truncation_settings.current_settings()))
+
+
+@functools.lru_cache(maxsize=8)  # a warm-up asks twice: its variant pass and its replay
+def _row_counts(vocab_size: int, max_num_tokens: int, pdl: bool, settings) -> tuple[int, ...]:
     seen, rows = set(), []
     for T in range(1, max_num_tokens + 1):
         plan = tuple((kernel, tuple(sorted(meta.items()))) for for_sample in (False, True) for kernel, _, meta in
-                     truncation_plan._launch_plan(T, vocab_size, pdl, group_scan=for_sample, draw=for_sample))
-        plan += (T >= truncation_settings.current_settings().split_draw_max_t,)
+                     truncation_plan._launch_plan(T, vocab_size, pdl, settings, group_scan=for_sample,
+                                                  draw=for_sample))
+        plan += (T >= settings.split_draw_max_t,)
         if plan not in seen:
             seen.add(plan)
             rows.append(T)
-    return rows
+    return tuple(rows)
 
 
 def _launch_all(vocab_size, dtypes, max_num_tokens, device, num_slots, index_dtype, logit_bias_widths, max_spec_len,
@@ -205,12 +216,10 @@ def _fork_worker(variants: list[tuple], queue: int, device: torch.device) -> int
         os._exit(code)
 
 
-def _compile_in_processes(launch_args, workers: int) -> int:
-    """Compiles every variant into Triton's cache in `workers` processes (this one included, the
-    others forked), each taking the next variant from a shared queue as it finishes one; returns
-    the number of processes used. Variants already in the cache come back in milliseconds, so a
-    filled cache costs the workers next to nothing."""
-    variants = _distinct_variants(launch_args)
+def _compile_in_processes(variants: list[tuple], workers: int, device: torch.device) -> int:
+    """Compiles `variants` (`_distinct_variants`) into Triton's cache in `workers` processes (this
+    one included, the others forked), each taking the next variant from a shared queue as it
+    finishes one; returns the number of processes used."""
     workers = min(workers, len(variants))
     if workers < 2 or not hasattr(os, "fork"):
         return 1
@@ -223,7 +232,7 @@ def _compile_in_processes(launch_args, workers: int) -> int:
     finished = False
     try:
         for _ in range(workers - 1):
-            pids.append(_fork_worker(variants, queue, launch_args[3]))
+            pids.append(_fork_worker(variants, queue, device))
         # Compiled, not loaded: the final replay of `warmup` loads every variant and builds its launcher.
         _compile_variants(variants, queue, build_launchers=False)
         finished = True
@@ -232,6 +241,22 @@ def _compile_in_processes(launch_args, workers: int) -> int:
         _reap(pids, time.monotonic() + (_WORKER_TIMEOUT_S if finished else 0.0))
         os.close(queue)
     return workers
+
+
+_RECORD_FILE = "torch_sampling_ops_warmup.txt"
+
+
+def _warmup_record(variants: list[tuple]):
+    """The entry of Triton's cache that a parallel warm-up writes once every one of `variants` is
+    compiled, so that the next one (a restarted server) loads them without starting workers. It is
+    named by a hash of Triton's version, the target and each variant's key and kernel source
+    (with the functions it calls): any change names another entry. Returns Triton's cache manager
+    of that entry."""
+    digest = hashlib.sha256(repr((triton.__version__, triton.runtime.driver.active.get_current_target())).encode())
+    for kernel, args, meta in variants:
+        source = getattr(kernel, "cache_key", None)  # a JITFunction's (none under the interpreter)
+        digest.update(repr((_variant_key(kernel, args, meta), source)).encode())
+    return get_cache_manager(digest.hexdigest())
 
 
 # Seconds a worker may take in all. One that takes longer is killed (a lock that another thread held
@@ -283,8 +308,9 @@ def warmup(
             compiled per power of two >= num_logprobs, and once for 0).
         max_spec_len: the drafts a request proposes at most, for rejection_sample.
         bad_words_shape: (W, N, L) of the bad_words state: ids and sequences a slot, history length.
-        parallel: compile the variants in forked worker processes too (where `os.fork` exists);
-            else compile them one after the other in this thread.
+        parallel: compile the variants in forked worker processes too (where `os.fork` exists),
+            unless an earlier parallel warm-up recorded the same variants as compiled; else
+            compile them one after the other in this thread.
         workers: processes, this one included (default: half the CPU count, at most 8).
 
     Returns ``{"seconds": wall time, "calls": op calls made, "processes": processes that compiled}``.
@@ -304,8 +330,16 @@ def warmup(
     processes = 1
     with torch.cuda.device(device):
         workers = min(8, (os.cpu_count() or 1) // 2) if workers is None else workers
+        record = None
         if parallel and workers > 1:
-            processes = _compile_in_processes(launch_args, workers)
+            variants = _distinct_variants(launch_args)
+            record = _warmup_record(variants)
+            if record.get_file(_RECORD_FILE) is None:
+                processes = _compile_in_processes(variants, workers, device)
+            else:
+                record = None  # written by an earlier warm-up: the final replay only loads
         with _launch.compiling_only():  # loads what the workers compiled; compiles anything still missing
             calls = _launch_all(*launch_args)
+        if record is not None:
+            record.put(f"{len(variants)} variants\n", _RECORD_FILE, binary=False)
     return {"seconds": time.perf_counter() - start, "calls": calls, "processes": processes}
