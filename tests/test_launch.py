@@ -264,6 +264,27 @@ def test_repeated_call_replays_its_launches(toy):
     assert ws_ptr % 16 == 0
 
 
+def test_a_replayed_call_returns_its_outputs_in_the_bodys_order(toy):
+    """Outputs allocated around a workspace and returned in another order come back in that order."""
+    kernel, plain, launches = toy
+
+    def body(x, n):
+        first = x.new_empty((3,), dtype=torch.int32)
+        ws = x.new_empty((16,), dtype=torch.float32)
+        second = x.new_empty((5,), dtype=torch.int64)
+        _launch.launch(kernel, (1,), (x, n, ws), {"BLOCK": 128})
+        _launch.launch(kernel, (1,), (ws, n, first), {"BLOCK": 64})
+        _launch.launch(kernel, (1,), (ws, n, second), {"BLOCK": 64})
+        return second, first
+
+    cache = _call_cache.Cache()
+    cache.call(body, (torch.empty(64), 100), b"sig")
+    launches.clear()
+    second, first = cache.call(body, (torch.empty(64), 100), b"sig")
+    assert (second.shape, second.dtype, first.shape, first.dtype) == ((5,), torch.int64, (3,), torch.int32)
+    assert [launch[11] for launch in launches[1:]] == [first.data_ptr(), second.data_ptr()]
+
+
 def test_replayed_calls_take_their_streams_workspace_outside_capture(toy, monkeypatch):
     """Replayed calls on one stream share one workspace buffer; a call under CUDA-graph capture, or
     one whose workspace is above the cached size, allocates its own."""

@@ -89,7 +89,7 @@ class CallRecord:
     __slots__ = ("state", "_device", "_device_index", "_allocations", "_slot_offsets", "_workspace_bytes",
                  "_constants", "_launches", "_returned", "_returns_tuple", "_plan")
 
-    def __init__(self, call_state, device_index, allocations, workspace_bytes, constants, launches, outputs,
+    def __init__(self, call_state, device_index, allocations, workspace_bytes, constants, launches, returned,
                  returns_tuple, plan=None):
         self.state = call_state
         self._device_index = device_index
@@ -103,8 +103,7 @@ class CallRecord:
         self._constants = constants
         self._launches = launches
         # Each returned tensor's place among the outputs (the allocations at offset -1, in order)
-        ordinal = {j: i for i, j in enumerate(j for j, a in enumerate(allocations) if a[2] < 0)}
-        self._returned = [ordinal[j] for j in outputs]
+        self._returned = returned
         self._returns_tuple = returns_tuple
         # The launches as one `_C.LaunchPlan`, which also allocates the outputs; or None: each
         # launch through Triton's launcher
@@ -260,9 +259,10 @@ def _build(args, call, call_state, device_index, recorder, spy, result) -> CallR
             else:
                 function, block, shared, num_ctas, pdl, cooperative, _ = spec
                 native.append((function, gx, gy, gz, block, shared, num_ctas, pdl, cooperative, *params))
-    plan = _native_plan(native, [(n + j, shape, dtype, device)
-                                 for j, (shape, dtype, offset, device) in enumerate(specs) if offset < 0])
-    return CallRecord(call_state, device_index, specs, offset, constants, launches, outputs, returns_tuple, plan)
+    outputs_at = [j for j, entry in enumerate(specs) if entry[2] < 0]  # the outputs, in allocation order
+    returned = [outputs_at.index(j) for j in outputs]
+    plan = _native_plan(native, [(n + j, specs[j][0], specs[j][1], specs[j][3]) for j in outputs_at])
+    return CallRecord(call_state, device_index, specs, offset, constants, launches, returned, returns_tuple, plan)
 
 
 def _native_params(spec, values: tuple, indices: list[int]) -> tuple[list[int], list[int]] | None:
