@@ -176,6 +176,18 @@ def test_the_warmup_record_names_the_variants_and_their_sources(monkeypatch, tmp
     assert _warmup._warmup_record(variants).cache_dir != name
 
 
+def test_no_record_where_the_cache_takes_no_entry(monkeypatch):
+    """A cache directory that cannot take the record's entry (read-only) leaves the warm-up without
+    a record: it compiles in processes as before."""
+    monkeypatch.setattr(triton.runtime.driver, "_active", types.SimpleNamespace(get_current_target=lambda: "sm_90"))
+
+    def read_only(key):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(_warmup, "get_cache_manager", read_only)
+    assert _warmup._warmup_record(_warmup._distinct_variants(_LAUNCH_ARGS)) is None
+
+
 def _all_kernels():
     return [obj for module in (constraints, filtering, history, sampling, speculative, scan, select) for obj in vars(module).values()
             if isinstance(obj, JITFunction)]

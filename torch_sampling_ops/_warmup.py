@@ -19,6 +19,7 @@ whose start would cost more than loading the variants.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import os
@@ -251,12 +252,15 @@ def _warmup_record(variants: list[tuple]):
     compiled, so that the next one (a restarted server) loads them without starting workers. It is
     named by a hash of Triton's version, the target and each variant's key and kernel source
     (with the functions it calls): any change names another entry. Returns Triton's cache manager
-    of that entry."""
+    of that entry, or None where the cache cannot hold it (a read-only cache directory)."""
     digest = hashlib.sha256(repr((triton.__version__, triton.runtime.driver.active.get_current_target())).encode())
     for kernel, args, meta in variants:
         source = getattr(kernel, "cache_key", None)  # a JITFunction's (none under the interpreter)
         digest.update(repr((_variant_key(kernel, args, meta), source)).encode())
-    return get_cache_manager(digest.hexdigest())
+    try:
+        return get_cache_manager(digest.hexdigest())  # creates the entry's directory
+    except (OSError, RuntimeError):
+        return None
 
 
 # Seconds a worker may take in all. One that takes longer is killed (a lock that another thread held
@@ -334,12 +338,13 @@ def warmup(
         if parallel and workers > 1:
             variants = _distinct_variants(launch_args)
             record = _warmup_record(variants)
-            if record.get_file(_RECORD_FILE) is None:
+            if record is None or record.get_file(_RECORD_FILE) is None:
                 processes = _compile_in_processes(variants, workers, device)
             else:
                 record = None  # written by an earlier warm-up: the final replay only loads
         with _launch.compiling_only():  # loads what the workers compiled; compiles anything still missing
             calls = _launch_all(*launch_args)
         if record is not None:
-            record.put(f"{len(variants)} variants\n", _RECORD_FILE, binary=False)
+            with contextlib.suppress(OSError):  # a cache that takes no new file: no record
+                record.put(f"{len(variants)} variants\n", _RECORD_FILE, binary=False)
     return {"seconds": time.perf_counter() - start, "calls": calls, "processes": processes}
