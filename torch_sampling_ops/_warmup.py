@@ -334,17 +334,16 @@ def warmup(
     processes = 1
     with torch.cuda.device(device):
         workers = min(8, (os.cpu_count() or 1) // 2) if workers is None else workers
-        record = None
+        to_record = None  # the record to write once every variant is loaded
         if parallel and workers > 1:
             variants = _distinct_variants(launch_args)
             record = _warmup_record(variants)
-            if record is None or record.get_file(_RECORD_FILE) is None:
+            if record is None or record.get_file(_RECORD_FILE) is None:  # else the final replay only loads
                 processes = _compile_in_processes(variants, workers, device)
-            else:
-                record = None  # written by an earlier warm-up: the final replay only loads
+                to_record = record
         with _launch.compiling_only():  # loads what the workers compiled; compiles anything still missing
             calls = _launch_all(*launch_args)
-        if record is not None:
+        if to_record is not None:
             with contextlib.suppress(OSError):  # a cache that takes no new file: no record
-                record.put(f"{len(variants)} variants\n", _RECORD_FILE, binary=False)
+                to_record.put(f"{len(variants)} variants\n", _RECORD_FILE, binary=False)
     return {"seconds": time.perf_counter() - start, "calls": calls, "processes": processes}
