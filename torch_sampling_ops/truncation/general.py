@@ -115,11 +115,11 @@ def _key_count(row_ptr, vocab_size, low, high, BLOCK: tl.constexpr):
     return tl.sum(count)
 
 
-# _find_threshold, _rank_bracket and _general_row stay functions of their own (noinline; Triton
-# allows it with scalar arguments only): Triton's coalescing pass walks, for each load and store,
-# the dataflow slice of the whole function holding it, so its work grows with the function's size
-# times its memory operations, and inlined, the general path's searches and sorts multiplied the
-# selection kernel's.
+# _find_threshold and _rank_bracket stay functions of their own (noinline; Triton allows it with
+# scalar arguments only): Triton's coalescing pass walks, for each load and store, the dataflow
+# slice of the whole function holding it, so its work grows with the function's size times its
+# memory operations, and inlined, the general path's searches and sorts multiplied the selection
+# kernel's.
 @triton.jit(noinline=True)
 def _find_threshold(row_ptr, scratch_ptr, vocab_size, row_max, finite_max, lo, hi, above_count, above_mass,
                     in_bracket, target, USE_MASS: tl.constexpr, CAP: tl.constexpr, BLOCK: tl.constexpr):
@@ -190,7 +190,7 @@ def _rank_bracket(scratch_ptr, compact, in_bracket, low, row_max, above_mass, ab
     return threshold, bracket_mass
 
 
-@triton.jit(noinline=True)
+@triton.jit
 def _general_row(row_ptr, scratch_ptr, vocab_size, k, p, k_on, p_on, P: tl.constexpr, CAP: tl.constexpr,
                  BLOCK: tl.constexpr, MASK_BLOCK: tl.constexpr):
     """A row the candidates did not settle, on its untouched logits."""

@@ -1,8 +1,5 @@
 """Launch 4 of top_k_top_p: a row's exact threshold, by interval rounds on the float keys of its
 gathered candidates when they settle it (_select_row), else by the general path on its logits.
-
-The helpers marked noinline, called once a row, are compiled as functions of their own, for the
-reason general.py gives at _find_threshold: this kernel's compile is the longest of a cold start.
 """
 import triton
 import triton.language as tl
@@ -182,7 +179,7 @@ def _candidate_mass(values_ptr, count, row_max, floor, TILE: tl.constexpr):
     return mass, kept
 
 
-@triton.jit(noinline=True)
+@triton.jit
 def _settled_threshold(ws_row, flag, values_ptr, buffer_ptr, scratch_ptr, list_size, count, row_max, total, k, p,
                        k_on, p_on, temp, min_p, TILE: tl.constexpr, SMALL: tl.constexpr, DRAW: tl.constexpr):
     """The threshold of a settled row from its candidate list of `count`, given the row max and
@@ -239,7 +236,7 @@ def _top_p_of_few(src_ptr, n, row_max, p, SMALL: tl.constexpr):
     return tl.max(tl.where(mass >= target, values, float("-inf")))
 
 
-@triton.jit(noinline=True)
+@triton.jit
 def _select_row(row_ptr, ws_row, flag, pairs_ptr, values_ptr, buffer_ptr, scratch_ptr, num_segments, vocab_size, k,
                 p, k_on, p_on, SEG_CAP: tl.constexpr, TILE: tl.constexpr, SMALL: tl.constexpr, FILL: tl.constexpr,
                 CHUNK: tl.constexpr, SEGMENTS: tl.constexpr):
@@ -278,7 +275,7 @@ def _select_row(row_ptr, ws_row, flag, pairs_ptr, values_ptr, buffer_ptr, scratc
         tl.store(ws_row + _THRESHOLD, threshold)
 
 
-@triton.jit(noinline=True)
+@triton.jit
 def _draw_candidates(values_ptr, positions_ptr, count, threshold, key, tol, TILE: tl.constexpr):
     """The token of argmax over the listed candidates >= threshold of value + stream_noise(key,
     position), the lower position among ties; -1 without one. As gumbel_argmax: each candidate
