@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from torch_sampling_ops import reference
+from torch_sampling_ops import constraints, reference
 
 from conftest import (
     BACKENDS,
@@ -17,6 +17,18 @@ from conftest import (
 )
 
 INT = torch.int32
+
+
+@pytest.fixture(params=["restore", "keep_bits"])
+def allowed_design(request, monkeypatch):
+    """Runs a Triton logit_bias test with each form of the allowed list (save, fill and restore
+    below `_KEEP_BITS_MIN_T` rows, keep bits from there), whatever its batch size."""
+    if request.param == "keep_bits" and request.node.callspec.params.get("backend") == "cpu":
+        pytest.skip("one C++ kernel: the forms are the Triton kernel's")
+    monkeypatch.setattr(constraints, "_KEEP_BITS_MIN_T", 1 if request.param == "keep_bits" else 2**62)
+
+
+over_allowed_designs = pytest.mark.usefixtures("allowed_design")
 
 
 def ragged(R, W, V, gen, *, lengths=None, dtype=INT):
@@ -50,6 +62,7 @@ def check_logit_bias(backend, logits, state):
     assert_pad_untouched(logits)
 
 
+@over_allowed_designs
 @over_backends_dtypes_and_shapes
 def test_logit_bias_matches_reference(backend, dtype, T, V, gen):
     R = 4
@@ -58,6 +71,7 @@ def test_logit_bias_matches_reference(backend, dtype, T, V, gen):
     check_logit_bias(backend, make_logits(T, V, dtype, device_of(backend), generator=gen), state)
 
 
+@over_allowed_designs
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("token", [1, 5, 100, 500, 2518, 9834, 31999])
 def test_single_allowed_id_survives(backend, token, gen):
@@ -73,6 +87,7 @@ def test_single_allowed_id_survives(backend, token, gen):
     assert int(torch.isfinite(logits).sum()) == 2
 
 
+@over_allowed_designs
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("n_allowed", [1, 7, 300, 4096, 5000])
 def test_allowed_lists_spread_over_the_row(backend, n_allowed, gen):
@@ -83,6 +98,7 @@ def test_allowed_lists_spread_over_the_row(backend, n_allowed, gen):
     check_logit_bias(backend, make_logits(T, V, torch.float32, device_of(backend), generator=gen), state)
 
 
+@over_allowed_designs
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("stops_cover_finite", [False, True])
 def test_lists_longer_than_a_register_block(backend, stops_cover_finite, gen):
@@ -102,6 +118,21 @@ def test_lists_longer_than_a_register_block(backend, stops_cover_finite, gen):
     check_logit_bias(backend, logits, state)
 
 
+@over_allowed_designs
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # the interpreter's -inf + inf
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_bias_on_tokens_outside_the_allowed_list(backend, gen):
+    """A biased token outside the allowed list is -inf + bias: -inf, or NaN for a bias of +inf or NaN;
+    the allowed tokens around it, biased or not, keep their logit (plus bias)."""
+    T, V = 2, 9000
+    allowed = [5, 4100, 8999]
+    bias = [6, 4101, 8998, 4100, 7000, 3]
+    state = one_slot_state(T, V, allowed=allowed, bias=bias, bias_values=[INF, NAN, -INF, 2.5, 1.0, INF],
+                           min_tokens=0)
+    check_logit_bias(backend, make_logits(T, V, torch.float32, device_of(backend), generator=gen), state)
+
+
+@over_allowed_designs
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_duplicated_ids(backend, gen):
     T, V, R = 2, 2000, 1
@@ -131,6 +162,7 @@ def test_duplicated_ids(backend, gen):
     assert_pad_untouched(logits)
 
 
+@over_allowed_designs
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("case", ["stop_is_whole_vocab", "stop_covers_allowed", "stop_covers_finite"])
 def test_min_tokens_keeps_stops_when_nothing_else_is_left(backend, case, gen):
@@ -159,6 +191,7 @@ def test_min_tokens_keeps_stops_when_nothing_else_is_left(backend, case, gen):
     assert bool(torch.isfinite(logits[0, stops.to(logits.device)]).any()), "the stop tokens must survive"
 
 
+@over_allowed_designs
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_bad_values_follow_the_documented_result(backend, gen):
     """Out-of-range slots leave the row untouched, out-of-range ids are ignored, NaN stays NaN."""
@@ -217,6 +250,7 @@ MIN_TOKENS_CASES = {
 }
 
 
+@over_allowed_designs
 @pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # the interpreter's -inf + inf
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("case", list(MIN_TOKENS_CASES))
@@ -247,6 +281,7 @@ def test_min_tokens_decides_over_the_whole_row(backend, case, stop_width, gen):
         assert bool((stop == float("-inf")).all()), "the stops must be masked"
 
 
+@over_allowed_designs
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("count_dtype", [torch.int32, torch.int64], ids=str)
 def test_list_edges(backend, count_dtype, gen):
@@ -278,6 +313,7 @@ def test_list_edges(backend, count_dtype, gen):
         check_logit_bias(backend, make_logits(T, V, torch.float32, device_of(backend), generator=gen), s)
 
 
+@over_allowed_designs
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_wide_lists_with_duplicates(backend, dtype, gen):

@@ -33,6 +33,7 @@ import triton
 from triton.runtime.cache import get_cache_manager
 
 from . import _launch, _registry
+from .constraints import _KEEP_BITS_MIN_T
 from .filtering import _GROUP_MIN_T
 from .truncation import plan as truncation_plan
 from .truncation import settings as truncation_settings
@@ -84,11 +85,13 @@ def _launch_all(vocab_size, dtypes, max_num_tokens, device, num_slots, index_dty
         run("apply_token_bitmask")(one, empty(R, words, dtype=torch.int32), empty(1))
         run("apply_token_bitmask")(one, empty(1, words, dtype=torch.int32), None)
         calls += 2
-        for allowed_w, bias_w, stop_w in logit_bias_widths:
-            run("logit_bias")(one, empty(1), empty(1), empty(R, allowed_w), empty(R), empty(R, bias_w),
-                              empty(R, bias_w, dtype=torch.float32), empty(R), empty(R, stop_w), empty(R),
-                              empty(R, dtype=torch.int32))
-            calls += 1
+        # logit_bias's allowed lists: save, fill and restore below _KEEP_BITS_MIN_T rows, keep bits from there.
+        for T in [1] + ([_KEEP_BITS_MIN_T] if max_num_tokens >= _KEEP_BITS_MIN_T else []):
+            for allowed_w, bias_w, stop_w in logit_bias_widths:
+                run("logit_bias")(empty(T, V, dtype=dtype), empty(T), empty(T), empty(R, allowed_w), empty(R),
+                                  empty(R, bias_w), empty(R, bias_w, dtype=torch.float32), empty(R), empty(R, stop_w),
+                                  empty(R), empty(R, dtype=torch.int32))
+                calls += 1
         for k in num_logprobs:
             for token_dtype in token_dtypes:
                 run("logprobs")(one, empty(1, dtype=token_dtype), k)

@@ -5,17 +5,24 @@ the row that it alone owns, and orders its own phases with CTA barriers (`tl.deb
 loads of data that other threads of the program wrote earlier bypass L1 (`.cg`).
 
 1. `_allowed_and_bias_kernel`, one program per (row, chunk of 16384 tokens):
-   - allowed list: the chunk's listed logits are read (into registers, or a scratch for long
-     lists), a barrier, -inf is stored over the whole chunk (written, never read), a barrier, the
-     listed logits are stored back. No other program touches the chunk, so no thread stores -inf
-     over a listed token after its value is back;
+   - allowed list, in one of two forms (the same results), by batch size:
+     - below `_KEEP_BITS_MIN_T` rows, save, fill and restore: the chunk's listed logits are read
+       (into registers, or a scratch for long lists), a barrier, -inf is stored over the whole
+       chunk (written, never read), a barrier, the listed logits are stored back. No other program
+       touches the chunk, so no thread stores -inf over a listed token after its value is back;
+     - from `_KEEP_BITS_MIN_T` rows, keep bits: the program zeroes its own bit words for the chunk,
+       sets a bit for each listed id of the chunk (atomics), and then writes every token once, by
+       the thread that reads it (if kept). Fewer steps a token, but a longer chain of dependent
+       steps a program, which the small batches, with few programs to overlap them, pay for;
    - bias: the bias lists are requested first (their latency passes under the allowed list);
      the listed logits of the chunk are all read (plus bias), then written back, so a duplicated
-     id gets one of its biases.
+     id gets one of its biases. After keep bits only the kept ones are: the others are -inf and
+     stay -inf, or become NaN where the bias is +inf or NaN, which is stored without a read.
 2. `_min_tokens_kernel`, one program per row with active min-tokens: the stop logits are saved and
    set to -inf, the row is scanned for a finite logit (the scan stops at the first one, usually in
    the first block), and if there is none the saved stop logits are written back.
-Lists longer than one register block (2048 ids) stage their values in a [T, W] scratch instead.
+Bias and stop lists longer than one register block (2048 ids), and allowed lists as long under
+save, fill and restore, stage their values in a [T, W] scratch instead.
 """
 from __future__ import annotations
 
@@ -30,6 +37,7 @@ from ._triton_helpers import load_slot
 
 _BLOCK_V = 4096  # tokens per step of a pass over the row
 _CHUNK_V = 4 * _BLOCK_V  # tokens per program of _allowed_and_bias_kernel
+_KEEP_BITS_MIN_T = 128  # rows from which the allowed lists go through keep bits
 _MAX_BLOCK_IDS = 2048  # list ids one program holds in registers
 _WARPS = 8
 
@@ -77,13 +85,79 @@ def _write_listed(row_ptr, ids_ptr, n, lo, hi, scratch_ptr, BLOCK: tl.constexpr,
 
 
 @triton.jit
+def _fill_kept(row_ptr, keep_bits_ptr, lo, hi, BLOCK_V: tl.constexpr):
+    """row[v] for v in [lo, hi): its logit where its bit (bit v - lo of keep_bits) is set, else -inf.
+
+    A block is a [BLOCK_V / 32, 32] tile: row w of the tile is one bit word, so a thread loads the
+    words of its tile rows once and shifts them, instead of loading a word per token. The thread
+    that stores a token is the one that read it, and only kept tokens are read.
+    """
+    WORDS: tl.constexpr = BLOCK_V // 32
+    w = tl.arange(0, WORDS)
+    j = tl.arange(0, 32)
+    for v0 in range(lo, hi, BLOCK_V):
+        words = tl.load(keep_bits_ptr + (v0 - lo) // 32 + w, cache_modifier=".cg")
+        offs = v0 + w[:, None] * 32 + j[None, :]
+        in_chunk = offs < hi
+        keep = ((words[:, None] >> j[None, :]) & 1) != 0
+        vals = tl.load(row_ptr + offs, mask=in_chunk & keep, other=float("-inf"))
+        tl.store(row_ptr + offs, vals, mask=in_chunk)
+
+
+@triton.jit
+def _set_bits(bits_ptr, rel, ok):
+    """Sets bit rel of bits_ptr's words where ok (relaxed atomics: a barrier orders them)."""
+    tl.atomic_or(bits_ptr + (rel >> 5), 1 << (rel & 31), mask=ok, sem="relaxed", scope="cta")
+
+
+@triton.jit
+def _restore_allowed(row_ptr, ids_ptr, n_allowed, lo, hi, allowed_scratch, IN_REGISTERS: tl.constexpr,
+                     BLOCK_ALLOWED: tl.constexpr, BLOCK_V: tl.constexpr):
+    """The allowed list over [lo, hi) by save, fill and restore: the listed logits are read (into
+    registers, or allowed_scratch for long lists), a barrier, -inf is stored over the whole chunk
+    (written, never read), a barrier, the listed logits are stored back."""
+    if IN_REGISTERS:
+        ids, ok = _load_listed(ids_ptr, tl.arange(0, BLOCK_ALLOWED), n_allowed, lo, hi)
+        kept = tl.load(row_ptr + ids, mask=ok)
+    else:
+        _save_listed(row_ptr, ids_ptr, n_allowed, lo, hi, allowed_scratch, allowed_scratch, BLOCK_ALLOWED, False)
+    tl.debug_barrier()
+    neg_inf = tl.full([BLOCK_V], float("-inf"), row_ptr.dtype.element_ty)
+    for v0 in range(lo, hi, BLOCK_V):
+        offs = v0 + tl.arange(0, BLOCK_V)
+        tl.store(row_ptr + offs, neg_inf, mask=offs < hi)
+    tl.debug_barrier()
+    if IN_REGISTERS:
+        tl.store(row_ptr + ids, kept, mask=ok)
+    else:
+        _write_listed(row_ptr, ids_ptr, n_allowed, lo, hi, allowed_scratch, BLOCK_ALLOWED, False)
+
+
+@triton.jit
+def _keep_allowed(row_ptr, ids_ptr, n_allowed, lo, hi, bits_ptr, BLOCK_ALLOWED: tl.constexpr,
+                  CHUNK_V: tl.constexpr, BLOCK_V: tl.constexpr):
+    """The allowed list over [lo, hi) by keep bits: the chunk's bit words (the program's own) are
+    zeroed, a barrier, a bit is set for each listed id of the chunk, a barrier, then every token is
+    written once, by the thread that reads it (if kept)."""
+    ids, ok = _load_listed(ids_ptr, tl.arange(0, BLOCK_ALLOWED), n_allowed, lo, hi)
+    tl.store(bits_ptr + tl.arange(0, CHUNK_V // 32), tl.zeros([CHUNK_V // 32], tl.int32))
+    tl.debug_barrier()
+    _set_bits(bits_ptr, ids - lo, ok)
+    for i in range(BLOCK_ALLOWED, n_allowed, BLOCK_ALLOWED):  # lists wider than a register block
+        ids, ok = _load_listed(ids_ptr, i + tl.arange(0, BLOCK_ALLOWED), n_allowed, lo, hi)
+        _set_bits(bits_ptr, ids - lo, ok)
+    tl.debug_barrier()
+    _fill_kept(row_ptr, bits_ptr, lo, hi, BLOCK_V)
+
+
+@triton.jit
 def _allowed_and_bias_kernel(
     logits_ptr, logits_stride, idx_mapping_ptr,
     allowed_ids_ptr, allowed_stride, num_allowed_ptr, max_allowed,
     bias_ids_ptr, bias_ids_stride, bias_values_ptr, bias_values_stride, num_bias_ptr, max_bias,
-    scratch_ptr, scratch_stride, allowed_scratch_offset, num_slots, vocab_size,
-    HAS_ALLOWED: tl.constexpr, ALLOWED_IN_REGISTERS: tl.constexpr, HAS_BIAS: tl.constexpr,
-    BIAS_IN_REGISTERS: tl.constexpr,
+    keep_bits_ptr, keep_bits_stride, scratch_ptr, scratch_stride, allowed_scratch_offset, num_slots, vocab_size,
+    HAS_ALLOWED: tl.constexpr, KEEP_BITS: tl.constexpr, ALLOWED_IN_REGISTERS: tl.constexpr,
+    HAS_BIAS: tl.constexpr, BIAS_IN_REGISTERS: tl.constexpr,
     BLOCK_V: tl.constexpr, CHUNK_V: tl.constexpr, BLOCK_ALLOWED: tl.constexpr, BLOCK_BIAS: tl.constexpr,
 ):
     t = tl.program_id(0)
@@ -106,35 +180,36 @@ def _allowed_and_bias_kernel(
 
     if HAS_ALLOWED:
         n_allowed = _list_length(num_allowed_ptr, slot, max_allowed)
+        ids_ptr = allowed_ids_ptr + slot * allowed_stride
+        if KEEP_BITS:
+            bits_ptr = keep_bits_ptr + t.to(tl.int64) * keep_bits_stride + chunk * (CHUNK_V // 32)
         if n_allowed > 0:
-            # The chunk is written whole without being read: its listed logits are read first,
-            # then -inf fills the chunk, then the listed logits are written back. The barriers
-            # order each phase's accesses against the other threads' accesses of the next.
-            ids_ptr = allowed_ids_ptr + slot * allowed_stride
-            if ALLOWED_IN_REGISTERS:
-                ids, ok = _load_listed(ids_ptr, tl.arange(0, BLOCK_ALLOWED), n_allowed, lo, hi)
-                kept = tl.load(row_ptr + ids, mask=ok)
+            if KEEP_BITS:
+                _keep_allowed(row_ptr, ids_ptr, n_allowed, lo, hi, bits_ptr, BLOCK_ALLOWED, CHUNK_V, BLOCK_V)
             else:
-                allowed_scratch = scratch_ptr + t.to(tl.int64) * scratch_stride + allowed_scratch_offset
-                _save_listed(row_ptr, ids_ptr, n_allowed, lo, hi, allowed_scratch, allowed_scratch, BLOCK_ALLOWED,
-                             False)
-            tl.debug_barrier()
-            neg_inf = tl.full([BLOCK_V], float("-inf"), logits_ptr.dtype.element_ty)
-            for v0 in range(lo, hi, BLOCK_V):
-                offs = v0 + tl.arange(0, BLOCK_V)
-                tl.store(row_ptr + offs, neg_inf, mask=offs < hi)
-            tl.debug_barrier()
-            if ALLOWED_IN_REGISTERS:
-                tl.store(row_ptr + ids, kept, mask=ok)
-            else:
-                _write_listed(row_ptr, ids_ptr, n_allowed, lo, hi, allowed_scratch, BLOCK_ALLOWED, False)
+                allowed_scratch = scratch_ptr  # None where the list fits in registers
+                if not ALLOWED_IN_REGISTERS:
+                    allowed_scratch = scratch_ptr + t.to(tl.int64) * scratch_stride + allowed_scratch_offset
+                _restore_allowed(row_ptr, ids_ptr, n_allowed, lo, hi, allowed_scratch, ALLOWED_IN_REGISTERS,
+                                 BLOCK_ALLOWED, BLOCK_V)
             tl.debug_barrier()
 
     if HAS_BIAS:
         if BIAS_IN_REGISTERS:
-            biased = tl.load(row_ptr + bias_ids, mask=bias_ok, cache_modifier=".cg").to(tl.float32) + bias_add
+            kept = bias_ok
+            touched = bias_ok
+            if HAS_ALLOWED and KEEP_BITS:
+                # After the keep-bits fill only the kept tokens hold a logit: a biased token without a
+                # bit is -inf, and stays -inf unless its bias is +inf or NaN (-inf + bias is NaN).
+                if n_allowed > 0:
+                    rel = bias_ids - lo
+                    words = tl.load(bits_ptr + (rel >> 5), mask=bias_ok, other=0, cache_modifier=".cg")
+                    kept = bias_ok & (((words >> (rel & 31)) & 1) != 0)
+                    touched = kept | (bias_ok & ((bias_add == float("inf")) | (bias_add != bias_add)))
+            biased = tl.load(row_ptr + bias_ids, mask=kept, other=float("-inf"), cache_modifier=".cg")
+            biased = biased.to(tl.float32) + bias_add
             tl.debug_barrier()  # every listed logit is read before any is written
-            tl.store(row_ptr + bias_ids, biased.to(logits_ptr.dtype.element_ty), mask=bias_ok)
+            tl.store(row_ptr + bias_ids, biased.to(logits_ptr.dtype.element_ty), mask=touched)
         else:
             scratch_row = scratch_ptr + t.to(tl.int64) * scratch_stride
             _save_listed(row_ptr, bias_ids_row, n_bias, lo, hi, scratch_row, bias_values_row, BLOCK_BIAS, True)
@@ -243,23 +318,29 @@ def _logit_bias_triton(logits, idx_mapping, output_lens, allowed_ids, num_allowe
     allowed_w, bias_w, stop_w = allowed_ids.size(1), bias_ids.size(1), stop_ids.size(1)
     if T == 0:
         return
-    # Scratch per row for the values of lists too long for registers: the bias's or the stops'
-    # (one launch after the other) from word 0, the allowed list's after them (all chunks of a row
-    # stage their allowed and their biased logits at the same time, in disjoint entries of each list).
+    # From _KEEP_BITS_MIN_T rows the allowed lists go through keep bits (a word per 32 tokens, each
+    # chunk's words its own); below, where a program's chain of dependent steps bounds the time,
+    # through save, fill and restore. Scratch per row for the values of lists too long for
+    # registers: the bias's or the stops' (one launch after the other) from word 0, then (save,
+    # fill and restore only) the allowed list's: all chunks of a row stage their allowed and their
+    # biased logits at the same time, in disjoint entries of each list.
+    keep_bits = allowed_w > 0 and T >= _KEEP_BITS_MIN_T
     chunks = cdiv(V, _CHUNK_V)
     staged_w = max(bias_w, stop_w) if max(bias_w, stop_w) > _MAX_BLOCK_IDS else 0
-    allowed_staged_w = allowed_w if allowed_w > _MAX_BLOCK_IDS else 0
+    allowed_staged_w = allowed_w if allowed_w > _MAX_BLOCK_IDS and not keep_bits else 0
     scratch_stride = staged_w + allowed_staged_w
     scratch = logits.new_empty((T, scratch_stride), dtype=torch.float32) if scratch_stride > 0 else None
+    bits_stride = chunks * _CHUNK_V // 32
+    bits = logits.new_empty((T, bits_stride), dtype=torch.int32) if keep_bits else None
     if allowed_w > 0 or bias_w > 0:
         launch(
             _allowed_and_bias_kernel, (T, chunks),
             logits, logits.stride(0), idx_mapping,
             allowed_ids, allowed_ids.stride(0), num_allowed, allowed_w,
             bias_ids, bias_ids.stride(0), bias_values, bias_values.stride(0), num_bias, bias_w,
-            scratch, scratch_stride, staged_w, R, V,
-            HAS_ALLOWED=allowed_w > 0, ALLOWED_IN_REGISTERS=allowed_w <= _MAX_BLOCK_IDS, HAS_BIAS=bias_w > 0,
-            BIAS_IN_REGISTERS=bias_w <= _MAX_BLOCK_IDS, BLOCK_V=_BLOCK_V, CHUNK_V=_CHUNK_V,
+            bits, bits_stride, scratch, scratch_stride, staged_w, R, V,
+            HAS_ALLOWED=allowed_w > 0, KEEP_BITS=keep_bits, ALLOWED_IN_REGISTERS=allowed_w <= _MAX_BLOCK_IDS,
+            HAS_BIAS=bias_w > 0, BIAS_IN_REGISTERS=bias_w <= _MAX_BLOCK_IDS, BLOCK_V=_BLOCK_V, CHUNK_V=_CHUNK_V,
             BLOCK_ALLOWED=_ids_block(allowed_w), BLOCK_BIAS=_ids_block(bias_w), num_warps=_WARPS,
         )
     if stop_w > 0:
