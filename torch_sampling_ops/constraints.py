@@ -139,6 +139,7 @@ def _keep_allowed(row_ptr, ids_ptr, n_allowed, lo, hi, bits_ptr, BLOCK_ALLOWED: 
     """The allowed list over [lo, hi) by keep bits: the chunk's bit words (the program's own) are
     zeroed, a barrier, a bit is set for each listed id of the chunk, a barrier, then every token is
     written once, by the thread that reads it (if kept)."""
+    # The first block of ids is requested before the zeroing: its latency passes under the barrier.
     ids, ok = _load_listed(ids_ptr, tl.arange(0, BLOCK_ALLOWED), n_allowed, lo, hi)
     tl.store(bits_ptr + tl.arange(0, CHUNK_V // 32), tl.zeros([CHUNK_V // 32], tl.int32))
     tl.debug_barrier()
