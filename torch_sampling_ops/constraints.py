@@ -11,13 +11,15 @@ loads of data that other threads of the program wrote earlier bypass L1 (`.cg`).
        chunk (written, never read), a barrier, the listed logits are stored back. No other program
        touches the chunk, so no thread stores -inf over a listed token after its value is back;
      - from `_KEEP_BITS_MIN_T` rows, keep bits: the program zeroes its own bit words for the chunk,
-       sets a bit for each listed id of the chunk (atomics), and then writes every token once, by
-       the thread that reads it (if kept). Fewer steps a token, but a longer chain of dependent
-       steps a program, which the small batches, with few programs to overlap them, pay for;
+       sets a bit for each listed id of the chunk (atomics), a barrier, and then writes every token
+       once, by the thread that reads it (if kept), `_KEEP_FILL_V` tokens a step. Fewer steps a
+       token, but a longer chain of dependent steps a program, which the small batches, with few
+       programs to overlap them, pay for;
    - bias: the bias lists are requested first (their latency passes under the allowed list);
-     the listed logits of the chunk are all read (plus bias), then written back, so a duplicated
-     id gets one of its biases. After keep bits only the kept ones are: the others are -inf and
-     stay -inf, or become NaN where the bias is +inf or NaN, which is stored without a read.
+     the listed logits of the chunk are all read (plus bias), a barrier, then written back, so a
+     duplicated id gets one of its biases. Under keep bits only the kept ones are read, before
+     the fill (which stores them unchanged); the others are -inf after it and stay -inf, or
+     become NaN where the bias is +inf or NaN, which is stored without a read.
 2. `_min_tokens_kernel`, one program per row with active min-tokens: the stop logits are saved and
    set to -inf, the row is scanned for a finite logit (the scan stops at the first one, usually in
    the first block), and if there is none the saved stop logits are written back.
@@ -37,9 +39,10 @@ from ._triton_helpers import load_slot
 
 _BLOCK_V = 4096  # tokens per step of a pass over the row
 _CHUNK_V = 4 * _BLOCK_V  # tokens per program of _allowed_and_bias_kernel
-_KEEP_BITS_MIN_T = 128  # rows from which the allowed lists go through keep bits
+_KEEP_BITS_MIN_T = 80  # rows from which the allowed lists go through keep bits
 _MAX_BLOCK_IDS = 2048  # list ids one program holds in registers
 _WARPS = 8
+_KEEP_FILL_V = 2 * _BLOCK_V  # tokens a step of the keep-bits fill
 
 
 def _ids_block(width: int) -> int:
@@ -134,11 +137,9 @@ def _restore_allowed(row_ptr, ids_ptr, n_allowed, lo, hi, allowed_scratch, IN_RE
 
 
 @triton.jit
-def _keep_allowed(row_ptr, ids_ptr, n_allowed, lo, hi, bits_ptr, BLOCK_ALLOWED: tl.constexpr,
-                  CHUNK_V: tl.constexpr, BLOCK_V: tl.constexpr):
-    """The allowed list over [lo, hi) by keep bits: the chunk's bit words (the program's own) are
-    zeroed, a barrier, a bit is set for each listed id of the chunk, a barrier, then every token is
-    written once, by the thread that reads it (if kept)."""
+def _set_keep_bits(ids_ptr, n_allowed, lo, hi, bits_ptr, BLOCK_ALLOWED: tl.constexpr, CHUNK_V: tl.constexpr):
+    """The keep bits of the allowed list over [lo, hi): the chunk's bit words (the program's own) are
+    zeroed, a barrier, a bit is set for each listed id of the chunk, a barrier."""
     # The first block of ids is requested before the zeroing: its latency passes under the barrier.
     ids, ok = _load_listed(ids_ptr, tl.arange(0, BLOCK_ALLOWED), n_allowed, lo, hi)
     tl.store(bits_ptr + tl.arange(0, CHUNK_V // 32), tl.zeros([CHUNK_V // 32], tl.int32))
@@ -148,7 +149,6 @@ def _keep_allowed(row_ptr, ids_ptr, n_allowed, lo, hi, bits_ptr, BLOCK_ALLOWED: 
         ids, ok = _load_listed(ids_ptr, i + tl.arange(0, BLOCK_ALLOWED), n_allowed, lo, hi)
         _set_bits(bits_ptr, ids - lo, ok)
     tl.debug_barrier()
-    _fill_kept(row_ptr, bits_ptr, lo, hi, BLOCK_V)
 
 
 @triton.jit
@@ -159,7 +159,8 @@ def _allowed_and_bias_kernel(
     keep_bits_ptr, keep_bits_stride, scratch_ptr, scratch_stride, allowed_scratch_offset, num_slots, vocab_size,
     HAS_ALLOWED: tl.constexpr, KEEP_BITS: tl.constexpr, ALLOWED_IN_REGISTERS: tl.constexpr,
     HAS_BIAS: tl.constexpr, BIAS_IN_REGISTERS: tl.constexpr,
-    BLOCK_V: tl.constexpr, CHUNK_V: tl.constexpr, BLOCK_ALLOWED: tl.constexpr, BLOCK_BIAS: tl.constexpr,
+    BLOCK_V: tl.constexpr, CHUNK_V: tl.constexpr, FILL_V: tl.constexpr, BLOCK_ALLOWED: tl.constexpr,
+    BLOCK_BIAS: tl.constexpr,
 ):
     t = tl.program_id(0)
     chunk = tl.program_id(1)
@@ -178,6 +179,8 @@ def _allowed_and_bias_kernel(
             k_bias = tl.arange(0, BLOCK_BIAS)
             bias_ids, bias_ok = _load_listed(bias_ids_row, k_bias, n_bias, lo, hi)
             bias_add = tl.load(bias_values_row + k_bias, mask=bias_ok, other=0.0)
+            kept = bias_ok  # the biased tokens whose logit is read
+            touched = bias_ok  # the biased tokens stored
 
     if HAS_ALLOWED:
         n_allowed = _list_length(num_allowed_ptr, slot, max_allowed)
@@ -186,30 +189,34 @@ def _allowed_and_bias_kernel(
             bits_ptr = keep_bits_ptr + t.to(tl.int64) * keep_bits_stride + chunk * (CHUNK_V // 32)
         if n_allowed > 0:
             if KEEP_BITS:
-                _keep_allowed(row_ptr, ids_ptr, n_allowed, lo, hi, bits_ptr, BLOCK_ALLOWED, CHUNK_V, BLOCK_V)
+                _set_keep_bits(ids_ptr, n_allowed, lo, hi, bits_ptr, BLOCK_ALLOWED, CHUNK_V)
+                if HAS_BIAS and BIAS_IN_REGISTERS:
+                    # After the fill only the kept tokens hold a logit: a biased token without a bit
+                    # is -inf, and stays -inf unless its bias is +inf or NaN (-inf + bias is NaN).
+                    rel = bias_ids - lo
+                    words = tl.load(bits_ptr + (rel >> 5), mask=bias_ok, other=0, cache_modifier=".cg")
+                    kept = bias_ok & (((words >> (rel & 31)) & 1) != 0)
+                    touched = kept | (bias_ok & ((bias_add == float("inf")) | (bias_add != bias_add)))
             else:
                 allowed_scratch = scratch_ptr  # None where the list fits in registers
                 if not ALLOWED_IN_REGISTERS:
                     allowed_scratch = scratch_ptr + t.to(tl.int64) * scratch_stride + allowed_scratch_offset
                 _restore_allowed(row_ptr, ids_ptr, n_allowed, lo, hi, allowed_scratch, ALLOWED_IN_REGISTERS,
                                  BLOCK_ALLOWED, BLOCK_V)
-            tl.debug_barrier()
+                tl.debug_barrier()
+
+    if HAS_BIAS and BIAS_IN_REGISTERS:
+        # Under keep bits, read before the fill: it stores every kept logit unchanged (so these are
+        # the values it leaves), and their latency passes under it.
+        biased = tl.load(row_ptr + bias_ids, mask=kept, other=float("-inf"), cache_modifier=".cg")
+        biased = biased.to(tl.float32) + bias_add
+    if HAS_ALLOWED and KEEP_BITS:
+        if n_allowed > 0:
+            _fill_kept(row_ptr, bits_ptr, lo, hi, FILL_V)
 
     if HAS_BIAS:
+        tl.debug_barrier()  # the fill's stores, and every read of a biased logit, before the bias's stores
         if BIAS_IN_REGISTERS:
-            kept = bias_ok
-            touched = bias_ok
-            if HAS_ALLOWED and KEEP_BITS:
-                # After the keep-bits fill only the kept tokens hold a logit: a biased token without a
-                # bit is -inf, and stays -inf unless its bias is +inf or NaN (-inf + bias is NaN).
-                if n_allowed > 0:
-                    rel = bias_ids - lo
-                    words = tl.load(bits_ptr + (rel >> 5), mask=bias_ok, other=0, cache_modifier=".cg")
-                    kept = bias_ok & (((words >> (rel & 31)) & 1) != 0)
-                    touched = kept | (bias_ok & ((bias_add == float("inf")) | (bias_add != bias_add)))
-            biased = tl.load(row_ptr + bias_ids, mask=kept, other=float("-inf"), cache_modifier=".cg")
-            biased = biased.to(tl.float32) + bias_add
-            tl.debug_barrier()  # every listed logit is read before any is written
             tl.store(row_ptr + bias_ids, biased.to(logits_ptr.dtype.element_ty), mask=touched)
         else:
             scratch_row = scratch_ptr + t.to(tl.int64) * scratch_stride
@@ -342,7 +349,8 @@ def _logit_bias_triton(logits, idx_mapping, output_lens, allowed_ids, num_allowe
             bits, bits_stride, scratch, scratch_stride, staged_w, R, V,
             HAS_ALLOWED=allowed_w > 0, KEEP_BITS=keep_bits, ALLOWED_IN_REGISTERS=allowed_w <= _MAX_BLOCK_IDS,
             HAS_BIAS=bias_w > 0, BIAS_IN_REGISTERS=bias_w <= _MAX_BLOCK_IDS, BLOCK_V=_BLOCK_V, CHUNK_V=_CHUNK_V,
-            BLOCK_ALLOWED=_ids_block(allowed_w), BLOCK_BIAS=_ids_block(bias_w), num_warps=_WARPS,
+            FILL_V=_KEEP_FILL_V if keep_bits else _BLOCK_V, BLOCK_ALLOWED=_ids_block(allowed_w),
+            BLOCK_BIAS=_ids_block(bias_w), num_warps=_WARPS,
         )
     if stop_w > 0:
         launch(
