@@ -71,6 +71,36 @@ def test_logit_bias_matches_reference(backend, dtype, T, V, gen):
     check_logit_bias(backend, make_logits(T, V, dtype, device_of(backend), generator=gen), state)
 
 
+@pytest.mark.cuda
+@over_allowed_designs
+def test_dependent_launches_change_no_bit(gen):
+    """On Hopper and later the min-tokens launch is a programmatic dependent one, placed while the
+    first launch drains: the results are those of plain launches, bit for bit. In two of the four
+    slots the stops are the whole allowed list, so the min-tokens scan keeps them only if it sees
+    the first launch's -inf over the rest of the row."""
+    from torch_sampling_ops.truncation import use_settings
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("programmatic dependent launch needs compute capability 9.0")
+    T, V, R = 40, 32000, 4
+    state = logit_bias_state(T, V, R, gen, stop_w=8)
+    state[3][:2] = 8  # num_allowed
+    state[7][:2], state[8][:2] = state[2][:2], 8  # stop_ids, num_stop
+    state[9][:2] = 100  # min_tokens: active in every row of those slots
+    logits = make_logits(T, V, torch.float32, "cuda", generator=gen)
+    outs = []
+    for pdl in (False, True):
+        out = logits.clone()
+        with use_settings(dependent_launches=pdl):
+            torch.ops.sampling.logit_bias(out, *[x.cuda() for x in state])
+        outs.append(out)
+    assert torch.equal(outs[0], outs[1])
+    expected = reference.logit_bias(logits.cpu(), *state)
+    atol, rtol = tolerance(torch.float32)
+    torch.testing.assert_close(outs[1].cpu().double(), expected, atol=atol, rtol=rtol)
+    kept_stops = (state[0] < 2).cuda()
+    assert bool(torch.isfinite(outs[1][kept_stops]).any(dim=1).all()), "the stop tokens must survive"
+
+
 @over_allowed_designs
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("token", [1, 5, 100, 500, 2518, 9834, 31999])

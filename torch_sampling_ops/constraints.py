@@ -22,7 +22,9 @@ loads of data that other threads of the program wrote earlier bypass L1 (`.cg`).
      become NaN where the bias is +inf or NaN, which is stored without a read.
 2. `_min_tokens_kernel`, one program per row with active min-tokens: the stop logits are saved and
    set to -inf, the row is scanned for a finite logit (the scan stops at the first one, usually in
-   the first block), and if there is none the saved stop logits are written back.
+   the first block), and if there is none the saved stop logits are written back. On Hopper and
+   later it is a programmatic dependent launch: its programs read their settings and stop ids
+   while the first launch drains, then wait for it (`gdc_wait`) before touching the logits.
 Bias and stop lists longer than one register block (2048 ids), and allowed lists as long under
 save, fill and restore, stage their values in a [T, W] scratch instead.
 """
@@ -31,11 +33,13 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from . import _checks
 from ._launch import cdiv, next_power_of_2
 from ._registry import define_op, launch
 from ._triton_helpers import load_slot
+from .truncation import plan as truncation_plan
 
 _BLOCK_V = 4096  # tokens per step of a pass over the row
 _CHUNK_V = 4 * _BLOCK_V  # tokens per program of _allowed_and_bias_kernel
@@ -160,8 +164,12 @@ def _allowed_and_bias_kernel(
     HAS_ALLOWED: tl.constexpr, KEEP_BITS: tl.constexpr, ALLOWED_IN_REGISTERS: tl.constexpr,
     HAS_BIAS: tl.constexpr, BIAS_IN_REGISTERS: tl.constexpr,
     BLOCK_V: tl.constexpr, CHUNK_V: tl.constexpr, FILL_V: tl.constexpr, BLOCK_ALLOWED: tl.constexpr,
-    BLOCK_BIAS: tl.constexpr,
+    BLOCK_BIAS: tl.constexpr, PDL: tl.constexpr,
 ):
+    """PDL: the min-tokens launch that follows is a programmatic dependent one, placed once every
+    program here has started."""
+    if PDL:
+        gdc_launch_dependents()
     t = tl.program_id(0)
     chunk = tl.program_id(1)
     slot = load_slot(idx_mapping_ptr, t, num_slots)
@@ -230,22 +238,29 @@ def _min_tokens_kernel(
     logits_ptr, logits_stride, idx_mapping_ptr, output_lens_ptr,
     stop_ids_ptr, stop_stride, num_stop_ptr, max_stop, min_tokens_ptr,
     scratch_ptr, scratch_stride, num_slots, vocab_size,
-    STOP_IN_REGISTERS: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_STOP: tl.constexpr,
+    STOP_IN_REGISTERS: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_STOP: tl.constexpr, PDL: tl.constexpr,
 ):
+    """PDL: a programmatic dependent launch after `_allowed_and_bias_kernel`. A program reads its
+    row's settings and stop ids (inputs no launch of the op writes), then waits for that launch
+    before it touches the logits; every program waits, so this launch ends after that one."""
     t = tl.program_id(0)
     slot = load_slot(idx_mapping_ptr, t, num_slots)
-    if slot < 0:
-        return
+    in_batch = slot >= 0
+    slot = tl.maximum(slot, 0)  # num_slots >= 1: in bounds; the settings of a row off the slots are not used
     n_stop = _list_length(num_stop_ptr, slot, max_stop)
-    if (n_stop == 0) | (tl.load(output_lens_ptr + t) >= tl.load(min_tokens_ptr + slot)):
-        return
+    skip = ~in_batch | (n_stop == 0) | (tl.load(output_lens_ptr + t) >= tl.load(min_tokens_ptr + slot))
     row_ptr = logits_ptr + t.to(tl.int64) * logits_stride
     ids_ptr = stop_ids_ptr + slot * stop_stride
+    if STOP_IN_REGISTERS:
+        ids, ok = _load_listed(ids_ptr, tl.arange(0, BLOCK_STOP), tl.where(skip, 0, n_stop), 0, vocab_size)
+    if PDL:
+        gdc_wait()
+    if skip:
+        return
     if not STOP_IN_REGISTERS:
         scratch_row = scratch_ptr + t.to(tl.int64) * scratch_stride
 
     if STOP_IN_REGISTERS:
-        ids, ok = _load_listed(ids_ptr, tl.arange(0, BLOCK_STOP), n_stop, 0, vocab_size)
         saved = tl.load(row_ptr + ids, mask=ok, cache_modifier=".cg")
         tl.debug_barrier()  # a duplicated stop id must not save another thread's -inf
         tl.store(row_ptr + ids, tl.full([BLOCK_STOP], float("-inf"), logits_ptr.dtype.element_ty), mask=ok)
@@ -340,6 +355,8 @@ def _logit_bias_triton(logits, idx_mapping, output_lens, allowed_ids, num_allowe
     scratch = logits.new_empty((T, scratch_stride), dtype=torch.float32) if scratch_stride > 0 else None
     bits_stride = chunks * _CHUNK_V // 32
     bits = logits.new_empty((T, bits_stride), dtype=torch.int32) if keep_bits else None
+    # On Hopper and later the min-tokens launch is placed while the first one drains.
+    pdl = truncation_plan.uses_dependent_launches(logits.device)
     if allowed_w > 0 or bias_w > 0:
         launch(
             _allowed_and_bias_kernel, (T, chunks),
@@ -350,16 +367,18 @@ def _logit_bias_triton(logits, idx_mapping, output_lens, allowed_ids, num_allowe
             HAS_ALLOWED=allowed_w > 0, KEEP_BITS=keep_bits, ALLOWED_IN_REGISTERS=allowed_w <= _MAX_BLOCK_IDS,
             HAS_BIAS=bias_w > 0, BIAS_IN_REGISTERS=bias_w <= _MAX_BLOCK_IDS, BLOCK_V=_BLOCK_V, CHUNK_V=_CHUNK_V,
             FILL_V=_KEEP_FILL_V if keep_bits else _BLOCK_V, BLOCK_ALLOWED=_ids_block(allowed_w),
-            BLOCK_BIAS=_ids_block(bias_w), num_warps=_WARPS,
+            BLOCK_BIAS=_ids_block(bias_w), PDL=pdl, num_warps=_WARPS,
         )
+    else:
+        pdl = False  # the min-tokens launch is the first
     if stop_w > 0:
         launch(
             _min_tokens_kernel, (T,),
             logits, logits.stride(0), idx_mapping, output_lens,
             stop_ids, stop_ids.stride(0), num_stop, stop_w, min_tokens,
             scratch, scratch_stride, R, V,
-            STOP_IN_REGISTERS=stop_w <= _MAX_BLOCK_IDS, BLOCK_V=_BLOCK_V, BLOCK_STOP=_ids_block(stop_w),
-            num_warps=8,
+            STOP_IN_REGISTERS=stop_w <= _MAX_BLOCK_IDS, BLOCK_V=_BLOCK_V, BLOCK_STOP=_ids_block(stop_w), PDL=pdl,
+            num_warps=8, launch_pdl=pdl,
         )
 
 

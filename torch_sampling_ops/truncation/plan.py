@@ -92,7 +92,7 @@ def _compiled_kernels(V: int, pdl: bool = True, settings: TruncationSettings | N
 def uses_dependent_launches(device: torch.device, settings: TruncationSettings | None = None) -> bool:
     """Whether the package's launches on `device` are programmatic dependent ones: on Hopper and later
     GPUs (not under the Triton interpreter), unless the settings turn it off. The one switch for
-    every op that uses them (`top_k_top_p`, `sample`, `rejection_sample`)."""
+    every op that uses them (`top_k_top_p`, `sample`, `rejection_sample`, `logit_bias`)."""
     s = settings or current_settings()
     return (s.dependent_launches and not _INTERPRET and device.type == "cuda"
             and _compute_capability(device.index)[0] >= 9)
