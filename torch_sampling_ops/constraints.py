@@ -355,9 +355,10 @@ def _logit_bias_triton(logits, idx_mapping, output_lens, allowed_ids, num_allowe
     scratch = logits.new_empty((T, scratch_stride), dtype=torch.float32) if scratch_stride > 0 else None
     bits_stride = chunks * _CHUNK_V // 32
     bits = logits.new_empty((T, bits_stride), dtype=torch.int32) if keep_bits else None
-    # On Hopper and later the min-tokens launch is placed while the first one drains.
-    pdl = truncation_plan.uses_dependent_launches(logits.device)
-    if allowed_w > 0 or bias_w > 0:
+    first = allowed_w > 0 or bias_w > 0
+    # On Hopper and later the min-tokens launch, after that one, is placed while it drains.
+    pdl = first and truncation_plan.uses_dependent_launches(logits.device)
+    if first:
         launch(
             _allowed_and_bias_kernel, (T, chunks),
             logits, logits.stride(0), idx_mapping,
@@ -369,8 +370,6 @@ def _logit_bias_triton(logits, idx_mapping, output_lens, allowed_ids, num_allowe
             FILL_V=_KEEP_FILL_V if keep_bits else _BLOCK_V, BLOCK_ALLOWED=_ids_block(allowed_w),
             BLOCK_BIAS=_ids_block(bias_w), PDL=pdl, num_warps=_WARPS,
         )
-    else:
-        pdl = False  # the min-tokens launch is the first
     if stop_w > 0:
         launch(
             _min_tokens_kernel, (T,),
