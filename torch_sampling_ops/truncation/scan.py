@@ -450,8 +450,9 @@ def _gather_list(ws_row, num_segments, listed, weighs, temp, values_ptr, positio
                  SEGMENTS_P2: tl.constexpr):
     """`sample`'s settled row, in the program that draws it: the `listed` [SEGMENTS_P2] candidates of
     every segment gathered in segment order into the row's list, values divided by temp (IEEE), and
-    their positions; 32 slots of every segment a step (most segments list a few candidates), the next
-    step's loads in flight while one is stored."""
+    their positions; 16 slots of every segment a step (most segments list a few candidates), the next
+    step's loads in flight while one is stored (two steps of [SEGMENTS_P2, 16] int64 pairs fit the
+    selection's 128 registers; of 32 slots they spill)."""
     g = tl.arange(0, SEGMENTS_P2)
     in_row = g < num_segments
     counts = tl.load(_segment_count_ptr(ws_row, num_segments) + g, mask=in_row, other=0)
@@ -461,7 +462,7 @@ def _gather_list(ws_row, num_segments, listed, weighs, temp, values_ptr, positio
     first = tl.cumsum(listed, axis=0) - listed
     pairs_ptr = _pairs_ptr(ws_row, num_segments)
     pair, present, dest = _listed_step(pairs_ptr, g, listed, n_front, first, 0, SEG_CAP)
-    for i0 in range(32, tl.max(listed) + 32, 32):
+    for i0 in range(16, tl.max(listed) + 16, 16):
         next_pair, next_present, next_dest = _listed_step(pairs_ptr, g, listed, n_front, first, i0, SEG_CAP)
         value = (pair >> 32).to(tl.int32).to(tl.float32, bitcast=True)
         tl.store(values_ptr + dest, tl.math.div_rn(value, temp), mask=present)
@@ -471,8 +472,8 @@ def _gather_list(ws_row, num_segments, listed, weighs, temp, values_ptr, positio
 
 @triton.jit
 def _listed_step(pairs_ptr, g, listed, n_front, first, i0, SEG_CAP: tl.constexpr):
-    """_gather_list's step: slots i0 .. i0 + 31 of every segment's list (pairs, present, their places)."""
-    i = i0 + tl.arange(0, 32)[None, :]
+    """_gather_list's step: slots i0 .. i0 + 15 of every segment's list (pairs, present, their places)."""
+    i = i0 + tl.arange(0, 16)[None, :]
     present = i < listed[:, None]
     source = tl.where(i < n_front[:, None], i, SEG_CAP - 1 - (i - n_front[:, None]))
     pair = tl.load(pairs_ptr + g[:, None] * SEG_CAP + source, mask=present, other=0)
