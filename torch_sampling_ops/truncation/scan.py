@@ -33,6 +33,9 @@ from .workspace import (
 
 _FLT_MAX = tl.constexpr(3.4028234663852886e38)  # the sample stores lo >= -_FLT_MAX: -inf is never a candidate
 _LOG2E = tl.constexpr(1.4426950408889634)
+# Slots of every segment's list that sample's own gather (_gather_list) takes a step: two steps of
+# [SEGMENTS_P2, _GATHER_SLOTS] int64 pairs fit the selection's 128 registers (at 32 they spill).
+_GATHER_SLOTS = tl.constexpr(16)
 
 
 @triton.jit
@@ -450,9 +453,8 @@ def _gather_list(ws_row, num_segments, listed, weighs, temp, values_ptr, positio
                  SEGMENTS_P2: tl.constexpr):
     """`sample`'s settled row, in the program that draws it: the `listed` [SEGMENTS_P2] candidates of
     every segment gathered in segment order into the row's list, values divided by temp (IEEE), and
-    their positions; 16 slots of every segment a step (most segments list a few candidates), the next
-    step's loads in flight while one is stored (two steps of [SEGMENTS_P2, 16] int64 pairs fit the
-    selection's 128 registers; of 32 slots they spill)."""
+    their positions; _GATHER_SLOTS slots of every segment a step (most segments list a few
+    candidates), the next step's loads in flight while one is stored."""
     g = tl.arange(0, SEGMENTS_P2)
     in_row = g < num_segments
     counts = tl.load(_segment_count_ptr(ws_row, num_segments) + g, mask=in_row, other=0)
@@ -462,7 +464,7 @@ def _gather_list(ws_row, num_segments, listed, weighs, temp, values_ptr, positio
     first = tl.cumsum(listed, axis=0) - listed
     pairs_ptr = _pairs_ptr(ws_row, num_segments)
     pair, present, dest = _listed_step(pairs_ptr, g, listed, n_front, first, 0, SEG_CAP)
-    for i0 in range(16, tl.max(listed) + 16, 16):
+    for i0 in range(_GATHER_SLOTS, tl.max(listed) + _GATHER_SLOTS, _GATHER_SLOTS):
         next_pair, next_present, next_dest = _listed_step(pairs_ptr, g, listed, n_front, first, i0, SEG_CAP)
         value = (pair >> 32).to(tl.int32).to(tl.float32, bitcast=True)
         tl.store(values_ptr + dest, tl.math.div_rn(value, temp), mask=present)
@@ -472,8 +474,9 @@ def _gather_list(ws_row, num_segments, listed, weighs, temp, values_ptr, positio
 
 @triton.jit
 def _listed_step(pairs_ptr, g, listed, n_front, first, i0, SEG_CAP: tl.constexpr):
-    """_gather_list's step: slots i0 .. i0 + 15 of every segment's list (pairs, present, their places)."""
-    i = i0 + tl.arange(0, 16)[None, :]
+    """_gather_list's step: slots i0 .. i0 + _GATHER_SLOTS - 1 of every segment's list (pairs, present,
+    their places)."""
+    i = i0 + tl.arange(0, _GATHER_SLOTS)[None, :]
     present = i < listed[:, None]
     source = tl.where(i < n_front[:, None], i, SEG_CAP - 1 - (i - n_front[:, None]))
     pair = tl.load(pairs_ptr + g[:, None] * SEG_CAP + source, mask=present, other=0)
