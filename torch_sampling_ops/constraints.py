@@ -367,7 +367,7 @@ def _logit_bias_triton(logits, idx_mapping, output_lens, allowed_ids, num_allowe
             bits, bits_stride, scratch, scratch_stride, staged_w, R, V,
             HAS_ALLOWED=allowed_w > 0, KEEP_BITS=keep_bits, ALLOWED_IN_REGISTERS=allowed_w <= _MAX_BLOCK_IDS,
             HAS_BIAS=bias_w > 0, BIAS_IN_REGISTERS=bias_w <= _MAX_BLOCK_IDS, BLOCK_V=_BLOCK_V, CHUNK_V=_CHUNK_V,
-            FILL_V=_KEEP_FILL_V if keep_bits else _BLOCK_V, BLOCK_ALLOWED=_ids_block(allowed_w),
+            FILL_V=_KEEP_FILL_V, BLOCK_ALLOWED=_ids_block(allowed_w),
             BLOCK_BIAS=_ids_block(bias_w), PDL=pdl, num_warps=_WARPS,
         )
     if stop_w > 0:
