@@ -4,7 +4,7 @@ logit_bias is two launches. In each, a program reads and overwrites logits only 
 the row that it alone owns, and orders its own phases with CTA barriers (`tl.debug_barrier`);
 loads of data that other threads of the program wrote earlier bypass L1 (`.cg`).
 
-1. `_allowed_and_bias_kernel`, one program per (row, chunk of 16384 tokens):
+1. `_allowed_and_bias_kernel`, one program per (row, chunk of 16384 tokens; 8192 under keep bits):
    - allowed list, in one of two forms (the same results), by batch size:
      - below `_KEEP_BITS_MIN_T` rows, save, fill and restore: the chunk's listed logits are read
        (into registers, or a scratch for long lists), a barrier, -inf is stored over the whole
@@ -12,9 +12,11 @@ loads of data that other threads of the program wrote earlier bypass L1 (`.cg`).
        touches the chunk, so no thread stores -inf over a listed token after its value is back;
      - from `_KEEP_BITS_MIN_T` rows, keep bits: the program zeroes its own bit words for the chunk,
        sets a bit for each listed id of the chunk (atomics), a barrier, and then writes every token
-       once, by the thread that reads it (if kept), `_KEEP_FILL_V` tokens a step. Fewer steps a
-       token, but a longer chain of dependent steps a program, which the small batches, with few
-       programs to overlap them, pay for;
+       once, by the thread that reads it (if kept), the chunk in one step. Fewer steps a token,
+       but a longer chain of dependent steps a program, which the small batches, with few
+       programs to overlap them, pay for. Every token is stored by one store of its thread's
+       vector: storing the sectors without a kept token apart from the others (so that those
+       stores wait for no load) is slower, whole rows a program too;
    - bias: the bias lists are requested first (their latency passes under the allowed list);
      the listed logits of the chunk are all read (plus bias), a barrier, then written back, so a
      duplicated id gets one of its biases. Under keep bits only the kept ones are read, before
@@ -47,6 +49,7 @@ _KEEP_BITS_MIN_T = 80  # rows from which the allowed lists go through keep bits
 _MAX_BLOCK_IDS = 2048  # list ids one program holds in registers
 _WARPS = 8
 _KEEP_FILL_V = 2 * _BLOCK_V  # tokens a step of the keep-bits fill
+_KEEP_CHUNK_V = _KEEP_FILL_V  # tokens per program of _allowed_and_bias_kernel under keep bits: one fill step
 
 
 def _ids_block(width: int) -> int:
@@ -348,12 +351,13 @@ def _logit_bias_triton(logits, idx_mapping, output_lens, allowed_ids, num_allowe
     # fill and restore only) the allowed list's: all chunks of a row stage their allowed and their
     # biased logits at the same time, in disjoint entries of each list.
     keep_bits = allowed_w > 0 and T >= _KEEP_BITS_MIN_T
-    chunks = cdiv(V, _CHUNK_V)
+    chunk_v = _KEEP_CHUNK_V if keep_bits else _CHUNK_V
+    chunks = cdiv(V, chunk_v)
     staged_w = max(bias_w, stop_w) if max(bias_w, stop_w) > _MAX_BLOCK_IDS else 0
     allowed_staged_w = allowed_w if allowed_w > _MAX_BLOCK_IDS and not keep_bits else 0
     scratch_stride = staged_w + allowed_staged_w
     scratch = logits.new_empty((T, scratch_stride), dtype=torch.float32) if scratch_stride > 0 else None
-    bits_stride = chunks * _CHUNK_V // 32
+    bits_stride = chunks * chunk_v // 32
     bits = logits.new_empty((T, bits_stride), dtype=torch.int32) if keep_bits else None
     first = allowed_w > 0 or bias_w > 0
     # On Hopper and later the min-tokens launch, after that one, is placed while it drains.
@@ -366,7 +370,7 @@ def _logit_bias_triton(logits, idx_mapping, output_lens, allowed_ids, num_allowe
             bias_ids, bias_ids.stride(0), bias_values, bias_values.stride(0), num_bias, bias_w,
             bits, bits_stride, scratch, scratch_stride, staged_w, R, V,
             HAS_ALLOWED=allowed_w > 0, KEEP_BITS=keep_bits, ALLOWED_IN_REGISTERS=allowed_w <= _MAX_BLOCK_IDS,
-            HAS_BIAS=bias_w > 0, BIAS_IN_REGISTERS=bias_w <= _MAX_BLOCK_IDS, BLOCK_V=_BLOCK_V, CHUNK_V=_CHUNK_V,
+            HAS_BIAS=bias_w > 0, BIAS_IN_REGISTERS=bias_w <= _MAX_BLOCK_IDS, BLOCK_V=_BLOCK_V, CHUNK_V=chunk_v,
             FILL_V=_KEEP_FILL_V, BLOCK_ALLOWED=_ids_block(allowed_w),
             BLOCK_BIAS=_ids_block(bias_w), PDL=pdl, num_warps=_WARPS,
         )
