@@ -14,9 +14,9 @@ loads of data that other threads of the program wrote earlier bypass L1 (`.cg`).
        sets a bit for each listed id of the chunk (atomics), a barrier, and then writes every token
        once, by the thread that reads it (if kept), the chunk in one step. Fewer steps a token,
        but a longer chain of dependent steps a program, which the small batches, with few
-       programs to overlap them, pay for. Every token is stored by one store of its thread's
-       vector: storing the sectors without a kept token apart from the others (so that those
-       stores wait for no load) is slower, whole rows a program too;
+       programs to overlap them, pay for. A token's store is its thread's one vector store:
+       storing `-inf` over the sectors without a kept token in a store of its own, which waits
+       for no load, was slower, and so was a program a whole row (docs/notes/constraints-tuning.md);
    - bias: the bias lists are requested first (their latency passes under the allowed list);
      the listed logits of the chunk are all read (plus bias), a barrier, then written back, so a
      duplicated id gets one of its biases. Under keep bits only the kept ones are read, before
@@ -44,7 +44,7 @@ from ._triton_helpers import load_slot
 from .truncation import plan as truncation_plan
 
 _BLOCK_V = 4096  # tokens per step of a pass over the row
-_CHUNK_V = 4 * _BLOCK_V  # tokens per program of _allowed_and_bias_kernel
+_CHUNK_V = 4 * _BLOCK_V  # tokens per program of _allowed_and_bias_kernel (save, fill and restore)
 _KEEP_BITS_MIN_T = 80  # rows from which the allowed lists go through keep bits
 _MAX_BLOCK_IDS = 2048  # list ids one program holds in registers
 _WARPS = 8
