@@ -48,8 +48,7 @@ _CHUNK_V = 4 * _BLOCK_V  # tokens per program of _allowed_and_bias_kernel (save,
 _KEEP_BITS_MIN_T = 80  # rows from which the allowed lists go through keep bits
 _MAX_BLOCK_IDS = 2048  # list ids one program holds in registers
 _WARPS = 8
-_KEEP_FILL_V = 2 * _BLOCK_V  # tokens a step of the keep-bits fill
-_KEEP_CHUNK_V = _KEEP_FILL_V  # tokens per program of _allowed_and_bias_kernel under keep bits: one fill step
+_KEEP_CHUNK_V = 2 * _BLOCK_V  # tokens per program of _allowed_and_bias_kernel under keep bits, filled in one step
 
 
 def _ids_block(width: int) -> int:
@@ -166,7 +165,7 @@ def _allowed_and_bias_kernel(
     keep_bits_ptr, keep_bits_stride, scratch_ptr, scratch_stride, allowed_scratch_offset, num_slots, vocab_size,
     HAS_ALLOWED: tl.constexpr, KEEP_BITS: tl.constexpr, ALLOWED_IN_REGISTERS: tl.constexpr,
     HAS_BIAS: tl.constexpr, BIAS_IN_REGISTERS: tl.constexpr,
-    BLOCK_V: tl.constexpr, CHUNK_V: tl.constexpr, FILL_V: tl.constexpr, BLOCK_ALLOWED: tl.constexpr,
+    BLOCK_V: tl.constexpr, CHUNK_V: tl.constexpr, BLOCK_ALLOWED: tl.constexpr,
     BLOCK_BIAS: tl.constexpr, PDL: tl.constexpr,
 ):
     """PDL: the min-tokens launch that follows is a programmatic dependent one, placed once every
@@ -223,7 +222,7 @@ def _allowed_and_bias_kernel(
         biased = biased.to(tl.float32) + bias_add
     if HAS_ALLOWED and KEEP_BITS:
         if n_allowed > 0:
-            _fill_kept(row_ptr, bits_ptr, lo, hi, FILL_V)
+            _fill_kept(row_ptr, bits_ptr, lo, hi, CHUNK_V)
 
     if HAS_BIAS:
         tl.debug_barrier()  # the fill's stores, and every read of a biased logit, before the bias's stores
@@ -371,8 +370,7 @@ def _logit_bias_triton(logits, idx_mapping, output_lens, allowed_ids, num_allowe
             bits, bits_stride, scratch, scratch_stride, staged_w, R, V,
             HAS_ALLOWED=allowed_w > 0, KEEP_BITS=keep_bits, ALLOWED_IN_REGISTERS=allowed_w <= _MAX_BLOCK_IDS,
             HAS_BIAS=bias_w > 0, BIAS_IN_REGISTERS=bias_w <= _MAX_BLOCK_IDS, BLOCK_V=_BLOCK_V, CHUNK_V=chunk_v,
-            FILL_V=_KEEP_FILL_V, BLOCK_ALLOWED=_ids_block(allowed_w),
-            BLOCK_BIAS=_ids_block(bias_w), PDL=pdl, num_warps=_WARPS,
+            BLOCK_ALLOWED=_ids_block(allowed_w), BLOCK_BIAS=_ids_block(bias_w), PDL=pdl, num_warps=_WARPS,
         )
     if stop_w > 0:
         launch(
