@@ -115,6 +115,8 @@ def _key_count(row_ptr, vocab_size, low, high, BLOCK: tl.constexpr):
     return tl.sum(count)
 
 
+_RANK_TILE = tl.constexpr(2)  # list values a step of _rank_bracket's comparison compares against
+
 # _find_threshold and _rank_bracket stay functions of their own (noinline; Triton allows it with
 # scalar arguments only): Triton's coalescing pass walks, for each load and store, the dataflow
 # slice of the whole function holding it, so its work grows with the function's size times its
@@ -166,26 +168,46 @@ def _find_threshold(row_ptr, scratch_ptr, vocab_size, row_max, finite_max, lo, h
 @triton.jit(noinline=True)
 def _rank_bracket(scratch_ptr, compact, in_bracket, low, row_max, above_mass, above_count, target, use_mass,
                   CAP: tl.constexpr):
-    """_find_threshold's last step: the threshold among the bracket's in_bracket tokens, sorted from
+    """_find_threshold's last step: the threshold among the bracket's in_bracket tokens, compacted in
     the scratch (compact) or all of key `low` (a single key left), given the count and mass of the
     tokens above the bracket, and the mass of the bracket's tokens >= it. use_mass is a runtime
-    flag, not a constexpr, so that both searches call one function and the CAP-wide sort is
-    compiled once."""
+    flag, not a constexpr, so that both searches call one function."""
     k = tl.arange(0, CAP)
+    listed = k < in_bracket
     if compact:
-        ranked = tl.sort(tl.load(scratch_ptr + k, mask=k < in_bracket, other=float("-inf"), cache_modifier=".cg"),
-                         descending=True)
-    else:  # a single key left: every bracket token has its value
-        ranked = tl.where(k < in_bracket, _key_value(low), float("-inf"))
-    weights = tl.where(k < in_bracket, tl.exp(ranked - row_max), 0.0)
-    if use_mass:
-        reached = (above_mass + tl.cumsum(weights, axis=0)) >= target
-        first = tl.min(tl.where(reached, k, tl.minimum(in_bracket, CAP) - 1))
-    else:
-        first = tl.minimum(target.to(tl.int32) - above_count - 1, CAP - 1)
-    threshold = tl.max(tl.where(k == first, ranked, float("-inf")))
-    bracket_mass = tl.sum(tl.where(ranked >= threshold, weights, 0.0))
-    if not compact:  # all of the single key's tokens are kept
+        # No sort (its unrolled stages would double the kernels' compile time): each value's count
+        # and mass of the bracket's values >= it, in tiles of the list. The threshold is the
+        # largest value whose count (with those above the bracket) reaches the target's rank, or
+        # whose mass reaches the target; where no mass does (rounding), the smallest value.
+        values = tl.load(scratch_ptr + k, mask=listed, other=float("-inf"), cache_modifier=".cg")
+        weights = tl.where(listed, tl.exp(values - row_max), 0.0)
+        count_ge = tl.zeros([CAP], tl.int32)
+        mass_ge = tl.zeros([CAP], tl.float32)
+        for j0 in range(0, in_bracket, _RANK_TILE):
+            j = j0 + tl.arange(0, _RANK_TILE)
+            other = tl.load(scratch_ptr + j, mask=j < in_bracket, other=float("-inf"), cache_modifier=".cg")
+            ge = (other[None, :] >= values[:, None]) & (j < in_bracket)[None, :]
+            count_ge += tl.sum(ge.to(tl.int32), 1)
+            mass_ge += tl.sum(tl.where(ge, tl.exp(other - row_max)[None, :], 0.0), 1)
+        if use_mass:
+            reached = listed & (above_mass + mass_ge >= target)
+            smallest = tl.min(tl.where(listed, values, float("inf")))
+            threshold = tl.where(tl.max(reached.to(tl.int32)) > 0, tl.max(tl.where(reached, values, float("-inf"))),
+                                 tl.where(in_bracket > 0, smallest, float("-inf")))
+        else:
+            rank = tl.minimum(target.to(tl.int32) - above_count, CAP)  # 1-based rank of the threshold in the bracket
+            reached = listed & (count_ge >= rank) & (rank >= 1)
+            threshold = tl.max(tl.where(reached, values, float("-inf")))
+        bracket_mass = tl.sum(tl.where(listed & (values >= threshold), weights, 0.0))
+    else:  # a single key left: every bracket token has its value, and all of them are kept
+        ranked = tl.where(listed, _key_value(low), float("-inf"))
+        weights = tl.where(listed, tl.exp(ranked - row_max), 0.0)
+        if use_mass:
+            reached = (above_mass + tl.cumsum(weights, axis=0)) >= target
+            first = tl.min(tl.where(reached, k, tl.minimum(in_bracket, CAP) - 1))
+        else:
+            first = tl.minimum(target.to(tl.int32) - above_count - 1, CAP - 1)
+        threshold = tl.max(tl.where(k == first, ranked, float("-inf")))
         bracket_mass = in_bracket * tl.exp(threshold - row_max)
     return threshold, bracket_mass
 
