@@ -115,8 +115,6 @@ def _key_count(row_ptr, vocab_size, low, high, BLOCK: tl.constexpr):
     return tl.sum(count)
 
 
-_RANK_TILE = tl.constexpr(2)  # list values a step of _rank_bracket's comparison compares against
-
 # _find_threshold and _rank_bracket stay functions of their own (noinline; Triton allows it with
 # scalar arguments only): Triton's coalescing pass walks, for each load and store, the dataflow
 # slice of the whole function holding it, so its work grows with the function's size times its
@@ -175,29 +173,26 @@ def _rank_bracket(scratch_ptr, compact, in_bracket, low, row_max, above_mass, ab
     k = tl.arange(0, CAP)
     listed = k < in_bracket
     if compact:
-        # No sort (its unrolled stages would double the kernels' compile time): each value's count
-        # and mass of the bracket's values >= it, in tiles of the list. The threshold is the
-        # largest value whose count (with those above the bracket) reaches the target's rank, or
-        # whose mass reaches the target; where no mass does (rounding), the smallest value.
+        # No sort (its unrolled stages would double the kernels' compile time): the threshold's key
+        # is built bit by bit from the top, a bit kept where the listed values at or above the
+        # key so far carry the target's count (top-k, against its rank within the bracket) or,
+        # with the mass above the bracket, its mass (top-p). The largest key that reaches the
+        # target is a listed value's. Where none reaches it (top-p's rounding), the smallest value.
         values = tl.load(scratch_ptr + k, mask=listed, other=float("-inf"), cache_modifier=".cg")
         weights = tl.where(listed, tl.exp(values - row_max), 0.0)
-        count_ge = tl.zeros([CAP], tl.int32)
-        mass_ge = tl.zeros([CAP], tl.float32)
-        for j0 in range(0, in_bracket, _RANK_TILE):
-            j = j0 + tl.arange(0, _RANK_TILE)
-            other = tl.load(scratch_ptr + j, mask=j < in_bracket, other=float("-inf"), cache_modifier=".cg")
-            ge = (other[None, :] >= values[:, None]) & (j < in_bracket)[None, :]
-            count_ge += tl.sum(ge.to(tl.int32), 1)
-            mass_ge += tl.sum(tl.where(ge, tl.exp(other - row_max)[None, :], 0.0), 1)
-        if use_mass:
-            reached = listed & (above_mass + mass_ge >= target)
-            smallest = tl.min(tl.where(listed, values, float("inf")))
-            threshold = tl.where(tl.max(reached.to(tl.int32)) > 0, tl.max(tl.where(reached, values, float("-inf"))),
-                                 tl.where(in_bracket > 0, smallest, float("-inf")))
-        else:
-            rank = tl.minimum(target.to(tl.int32) - above_count, CAP)  # 1-based rank of the threshold in the bracket
-            reached = listed & (count_ge >= rank) & (rank >= 1)
-            threshold = tl.max(tl.where(reached, values, float("-inf")))
+        keys = _float_key(values)
+        rank = tl.minimum(target.to(tl.int32) - above_count, CAP)  # 1-based rank of the threshold in the bracket
+        share = tl.where(use_mass, weights, listed.to(tl.float32))
+        start = tl.where(use_mass, above_mass, 0.0)
+        goal = tl.where(use_mass, target.to(tl.float32), rank.to(tl.float32))
+        key = tl.zeros([], tl.uint32)
+        for r in range(32):
+            trial = key | (tl.full([], 0x80000000, tl.uint32) >> r)
+            key = tl.where(start + tl.sum(tl.where(keys >= trial, share, 0.0)) >= goal, trial, key)
+        reached = (start + tl.sum(tl.where(keys >= key, share, 0.0)) >= goal) & (use_mass | (rank >= 1))
+        smallest = tl.min(tl.where(listed, values, float("inf")))
+        fallback = tl.where(use_mass & (in_bracket > 0), smallest, float("-inf"))
+        threshold = tl.where(reached & (in_bracket > 0), _key_value(key), fallback)
         bracket_mass = tl.sum(tl.where(listed & (values >= threshold), weights, 0.0))
     else:  # a single key left: every bracket token has its value, and all of them are kept
         ranked = tl.where(listed, _key_value(low), float("-inf"))
