@@ -32,7 +32,7 @@ the GPU), so a small batch still spreads over the GPU:
    below the first block's max, the count and mass of the tokens >= each; the two pivots around
    the threshold give a bracket, which counting passes narrow as key rounds (the selection's
    interval rounds over the row, so exact for any finite row, whatever its scale) until at most
-   CAP tokens remain, which are compacted, sorted in registers and read off; then one masking pass.
+   CAP tokens remain, which are compacted and ranked in registers; then one masking pass.
 5. `_fill_chunks_kernel` (settled rows of top-p alone, below `fill_in_select_min_t` rows; a chunk a
    program, `fill_group` from `settle_launch_min_t` rows): -inf over a chunk, a block barrier, then
    the chunk's own listed candidates >= the threshold restored, into lines the program has just

@@ -2,7 +2,7 @@
 (run by the selection's program). A first pass gives the row max, count and normaliser and, for
 pivots placed geometrically below the first block's max, the count and mass of the tokens >= each;
 the two pivots around the threshold give a bracket, which counting passes narrow by key rounds
-until few enough tokens remain to sort in registers; then one masking pass. Exact for any finite
+until few enough tokens remain to rank in registers; then one masking pass. Exact for any finite
 row, whatever its scale.
 """
 import triton
@@ -118,8 +118,7 @@ def _key_count(row_ptr, vocab_size, low, high, BLOCK: tl.constexpr):
 # _find_threshold and _rank_bracket stay functions of their own (noinline; Triton allows it with
 # scalar arguments only): Triton's coalescing pass walks, for each load and store, the dataflow
 # slice of the whole function holding it, so its work grows with the function's size times its
-# memory operations, and inlined, the general path's searches and sorts multiplied the selection
-# kernel's.
+# memory operations, and inlined, the general path's searches multiplied the selection kernel's.
 @triton.jit(noinline=True)
 def _find_threshold(row_ptr, scratch_ptr, vocab_size, row_max, finite_max, lo, hi, above_count, above_mass,
                     in_bracket, target, USE_MASS: tl.constexpr, CAP: tl.constexpr, BLOCK: tl.constexpr):
@@ -128,7 +127,7 @@ def _find_threshold(row_ptr, scratch_ptr, vocab_size, row_max, finite_max, lo, h
     count and mass of the tokens >= hi, with the +inf tokens for top-k, and the tokens in it). Exact
     for any finite row: key rounds narrow the bracket (each keeps the one of 16 parts of its key
     interval holding the answer, so the interval shrinks at least 8-fold a round and reaches a
-    single key within 11) until at most CAP tokens are left, which are sorted in registers. A single
+    single key within 11) until at most CAP tokens are left, which are ranked in registers. A single
     key left is the answer, with all its ties."""
     # [lo, hi) as keys, capped at the largest finite value (hi may be +inf, or above it).
     low = _float_key(lo)

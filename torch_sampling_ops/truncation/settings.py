@@ -96,7 +96,7 @@ class TruncationSettings:
     pivots: int = 16
     """General path: pivots of the first pass."""
     cap: int = 2048
-    """General path: the bracket size sorted in registers (in the selection's scratch)."""
+    """General path: the bracket size ranked in registers (in the selection's scratch)."""
     dependent_launches: bool = True
     """Programmatic dependent launches where the GPU has them (compute capability 9.0 and later, not
     under the interpreter); False: plain launches. The results are the same bits either way."""
