@@ -172,7 +172,8 @@ def _rank_bracket(scratch_ptr, compact, in_bracket, low, row_max, above_mass, ab
     k = tl.arange(0, CAP)
     listed = k < in_bracket
     if compact:
-        # No sort (its unrolled stages would double the kernels' compile time): the threshold's key
+        # No sort (a CAP-wide sort's unrolled stages were much of the selection kernel's code and
+        # compile time): the threshold's key
         # is built bit by bit from the top, a bit kept where the listed values at or above the
         # key so far carry the target's count (top-k, against its rank within the bracket) or,
         # with the mass above the bracket, its mass (top-p). The largest key that reaches the

@@ -225,13 +225,14 @@ def _settled_threshold(ws_row, flag, values_ptr, buffer_ptr, scratch_ptr, list_s
 @triton.jit
 def _top_p_of_few(src_ptr, n, row_max, p, SMALL: tl.constexpr):
     """Top-p's threshold over the n <= SMALL values at src (the kept set): the largest value v whose
-    values >= v carry at least p of the set's mass (relative to row_max). Each value's mass of the
-    values >= it comes from one [SMALL, SMALL] comparison, without a sort (a sort's unrolled
-    stages would double the selection's compile time). top_p <= 0 keeps the largest value(s)."""
-    values, _ = _candidate_values(src_ptr, n, 0, SMALL)  # the absent -inf, with no mass
-    weights = tl.exp(values - row_max)
-    target = tl.maximum(p * tl.sum(weights, 0), 1e-30)
-    mass = tl.sum(tl.where(values[None, :] >= values[:, None], weights[None, :], 0.0), 1)
+    values >= v carry at least p of the set's mass (relative to row_max), by one sort and a prefix
+    sum: the mass of the values >= sorted[i] is the prefix sum at the last of sorted[i]'s ties, and
+    the prefix sums only grow, so the answer is the first sorted value whose prefix sum reaches
+    the target. top_p <= 0 keeps the largest value(s)."""
+    values, _ = _candidate_values(src_ptr, n, 0, SMALL)
+    values = tl.sort(values, descending=True)  # the absent (-inf) last, with no mass
+    mass = tl.cumsum(tl.exp(values - row_max), 0)
+    target = tl.maximum(p * tl.max(mass), 1e-30)
     return tl.max(tl.where(mass >= target, values, float("-inf")))
 
 
