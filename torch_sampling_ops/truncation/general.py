@@ -173,11 +173,11 @@ def _rank_bracket(scratch_ptr, compact, in_bracket, low, row_max, above_mass, ab
     listed = k < in_bracket
     if compact:
         # No sort (a CAP-wide sort's unrolled stages were much of the selection kernel's code and
-        # compile time): the threshold's key
-        # is built bit by bit from the top, a bit kept where the listed values at or above the
-        # key so far carry the target's count (top-k, against its rank within the bracket) or,
-        # with the mass above the bracket, its mass (top-p). The largest key that reaches the
-        # target is a listed value's. Where none reaches it (top-p's rounding), the smallest value.
+        # compile time): the threshold's key is built bit by bit from the top, a bit kept where the
+        # listed values at or above the key so far carry the target's count (top-k, against its
+        # rank within the bracket) or, with the mass above the bracket, its mass (top-p). The
+        # largest key that reaches the target is a listed value's. Where none reaches it (top-p's
+        # rounding), the smallest value.
         values = tl.load(scratch_ptr + k, mask=listed, other=float("-inf"), cache_modifier=".cg")
         weights = tl.where(listed, tl.exp(values - row_max), 0.0)
         keys = _float_key(values)
