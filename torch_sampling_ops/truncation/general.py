@@ -171,6 +171,7 @@ def _rank_bracket(scratch_ptr, compact, in_bracket, low, row_max, above_mass, ab
     flag, not a constexpr, so that both searches call one function."""
     k = tl.arange(0, CAP)
     listed = k < in_bracket
+    rank = tl.minimum(target.to(tl.int32) - above_count, CAP)  # 1-based rank of the threshold in the bracket
     if compact:
         # No sort (a CAP-wide sort's unrolled stages were much of the selection kernel's code and
         # compile time): the threshold's key is built bit by bit from the top, a bit kept where the
@@ -181,7 +182,6 @@ def _rank_bracket(scratch_ptr, compact, in_bracket, low, row_max, above_mass, ab
         values = tl.load(scratch_ptr + k, mask=listed, other=float("-inf"), cache_modifier=".cg")
         weights = tl.where(listed, tl.exp(values - row_max), 0.0)
         keys = _float_key(values)
-        rank = tl.minimum(target.to(tl.int32) - above_count, CAP)  # 1-based rank of the threshold in the bracket
         share = tl.where(use_mass, weights, listed.to(tl.float32))
         start = tl.where(use_mass, above_mass, 0.0)
         goal = tl.where(use_mass, target.to(tl.float32), rank.to(tl.float32))
@@ -194,15 +194,11 @@ def _rank_bracket(scratch_ptr, compact, in_bracket, low, row_max, above_mass, ab
         fallback = tl.where(use_mass & (in_bracket > 0), smallest, float("-inf"))
         threshold = tl.where(reached & (in_bracket > 0), _key_value(key), fallback)
         bracket_mass = tl.sum(tl.where(listed & (values >= threshold), weights, 0.0))
-    else:  # a single key left: every bracket token has its value, and all of them are kept
-        ranked = tl.where(listed, _key_value(low), float("-inf"))
-        weights = tl.where(listed, tl.exp(ranked - row_max), 0.0)
-        if use_mass:
-            reached = (above_mass + tl.cumsum(weights, axis=0)) >= target
-            first = tl.min(tl.where(reached, k, tl.minimum(in_bracket, CAP) - 1))
-        else:
-            first = tl.minimum(target.to(tl.int32) - above_count - 1, CAP - 1)
-        threshold = tl.max(tl.where(k == first, ranked, float("-inf")))
+    else:
+        # A single key left: every bracket token has its value, which is the threshold (top-p keeps
+        # it even where rounding leaves the target unreached), and all of them are kept.
+        kept = (in_bracket > 0) & (use_mass | (rank >= 1))
+        threshold = tl.where(kept, _key_value(low), float("-inf"))
         bracket_mass = in_bracket * tl.exp(threshold - row_max)
     return threshold, bracket_mass
 
