@@ -303,6 +303,10 @@ def test_compile_fullgraph(backend, compile_backend, name, gen, monkeypatch):
         return wrap_triton(kernel)
 
     monkeypatch.setattr(_registry, "wrap_triton", spy)
+    # A graph found in Inductor's or AOTAutograd's on-disk cache (an earlier process's) is not traced
+    # again, and the spy would see no kernel.
+    monkeypatch.setattr(torch._inductor.config, "fx_graph_cache", False)
+    monkeypatch.setattr(torch._functorch.config, "enable_autograd_cache", False)
 
     def step(first, *state):
         first = spec.fresh(first)  # a fresh tensor for the op to process in place, as a decode step would
