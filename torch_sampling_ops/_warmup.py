@@ -127,10 +127,11 @@ def _launch_all(vocab_size, dtypes, max_num_tokens, device, num_slots, index_dty
     return calls
 
 
-# Seconds a variant of these kernels takes to compile, roughly (H200 host, one at a time; the
-# others take about 1 s or less): the processes take the heaviest first, so they end close together.
-_COMPILE_WEIGHT = {"_select_kernel": 9, "_logprobs_segment_kernel": 4, "_logprobs_combine_kernel": 3,
-                   "_rejection_level_kernel": 2, "_scan_segments_kernel": 2}
+# Seconds a variant of these kernels takes to compile, roughly (the slower variants of each, on a
+# 16-core host while 8 warm-up processes compile; the others take about 1 s or less): the
+# processes take the heaviest first, so they end close together.
+_COMPILE_WEIGHT = {"_select_kernel": 8, "_rejection_level_kernel": 3, "_scan_segments_kernel": 2,
+                   "_draw_kernel": 2, "_logprobs_combine_kernel": 1.5, "_logprobs_segment_kernel": 1.2}
 
 
 def _variant_key(kernel, args, meta):
