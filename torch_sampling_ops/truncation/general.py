@@ -172,6 +172,9 @@ def _rank_bracket(scratch_ptr, compact, in_bracket, low, row_max, above_mass, ab
     k = tl.arange(0, CAP)
     listed = k < in_bracket
     rank = tl.minimum(target.to(tl.int32) - above_count, CAP)  # 1-based rank of the threshold in the bracket
+    # The threshold lies in the bracket: top-p's always (rounding may leave its target unreached),
+    # top-k's where its rank falls in it.
+    in_reach = (in_bracket > 0) & (use_mass | (rank >= 1))
     if compact:
         # No sort (a CAP-wide sort's unrolled stages were much of the selection kernel's code and
         # compile time): the threshold's key is built bit by bit from the top, a bit kept where the
@@ -189,16 +192,13 @@ def _rank_bracket(scratch_ptr, compact, in_bracket, low, row_max, above_mass, ab
         for r in range(32):
             trial = key | (tl.full([], 0x80000000, tl.uint32) >> r)
             key = tl.where(start + tl.sum(tl.where(keys >= trial, share, 0.0)) >= goal, trial, key)
-        reached = (start + tl.sum(tl.where(keys >= key, share, 0.0)) >= goal) & (use_mass | (rank >= 1))
+        reached = start + tl.sum(tl.where(keys >= key, share, 0.0)) >= goal
         smallest = tl.min(tl.where(listed, values, float("inf")))
         fallback = tl.where(use_mass & (in_bracket > 0), smallest, float("-inf"))
-        threshold = tl.where(reached & (in_bracket > 0), _key_value(key), fallback)
+        threshold = tl.where(reached & in_reach, _key_value(key), fallback)
         bracket_mass = tl.sum(tl.where(listed & (values >= threshold), weights, 0.0))
-    else:
-        # A single key left: every bracket token has its value, which is the threshold (top-p keeps
-        # it even where rounding leaves the target unreached), and all of them are kept.
-        kept = (in_bracket > 0) & (use_mass | (rank >= 1))
-        threshold = tl.where(kept, _key_value(low), float("-inf"))
+    else:  # a single key left: every bracket token has its value, the threshold, and all are kept
+        threshold = tl.where(in_reach, _key_value(low), float("-inf"))
         bracket_mass = in_bracket * tl.exp(threshold - row_max)
     return threshold, bracket_mass
 
