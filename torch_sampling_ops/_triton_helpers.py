@@ -51,3 +51,13 @@ def exp_flush_tiny(x):
                                          dtype=tl.float32, is_pure=True, pack=1)
     else:
         return tl.exp(x)
+
+
+@triton.jit
+def prefetch_l1(ptrs, mask):
+    """Asks for the lines of ptrs (where mask) in the SM's L1 (PTX prefetch.global.L1: a hint, no
+    value returned, no fault), so that a later load of them by any thread of the program hits L1;
+    nothing under the interpreter. Side-effecting, so the compiler keeps it though nothing reads it."""
+    if ON_GPU:
+        tl.inline_asm_elementwise("{ .reg .pred p; setp.ne.s32 p, $2, 0; @p prefetch.global.L1 [$1]; mov.u32 $0, 0; }",
+                                  "=r,l,r", [ptrs, mask.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1)

@@ -11,8 +11,9 @@ loads of data that other threads of the program wrote earlier bypass L1 (`.cg`).
        chunk (written, never read), a barrier, the listed logits are stored back. No other program
        touches the chunk, so no thread stores -inf over a listed token after its value is back;
      - from `_KEEP_BITS_MIN_T` rows, keep bits: the program zeroes its own bit words for the chunk,
-       sets a bit for each listed id of the chunk (atomics), a barrier, and then writes every token
-       once, by the thread that reads it (if kept), the chunk in one step. Fewer steps a token,
+       sets a bit for each listed id of the chunk (atomics; the kept logits' lines are prefetched
+       into L1 meanwhile), a barrier, and then writes every token once, by the thread that reads
+       it (if kept), the chunk in one step. Fewer steps a token,
        but a longer chain of dependent steps a program, which the small batches, with few
        programs to overlap them, pay for. A token's store is its thread's one vector store:
        storing `-inf` over the sectors without a kept token in a store of its own, which waits
@@ -40,7 +41,7 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 from . import _checks
 from ._launch import cdiv, next_power_of_2
 from ._registry import define_op, launch
-from ._triton_helpers import load_slot
+from ._triton_helpers import load_slot, prefetch_l1
 from .truncation import plan as truncation_plan
 
 _BLOCK_V = 4096  # tokens per step of a pass over the row
@@ -143,16 +144,20 @@ def _restore_allowed(row_ptr, ids_ptr, n_allowed, lo, hi, allowed_scratch, IN_RE
 
 
 @triton.jit
-def _set_keep_bits(ids_ptr, n_allowed, lo, hi, bits_ptr, BLOCK_ALLOWED: tl.constexpr, CHUNK_V: tl.constexpr):
+def _set_keep_bits(row_ptr, ids_ptr, n_allowed, lo, hi, bits_ptr, BLOCK_ALLOWED: tl.constexpr, CHUNK_V: tl.constexpr):
     """The keep bits of the allowed list over [lo, hi): the chunk's bit words (the program's own) are
-    zeroed, a barrier, a bit is set for each listed id of the chunk, a barrier."""
+    zeroed, a barrier, a bit is set for each listed id of the chunk, a barrier. The kept logits'
+    lines are prefetched into L1 as the bits are set: the fill's loads of them, which its stores
+    wait for, then find them there instead of in device memory."""
     # The first block of ids is requested before the zeroing: its latency passes under the barrier.
     ids, ok = _load_listed(ids_ptr, tl.arange(0, BLOCK_ALLOWED), n_allowed, lo, hi)
     tl.store(bits_ptr + tl.arange(0, CHUNK_V // 32), tl.zeros([CHUNK_V // 32], tl.int32))
     tl.debug_barrier()
+    prefetch_l1(row_ptr + ids, ok)
     _set_bits(bits_ptr, ids - lo, ok)
     for i in range(BLOCK_ALLOWED, n_allowed, BLOCK_ALLOWED):  # lists wider than a register block
         ids, ok = _load_listed(ids_ptr, i + tl.arange(0, BLOCK_ALLOWED), n_allowed, lo, hi)
+        prefetch_l1(row_ptr + ids, ok)
         _set_bits(bits_ptr, ids - lo, ok)
     tl.debug_barrier()
 
@@ -199,7 +204,7 @@ def _allowed_and_bias_kernel(
             bits_ptr = keep_bits_ptr + t.to(tl.int64) * keep_bits_stride + chunk * (CHUNK_V // 32)
         if n_allowed > 0:
             if KEEP_BITS:
-                _set_keep_bits(ids_ptr, n_allowed, lo, hi, bits_ptr, BLOCK_ALLOWED, CHUNK_V)
+                _set_keep_bits(row_ptr, ids_ptr, n_allowed, lo, hi, bits_ptr, BLOCK_ALLOWED, CHUNK_V)
                 if HAS_BIAS and BIAS_IN_REGISTERS:
                     # After the fill only the kept tokens hold a logit: a biased token without a bit
                     # is -inf, and stays -inf unless its bias is +inf or NaN (-inf + bias is NaN).
