@@ -60,5 +60,5 @@ setup(
     cmdclass={"build_ext": BuildExtension},
     python_requires=">=3.10",
     install_requires=[f"torch=={torch_major_minor}.*", "triton>=3.6"],
-    extras_require={"test": ["pytest", "numpy", "ruff~=0.17.0"]},
+    extras_require={"test": ["pytest", "pytest-xdist", "numpy", "ruff~=0.17.0"]},
 )
