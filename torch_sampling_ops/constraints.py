@@ -50,6 +50,7 @@ _KEEP_BITS_MIN_T = 80  # rows from which the allowed lists go through keep bits
 _MAX_BLOCK_IDS = 2048  # list ids one program holds in registers
 _WARPS = 8
 _KEEP_CHUNK_V = 2 * _BLOCK_V  # tokens per program of _allowed_and_bias_kernel under keep bits, filled in one step
+_PREFETCH_KEPT = True  # under keep bits, the kept logits' lines prefetched into L1 as their bits are set
 
 
 def _ids_block(width: int) -> int:
@@ -144,20 +145,23 @@ def _restore_allowed(row_ptr, ids_ptr, n_allowed, lo, hi, allowed_scratch, IN_RE
 
 
 @triton.jit
-def _set_keep_bits(row_ptr, ids_ptr, n_allowed, lo, hi, bits_ptr, BLOCK_ALLOWED: tl.constexpr, CHUNK_V: tl.constexpr):
+def _set_keep_bits(row_ptr, ids_ptr, n_allowed, lo, hi, bits_ptr, BLOCK_ALLOWED: tl.constexpr, CHUNK_V: tl.constexpr,
+                   PREFETCH: tl.constexpr):
     """The keep bits of the allowed list over [lo, hi): the chunk's bit words (the program's own) are
-    zeroed, a barrier, a bit is set for each listed id of the chunk, a barrier. The kept logits'
-    lines are prefetched into L1 as the bits are set: the fill's loads of them, which its stores
-    wait for, then find them there instead of in device memory."""
+    zeroed, a barrier, a bit is set for each listed id of the chunk, a barrier. With PREFETCH the
+    kept logits' lines are prefetched into L1 as the bits are set: the fill's loads of them, which
+    its stores wait for, then find them there instead of in device memory."""
     # The first block of ids is requested before the zeroing: its latency passes under the barrier.
     ids, ok = _load_listed(ids_ptr, tl.arange(0, BLOCK_ALLOWED), n_allowed, lo, hi)
     tl.store(bits_ptr + tl.arange(0, CHUNK_V // 32), tl.zeros([CHUNK_V // 32], tl.int32))
     tl.debug_barrier()
-    prefetch_l1(row_ptr + ids, ok)
+    if PREFETCH:
+        prefetch_l1(row_ptr + ids, ok)
     _set_bits(bits_ptr, ids - lo, ok)
     for i in range(BLOCK_ALLOWED, n_allowed, BLOCK_ALLOWED):  # lists wider than a register block
         ids, ok = _load_listed(ids_ptr, i + tl.arange(0, BLOCK_ALLOWED), n_allowed, lo, hi)
-        prefetch_l1(row_ptr + ids, ok)
+        if PREFETCH:
+            prefetch_l1(row_ptr + ids, ok)
         _set_bits(bits_ptr, ids - lo, ok)
     tl.debug_barrier()
 
@@ -171,7 +175,7 @@ def _allowed_and_bias_kernel(
     HAS_ALLOWED: tl.constexpr, KEEP_BITS: tl.constexpr, ALLOWED_IN_REGISTERS: tl.constexpr,
     HAS_BIAS: tl.constexpr, BIAS_IN_REGISTERS: tl.constexpr,
     BLOCK_V: tl.constexpr, CHUNK_V: tl.constexpr, BLOCK_ALLOWED: tl.constexpr,
-    BLOCK_BIAS: tl.constexpr, PDL: tl.constexpr,
+    BLOCK_BIAS: tl.constexpr, PREFETCH_KEPT: tl.constexpr, PDL: tl.constexpr,
 ):
     """PDL: the min-tokens launch that follows is a programmatic dependent one, placed once every
     program here has started."""
@@ -204,7 +208,7 @@ def _allowed_and_bias_kernel(
             bits_ptr = keep_bits_ptr + t.to(tl.int64) * keep_bits_stride + chunk * (CHUNK_V // 32)
         if n_allowed > 0:
             if KEEP_BITS:
-                _set_keep_bits(row_ptr, ids_ptr, n_allowed, lo, hi, bits_ptr, BLOCK_ALLOWED, CHUNK_V)
+                _set_keep_bits(row_ptr, ids_ptr, n_allowed, lo, hi, bits_ptr, BLOCK_ALLOWED, CHUNK_V, PREFETCH_KEPT)
                 if HAS_BIAS and BIAS_IN_REGISTERS:
                     # After the fill only the kept tokens hold a logit: a biased token without a bit
                     # is -inf, and stays -inf unless its bias is +inf or NaN (-inf + bias is NaN).
@@ -375,7 +379,8 @@ def _logit_bias_triton(logits, idx_mapping, output_lens, allowed_ids, num_allowe
             bits, bits_stride, scratch, scratch_stride, staged_w, R, V,
             HAS_ALLOWED=allowed_w > 0, KEEP_BITS=keep_bits, ALLOWED_IN_REGISTERS=allowed_w <= _MAX_BLOCK_IDS,
             HAS_BIAS=bias_w > 0, BIAS_IN_REGISTERS=bias_w <= _MAX_BLOCK_IDS, BLOCK_V=_BLOCK_V, CHUNK_V=chunk_v,
-            BLOCK_ALLOWED=_ids_block(allowed_w), BLOCK_BIAS=_ids_block(bias_w), PDL=pdl, num_warps=_WARPS,
+            BLOCK_ALLOWED=_ids_block(allowed_w), BLOCK_BIAS=_ids_block(bias_w), PREFETCH_KEPT=_PREFETCH_KEPT, PDL=pdl,
+            num_warps=_WARPS,
         )
     if stop_w > 0:
         launch(
