@@ -13,11 +13,11 @@ loads of data that other threads of the program wrote earlier bypass L1 (`.cg`).
      - from `_KEEP_BITS_MIN_T` rows, keep bits: the program zeroes its own bit words for the chunk,
        sets a bit for each listed id of the chunk (atomics; the kept logits' lines are prefetched
        into L1 meanwhile), a barrier, and then writes every token once, by the thread that reads
-       it (if kept), the chunk in one step. Fewer steps a token,
-       but a longer chain of dependent steps a program, which the small batches, with few
-       programs to overlap them, pay for. A token's store is its thread's one vector store:
-       storing `-inf` over the sectors without a kept token in a store of its own, which waits
-       for no load, was slower, and so was a program a whole row (docs/notes/constraints-tuning.md);
+       it (if kept), the chunk in one step. Fewer steps a token, but a longer chain of dependent
+       steps a program, which the small batches, with few programs to overlap them, pay for. A
+       token's store is its thread's one vector store: storing `-inf` over the sectors without a
+       kept token in a store of its own, which waits for no load, was slower, and so was a program
+       a whole row (docs/notes/constraints-tuning.md);
    - bias: the bias lists are requested first (their latency passes under the allowed list);
      the listed logits of the chunk are all read (plus bias), a barrier, then written back, so a
      duplicated id gets one of its biases. Under keep bits only the kept ones are read, before
