@@ -1,0 +1,104 @@
+"""A/B of a tunable: one benchmark script's cases timed under each value of a module constant or of
+a top_k_top_p setting, in one process, with the output of every value compared against the first.
+
+    python benchmarks/ab_constants.py bench_logit_bias torch_sampling_ops.constraints._PREFETCH_KEPT=True,False
+    python benchmarks/ab_constants.py bench_sample settings.gather_in_draw_min_t=128,1 --T 1,32 --cases "k=50"
+
+NAME=V1,V2,...: `module.path.ATTR` (the attribute is reassigned and the call records cleared, as
+module constants are read when a record is made) or `settings.FIELD` (the truncation settings,
+through `use_settings`). Values are Python literals. For each batch size and case, every value is
+timed `--rounds` times, the values alternated round by round (a drift of the machine shows as a
+spread within one value): CUDA-graph µs on a GPU (`timing.bench_gpu`, the script's input sets),
+else CPU µs. "same" says whether the case's output (the logits it edits in place, or what it
+returns) holds the same bits as under the first value, on a copy of the first input set.
+"""
+from __future__ import annotations
+
+import argparse
+import ast
+import contextlib
+import functools
+import hashlib
+import importlib
+
+import torch
+
+from torch_sampling_ops import _call_cache
+from torch_sampling_ops.truncation import use_settings
+
+import timing
+
+
+def parse_spec(spec: str) -> tuple[str, list]:
+    """("module.ATTR" or "settings.FIELD", [values]) of NAME=V1,V2,..."""
+    name, _, values = spec.partition("=")
+    if not values:
+        raise SystemExit(f"expected NAME=V1,V2,... got {spec!r}")
+    return name, [ast.literal_eval(v) for v in values.split(",")]
+
+
+@contextlib.contextmanager
+def holding(name: str, value):
+    """Runs the block with `name` (a module attribute or a truncation setting) set to `value`."""
+    if name.startswith("settings."):
+        with use_settings(**{name.removeprefix("settings."): value}):
+            yield
+        return
+    module_name, _, attr = name.rpartition(".")
+    module = importlib.import_module(module_name)
+    old = getattr(module, attr)
+    setattr(module, attr, value)
+    _call_cache.clear()
+    try:
+        yield
+    finally:
+        setattr(module, attr, old)
+        _call_cache.clear()
+
+
+def digest(case: timing.Case, inputs: list) -> str:
+    """A hash of what `case.ours` writes or returns on a copy of `inputs`."""
+    inputs = [x.clone() if isinstance(x, torch.Tensor) else x for x in inputs]
+    result = case.ours(*inputs)
+    outputs = [inputs[0]] if result is None else (list(result) if isinstance(result, (tuple, list)) else [result])
+    h = hashlib.sha1()
+    for t in outputs:
+        h.update(t.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()[:12]
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("script", help="a benchmark script's module name, e.g. bench_logit_bias (its CASES)")
+    parser.add_argument("spec", help="NAME=V1,V2,...")
+    parser.add_argument("--T", default="128,256", help="batch sizes")
+    parser.add_argument("--V", type=int, default=151936)
+    parser.add_argument("--cases", default="", help="only the cases whose name contains this")
+    parser.add_argument("--rounds", type=int, default=2)
+    args = parser.parse_args()
+    name, values = parse_spec(args.spec)
+    cases = [c for c in importlib.import_module(args.script).CASES if args.cases in c.name]
+    on_gpu = torch.cuda.is_available()
+    device = "cuda" if on_gpu else "cpu"
+    timer = functools.partial(timing.bench_gpu, graph=True) if on_gpu else timing.bench_cpu
+    print(f"Environment: {timing.environment()}; {'CUDA graph' if on_gpu else 'CPU'} µs")
+    rows = []
+    for T in (int(t) for t in args.T.split(",")):
+        for case in cases:
+            sets = [case.make(T, args.V, device, seed) for seed in range(timing.N_SETS)]
+            pristine = case.make(T, args.V, device, 0)  # the timed sets of an in-place op change as it runs
+            times = {v: [] for v in values}
+            digests = {}
+            for _ in range(args.rounds):
+                for v in values:
+                    with holding(name, v):
+                        times[v].append(timing._time_ours(case, sets, timer))
+                        digests.setdefault(v, digest(case, pristine))
+            for v in values:
+                rows.append([case.name, T, f"{name}={v!r}", " / ".join(f"{us:.1f}" for us in times[v]),
+                             "yes" if digests[v] == digests[values[0]] else "NO"])
+    timing.print_table(f"A/B of {name}, V = {args.V}", ["case", "T", "value", "µs a round", "same"], rows)
+
+
+if __name__ == "__main__":
+    main()
