@@ -87,8 +87,9 @@ def test_ab_constants_times_each_value_and_compares_the_outputs():
     """benchmarks/ab_constants.py runs (on the CPU here): a row a value, the outputs compared."""
     import subprocess
 
+    script = os.path.join(os.path.dirname(baselines.__file__), "ab_constants.py")
     spec = "torch_sampling_ops.constraints._KEEP_BITS_MIN_T=80,1"
-    done = subprocess.run([sys.executable, os.path.join(os.path.dirname(baselines.__file__), "ab_constants.py"), "bench_logit_bias", spec,
+    done = subprocess.run([sys.executable, script, "bench_logit_bias", spec,
                            "--T", "2", "--V", "3001", "--rounds", "1", "--cases", "no allowed list"],
                           capture_output=True, text=True, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""}, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
