@@ -92,7 +92,7 @@ def main():
             for _ in range(args.rounds):
                 for v in values:
                     with holding(name, v):
-                        times[v].append(timing._time_ours(case, sets, timer))
+                        times[v].append(timing.time_ours(case, sets, timer))
                         digests.setdefault(v, digest(case, pristine))
             for v in values:
                 rows.append([case.name, T, f"{name}={v!r}", " / ".join(f"{us:.1f}" for us in times[v]),

@@ -21,7 +21,7 @@ import bench_speculative
 import bench_truncation
 import torch
 
-from timing import N_SETS, _time_ours, bench_cpu, environment, print_table
+from timing import N_SETS, bench_cpu, environment, print_table, time_ours
 
 CASES = (bench_filtering.CASES + bench_truncation.CASES + bench_logit_bias.CASES + bench_history.CASES
          + bench_sample.CASES + bench_speculative.CASES + bench_sampler.CASES)
@@ -36,7 +36,7 @@ def ops_rows(T: int, V: int, threads: int, repeats: int) -> dict:
         def timer(fn, s):
             return bench_cpu(fn, s, repeats=repeats)
 
-        ours = _time_ours(case, sets, timer, lambda fn, base, s: bench_cpu(fn, s, repeats=repeats, base=base))
+        ours = time_ours(case, sets, timer, lambda fn, base, s: bench_cpu(fn, s, repeats=repeats, base=base))
         base = timer(case.baseline, [[s[0].clone()] + list(s[1:]) for s in sets])
         rows[case.name] = [ours, base, base / ours]
         print(f"{threads} thread(s): {case.name} {ours:.4g} / {base:.4g} µs", flush=True)

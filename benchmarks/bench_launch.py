@@ -32,11 +32,11 @@ from torch_sampling_ops.truncation.workspace import _workspace_words
 
 from timing import (
     N_SETS,
-    _time_ours,
     bench_gpu,
     eager_overhead_us,
     environment,
     print_table,
+    time_ours,
 )
 
 CASES = (bench_filtering.CASES + bench_truncation.CASES + bench_logit_bias.CASES + bench_history.CASES
@@ -100,8 +100,8 @@ def eager_vs_graph_table(V: int, Ts=(1, 32, 256)) -> str:
     for case in CASES:
         for T in Ts:
             sets = [case.make(T, V, "cuda", seed) for seed in range(N_SETS)]
-            eager = _time_ours(case, sets, bench_gpu)
-            graph = _time_ours(case, sets, functools.partial(bench_gpu, graph=True))
+            eager = time_ours(case, sets, bench_gpu)
+            graph = time_ours(case, sets, functools.partial(bench_gpu, graph=True))
             rows.append([case.name, T, eager, graph, eager - graph])
             del sets
     return print_table(f"Eager against CUDA graph, V = {V}, µs per call (median)",

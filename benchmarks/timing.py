@@ -194,7 +194,7 @@ class Case:
     fresh_logits: bool = False
 
 
-def _time_ours(case: Case, sets: list, timer: Callable, difference: Callable | None = None) -> float:
+def time_ours(case: Case, sets: list, timer: Callable, difference: Callable | None = None) -> float:
     """µs of one call of case.ours by `timer(fn, sets)`; with fresh_logits, each call first copies the
     original logits into a work buffer, and the copy's own time is subtracted (by
     `difference(fn, copy, sets)` if given: the two timed together)."""
@@ -218,8 +218,8 @@ def time_case(case: Case, T: int, V: int) -> tuple[list, float, float, float]:
     """Times `case` on the GPU at T rows: (one of its input sets, for the floors; µs of ours eager, of
     ours in a CUDA graph, of the baseline), each time also recorded in the CSV."""
     sets = [case.make(T, V, "cuda", seed) for seed in range(N_SETS)]
-    eager = _time_ours(case, sets, bench_gpu)
-    graph = _time_ours(case, sets, functools.partial(bench_gpu, graph=True))
+    eager = time_ours(case, sets, bench_gpu)
+    graph = time_ours(case, sets, functools.partial(bench_gpu, graph=True))
     base = bench_gpu(case.baseline, sets)
     op, setting = split_name(case.name)
     for mode, provider, us in (("eager", "ours", eager), ("graph", "ours", graph), ("eager", "pytorch", base)):
@@ -243,7 +243,7 @@ def cpu_table(cases: Sequence[Case], T: int = 32, V: int = 32000) -> str:
     rows = []
     for case in cases:
         sets = [case.make(T, V, "cpu", seed) for seed in range(N_SETS)]
-        ours_us, base_us = _time_ours(case, sets, bench_cpu), bench_cpu(case.baseline, sets)
+        ours_us, base_us = time_ours(case, sets, bench_cpu), bench_cpu(case.baseline, sets)
         op, setting = split_name(case.name)
         for provider, us in (("ours", ours_us), ("pytorch", base_us)):
             record(op, setting, T, V, sets[0][0].dtype, "cpu", provider, us)
