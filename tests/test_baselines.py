@@ -81,17 +81,3 @@ def test_rejection_sample_baseline(gen):
         k = int(num[i]) - 1  # accepted drafts
         assert tokens[i, :k].tolist() == args[1][int(cu[i]): int(cu[i]) + k].tolist()
         assert bool((tokens[i, k + 1:] == -1).all()) and 0 <= int(tokens[i, k]) < 500
-
-
-def test_ab_constants_times_each_value_and_compares_the_outputs():
-    """benchmarks/ab_constants.py runs (on the CPU here): a row a value, the outputs compared."""
-    import subprocess
-
-    script = os.path.join(os.path.dirname(baselines.__file__), "ab_constants.py")
-    spec = "torch_sampling_ops.constraints._KEEP_BITS_MIN_T=80,1"
-    done = subprocess.run([sys.executable, script, "bench_logit_bias", spec,
-                           "--T", "2", "--V", "3001", "--rounds", "1", "--cases", "no allowed list"],
-                          capture_output=True, text=True, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""}, timeout=300)
-    assert done.returncode == 0, done.stderr[-2000:]
-    rows = [line for line in done.stdout.splitlines() if line.startswith("| logit_bias")]
-    assert len(rows) == 2 and all(row.endswith("| yes |") for row in rows), done.stdout

@@ -1,0 +1,17 @@
+"""The benchmarks' tools run: benchmarks/ab_constants.py (on the CPU here)."""
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_ab_constants_times_each_value_and_compares_the_outputs():
+    """A row a value of the constant, each with its output compared against the first value's."""
+    spec = "torch_sampling_ops.constraints._KEEP_BITS_MIN_T=80,1"
+    done = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "ab_constants.py"), "bench_logit_bias", spec,
+                           "--T", "2", "--V", "3001", "--rounds", "1", "--cases", "no allowed list"],
+                          capture_output=True, text=True, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""}, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = [line for line in done.stdout.splitlines() if line.startswith("| logit_bias")]
+    assert len(rows) == 2 and all(row.endswith("| yes |") for row in rows), done.stdout
