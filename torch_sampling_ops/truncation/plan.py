@@ -52,7 +52,7 @@ def _launch_plan(T: int, V: int, pdl: bool, settings: TruncationSettings | None 
     # 128 registers: two programs an SM
     select = (_select_kernel, (T,),
               dict(SEG_CAP=s.seg_cap, TILE=s.tile, SMALL=s.small, P=s.pivots, CAP=s.cap, BLOCK=s.block,
-                   MASK_BLOCK=s.mask_block, FILL_IN_SELECT_MIN_T=s.fill_in_select_min_t, CHUNK=s.chunk, SEGMENTS=s.chunk // s.segment,
+                   MASK_BLOCK=s.mask_block, FILL=fill_in_select, CHUNK=s.chunk, SEGMENTS=s.chunk // s.segment,
                    SEGMENTS_P2=segments_p2, GATHER_IN_DRAW_MIN_T=s.gather_in_draw_min_t, DRAW=draw,
                    num_warps=s.select_warps, maxnreg=128, **follow))
     bound = [(_sample_bound_kernel, (T,), dict(SAMPLE=s.sample, SEG_CAP=s.seg_cap, PDL=pdl, DRAW=draw,

@@ -238,11 +238,11 @@ def _top_p_of_few(src_ptr, n, row_max, p, SMALL: tl.constexpr):
 
 @triton.jit
 def _select_row(row_ptr, ws_row, flag, pairs_ptr, values_ptr, buffer_ptr, scratch_ptr, num_segments, vocab_size, k,
-                p, k_on, p_on, fill, SEG_CAP: tl.constexpr, TILE: tl.constexpr, SMALL: tl.constexpr,
+                p, k_on, p_on, SEG_CAP: tl.constexpr, TILE: tl.constexpr, SMALL: tl.constexpr, FILL: tl.constexpr,
                 CHUNK: tl.constexpr, SEGMENTS: tl.constexpr):
     """A settled row's threshold, from its candidate list, applied: with top-k on, the kept
     candidates written back here from the positions the gather listed in the buffer (the pair
-    regions, which the fill then does not read, take the compactions); for top-p alone, with `fill`,
+    regions, which the fill then does not read, take the compactions); for top-p alone, with FILL,
     the row filled here chunk by chunk as the fill launch does (the next chunk's candidates load
     while one is written), or the threshold stored for the fill launch."""
     list_size = num_segments * SEG_CAP
@@ -261,7 +261,7 @@ def _select_row(row_ptr, ws_row, flag, pairs_ptr, values_ptr, buffer_ptr, scratc
             next_positions = tl.load(positions_ptr + start + tl.arange(0, TILE), mask=next_present)
             tl.store(row_ptr + positions, values.to(row_ptr.dtype.element_ty), mask=present & (values >= threshold))
             values, present, positions = next_values, next_present, next_positions
-    elif fill:
+    elif FILL:
         mine = tl.arange(0, SEGMENTS)
         weighs = _weighs_row(k_on, p_on, 0.0)  # top-p alone, in this branch
         listed, listed_at, is_listed, _ = _listed_candidates(ws_row, num_segments, mine, flag, weighs, SEG_CAP)
@@ -384,13 +384,12 @@ def _select_kernel(
     logits_ptr, logits_stride, idx_mapping_ptr, top_k_ptr, top_p_ptr, ws_ptr, ws_stride, num_slots, vocab_size,
     num_segments, temperature_ptr, min_p_ptr, seeds_ptr, output_lens_ptr, out_ptr, tol,
     SEG_CAP: tl.constexpr, TILE: tl.constexpr, SMALL: tl.constexpr, P: tl.constexpr,
-    CAP: tl.constexpr, BLOCK: tl.constexpr, MASK_BLOCK: tl.constexpr, FILL_IN_SELECT_MIN_T: tl.constexpr,
+    CAP: tl.constexpr, BLOCK: tl.constexpr, MASK_BLOCK: tl.constexpr, FILL: tl.constexpr,
     CHUNK: tl.constexpr, SEGMENTS: tl.constexpr, SEGMENTS_P2: tl.constexpr, GATHER_IN_DRAW_MIN_T: tl.constexpr,
     PDL: tl.constexpr, DRAW: tl.constexpr,
 ):
     """A row's threshold: from its candidates when they settle it (applied here with top-k on, and
-    for top-p alone here from FILL_IN_SELECT_MIN_T rows, else by the fill launch: the grid tells it, so
-    that small and large batches share one compiled variant), else by the general path, which also
+    for top-p alone here with FILL, else by the fill launch), else by the general path, which also
     masks the row. With DRAW (`sample`): out[t], the token _draw_row draws (below GATHER_IN_DRAW_MIN_T
     rows after the gather launch, otherwise right after the scan: one compiled variant for both);
     the logits are not written."""
@@ -413,7 +412,7 @@ def _select_kernel(
             if flag != 0:
                 _select_row(row_ptr, ws_row, flag, _pairs_ptr(ws_row, num_segments),
                             _values_ptr(ws_row, num_segments, SEG_CAP), _buffer_ptr(ws_row, num_segments, SEG_CAP),
-                            scratch_ptr, num_segments, vocab_size, k, p, k_on, p_on,
-                            tl.num_programs(0) >= FILL_IN_SELECT_MIN_T, SEG_CAP, TILE, SMALL, CHUNK, SEGMENTS)
+                            scratch_ptr, num_segments, vocab_size, k, p, k_on, p_on, SEG_CAP, TILE, SMALL, FILL, CHUNK,
+                            SEGMENTS)
             else:
                 _general_row(row_ptr, scratch_ptr, vocab_size, k, p, k_on, p_on, P, CAP, BLOCK, MASK_BLOCK)
