@@ -67,15 +67,21 @@ def digest(case: timing.Case, inputs: list) -> str:
     return h.hexdigest()[:12]
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def ab_parser(description: str, what: str, what_help: str, batch_sizes: str) -> argparse.ArgumentParser:
+    """The arguments of an A/B script: a benchmark script, what it compares, batch sizes, V, the
+    cases to time and the rounds."""
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("script", help="a benchmark script's module name, e.g. bench_logit_bias (its CASES)")
-    parser.add_argument("spec", help="NAME=V1,V2,...")
-    parser.add_argument("--T", default="128,256", help="batch sizes")
+    parser.add_argument(what, help=what_help)
+    parser.add_argument("--T", default=batch_sizes, help="batch sizes")
     parser.add_argument("--V", type=int, default=151936)
     parser.add_argument("--cases", default="", help="only the cases whose name contains this")
     parser.add_argument("--rounds", type=int, default=2)
-    args = parser.parse_args()
+    return parser
+
+
+def main():
+    args = ab_parser(__doc__, "spec", "NAME=V1,V2,...", "128,256").parse_args()
     name, values = parse_spec(args.spec)
     cases = [c for c in importlib.import_module(args.script).CASES if args.cases in c.name]
     on_gpu = torch.cuda.is_available()

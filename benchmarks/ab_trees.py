@@ -77,13 +77,9 @@ def run_tree(args, tree: str | None) -> dict:
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("script", help="a benchmark script's module name, e.g. bench_truncation (its CASES)")
-    parser.add_argument("tree", help="a directory holding the other tree's torch_sampling_ops package")
-    parser.add_argument("--T", default="1,32,256", help="batch sizes")
-    parser.add_argument("--V", type=int, default=151936)
-    parser.add_argument("--cases", default="", help="only the cases whose name contains this")
-    parser.add_argument("--rounds", type=int, default=2)
+    from ab_constants import ab_parser
+
+    parser = ab_parser(__doc__, "tree", "a directory holding the other tree's torch_sampling_ops package", "1,32,256")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
