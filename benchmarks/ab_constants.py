@@ -14,11 +14,9 @@ returns) holds the same bits as under the first value, on a copy of the first in
 """
 from __future__ import annotations
 
-import argparse
 import ast
 import contextlib
 import functools
-import hashlib
 import importlib
 
 import torch
@@ -56,32 +54,8 @@ def holding(name: str, value):
         _call_cache.clear()
 
 
-def digest(case: timing.Case, inputs: list) -> str:
-    """A hash of what `case.ours` writes or returns on a copy of `inputs`."""
-    inputs = [x.clone() if isinstance(x, torch.Tensor) else x for x in inputs]
-    result = case.ours(*inputs)
-    outputs = [inputs[0]] if result is None else (list(result) if isinstance(result, (tuple, list)) else [result])
-    h = hashlib.sha1()
-    for t in outputs:
-        h.update(t.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
-    return h.hexdigest()[:12]
-
-
-def ab_parser(description: str, what: str, what_help: str, batch_sizes: str) -> argparse.ArgumentParser:
-    """The arguments of an A/B script: a benchmark script, what it compares, batch sizes, V, the
-    cases to time and the rounds."""
-    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("script", help="a benchmark script's module name, e.g. bench_logit_bias (its CASES)")
-    parser.add_argument(what, help=what_help)
-    parser.add_argument("--T", default=batch_sizes, help="batch sizes")
-    parser.add_argument("--V", type=int, default=151936)
-    parser.add_argument("--cases", default="", help="only the cases whose name contains this")
-    parser.add_argument("--rounds", type=int, default=2)
-    return parser
-
-
 def main():
-    args = ab_parser(__doc__, "spec", "NAME=V1,V2,...", "128,256").parse_args()
+    args = timing.ab_parser(__doc__, "spec", "NAME=V1,V2,...", "128,256").parse_args()
     name, values = parse_spec(args.spec)
     cases = [c for c in importlib.import_module(args.script).CASES if args.cases in c.name]
     on_gpu = torch.cuda.is_available()
@@ -99,7 +73,7 @@ def main():
                 for v in values:
                     with holding(name, v):
                         times[v].append(timing.time_ours(case, sets, timer))
-                        digests.setdefault(v, digest(case, pristine))
+                        digests.setdefault(v, timing.output_digest(case, pristine))
             for v in values:
                 rows.append([case.name, T, f"{name}={v!r}", " / ".join(f"{us:.1f}" for us in times[v]),
                              "yes" if digests[v] == digests[values[0]] else "NO"])

@@ -30,7 +30,6 @@ def measure(script: str, Ts: list[int], V: int, cases: str) -> dict:
     """{"case T=..": [µs, output digest]} of the package this process imports."""
     import torch
 
-    import ab_constants
     import timing
 
     on_gpu = torch.cuda.is_available()
@@ -41,7 +40,7 @@ def measure(script: str, Ts: list[int], V: int, cases: str) -> dict:
         for case in (c for c in importlib.import_module(script).CASES if cases in c.name):
             sets = [case.make(T, V, device, seed) for seed in range(timing.N_SETS)]
             pristine = case.make(T, V, device, 0)  # the timed sets of an in-place op change as it runs
-            results[f"{case.name}, T = {T}"] = [timing.time_ours(case, sets, timer), ab_constants.digest(case, pristine)]
+            results[f"{case.name}, T = {T}"] = [timing.time_ours(case, sets, timer), timing.output_digest(case, pristine)]
     return results
 
 
@@ -77,9 +76,9 @@ def run_tree(args, tree: str | None) -> dict:
 
 
 def main():
-    from ab_constants import ab_parser
+    import timing
 
-    parser = ab_parser(__doc__, "tree", "a directory holding the other tree's torch_sampling_ops package", "1,32,256")
+    parser = timing.ab_parser(__doc__, "tree", "a directory holding the other tree's torch_sampling_ops package", "1,32,256")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
@@ -89,8 +88,6 @@ def main():
         print(_RESULT + json.dumps({"package": os.path.dirname(torch_sampling_ops.__file__), "results": results}))
         return
     import torch
-
-    import timing
 
     other = with_extension(args.tree)
     runs = {"installed": [], "other": []}

@@ -2,14 +2,16 @@
 
 GPU: `triton.testing.do_bench` medians (warmed up) while rotating over several input sets so
 repeated calls do not hit a warm L2, optionally inside a CUDA graph; CPU: medians of wall-clock
-repeats. Also the copy bandwidth that the bandwidth floor is computed from, table printing, and a
-CSV of every timed row (`record`): benchmarks/results/<script>.csv, appended to, one line a figure.
+repeats. Also the copy bandwidth that the bandwidth floor is computed from, table printing, a CSV
+of every timed row (`record`): benchmarks/results/<script>.csv, appended to, one line a figure, and
+the A/B scripts' arguments and output digests.
 """
 from __future__ import annotations
 
 import argparse
 import csv
 import functools
+import hashlib
 import os
 import pathlib
 import re
@@ -192,6 +194,31 @@ class Case:
     ours: Callable
     baseline: Callable
     fresh_logits: bool = False
+
+
+def ab_parser(description: str, what: str, what_help: str, batch_sizes: str) -> argparse.ArgumentParser:
+    """The arguments of an A/B script: a benchmark script, what it compares, batch sizes, V, the
+    cases to time and the rounds."""
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("script", help="a benchmark script's module name, e.g. bench_logit_bias (its CASES)")
+    parser.add_argument(what, help=what_help)
+    parser.add_argument("--T", default=batch_sizes, help="batch sizes")
+    parser.add_argument("--V", type=int, default=151936)
+    parser.add_argument("--cases", default="", help="only the cases whose name contains this")
+    parser.add_argument("--rounds", type=int, default=2)
+    return parser
+
+
+def output_digest(case: Case, inputs: list) -> str:
+    """A hash of what `case.ours` writes or returns on a copy of `inputs` (the A/B scripts compare
+    two forms' outputs by it)."""
+    inputs = [x.clone() if isinstance(x, torch.Tensor) else x for x in inputs]
+    result = case.ours(*inputs)
+    outputs = [inputs[0]] if result is None else (list(result) if isinstance(result, (tuple, list)) else [result])
+    h = hashlib.sha1()
+    for t in outputs:
+        h.update(t.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()[:12]
 
 
 def time_ours(case: Case, sets: list, timer: Callable, difference: Callable | None = None) -> float:
