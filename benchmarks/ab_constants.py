@@ -16,10 +16,7 @@ from __future__ import annotations
 
 import ast
 import contextlib
-import functools
 import importlib
-
-import torch
 
 from torch_sampling_ops import _call_cache
 from torch_sampling_ops.truncation import use_settings
@@ -57,11 +54,8 @@ def holding(name: str, value):
 def main():
     args = timing.ab_parser(__doc__, "spec", "NAME=V1,V2,...", "128,256").parse_args()
     name, values = parse_spec(args.spec)
-    cases = [c for c in importlib.import_module(args.script).CASES if args.cases in c.name]
-    on_gpu = torch.cuda.is_available()
-    device = "cuda" if on_gpu else "cpu"
-    timer = functools.partial(timing.bench_gpu, graph=True) if on_gpu else timing.bench_cpu
-    print(f"Environment: {timing.environment()}; {'CUDA graph' if on_gpu else 'CPU'} µs")
+    cases, device, timer, unit = timing.ab_setup(args.script, args.cases)
+    print(f"Environment: {timing.environment()}; {unit}")
     rows = []
     for T in (int(t) for t in args.T.split(",")):
         for case in cases:

@@ -14,9 +14,7 @@ case's output holds the same bits under both trees, on the first input set.
 from __future__ import annotations
 
 import argparse
-import functools
 import glob
-import importlib
 import json
 import os
 import shutil
@@ -28,16 +26,13 @@ _RESULT = "AB_TREES_RESULT "
 
 def measure(script: str, Ts: list[int], V: int, cases: str) -> dict:
     """{"case T=..": [µs, output digest]} of the package this process imports."""
-    import torch
 
     import timing
 
-    on_gpu = torch.cuda.is_available()
-    device = "cuda" if on_gpu else "cpu"
-    timer = functools.partial(timing.bench_gpu, graph=True) if on_gpu else timing.bench_cpu
+    selected, device, timer, _ = timing.ab_setup(script, cases)
     results = {}
     for T in Ts:
-        for case in (c for c in importlib.import_module(script).CASES if cases in c.name):
+        for case in selected:
             sets = [case.make(T, V, device, seed) for seed in range(timing.N_SETS)]
             pristine = case.make(T, V, device, 0)  # the timed sets of an in-place op change as it runs
             results[f"{case.name}, T = {T}"] = [timing.time_ours(case, sets, timer), timing.output_digest(case, pristine)]

@@ -12,6 +12,7 @@ import argparse
 import csv
 import functools
 import hashlib
+import importlib
 import os
 import pathlib
 import re
@@ -207,6 +208,15 @@ def ab_parser(description: str, what: str, what_help: str, batch_sizes: str) -> 
     parser.add_argument("--cases", default="", help="only the cases whose name contains this")
     parser.add_argument("--rounds", type=int, default=2)
     return parser
+
+
+def ab_setup(script: str, cases: str) -> tuple[list, str, Callable, str]:
+    """(the cases of benchmark module `script` whose name contains `cases`, the device, the timer,
+    its unit) of an A/B script: CUDA-graph µs on a GPU, else CPU µs."""
+    selected = [c for c in importlib.import_module(script).CASES if cases in c.name]
+    if torch.cuda.is_available():
+        return selected, "cuda", functools.partial(bench_gpu, graph=True), "CUDA graph µs"
+    return selected, "cpu", bench_cpu, "CPU µs"
 
 
 def output_digest(case: Case, inputs: list) -> str:
