@@ -254,3 +254,27 @@ def test_a_second_parallel_warmup_of_the_same_variants_starts_no_workers(monkeyp
     monkeypatch.setattr(_warmup, "_compile_in_processes", no_workers)
     info = torch_sampling_ops.warmup(**args)
     assert info["processes"] == 1 and info["calls"] > 0
+
+
+def test_default_workers_count_physical_cores(monkeypatch, tmp_path):
+    """warmup's default process count reads the CPU topology: hyperthread siblings (the same package
+    and core id) count once, and without a readable topology half the logical CPUs count."""
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3, 5}, raising=False)
+    cores = {0: ("0", "0"), 1: ("0", "0"), 2: ("0", "1"), 3: ("1", "0"), 5: ("1", "0")}  # cpu -> (package, core)
+    real_open = open
+
+    def fake_open(path, *args, **kwargs):
+        path = str(path)
+        if path.startswith("/sys/devices/system/cpu/cpu"):
+            cpu = int(path.split("/cpu/cpu")[1].split("/")[0])
+            if cpu not in cores:
+                raise FileNotFoundError(path)
+            tmp = tmp_path / path.replace("/", "_")
+            tmp.write_text(cores[cpu][0 if path.endswith("physical_package_id") else 1] + "\n")
+            return real_open(tmp, *args, **kwargs)
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr("builtins.open", fake_open)
+    assert _warmup._physical_cores() == 3
+    del cores[5]  # a CPU whose topology cannot be read
+    assert _warmup._physical_cores() == 2  # 5 logical CPUs // 2

@@ -248,6 +248,25 @@ def _compile_in_processes(variants: list[tuple], workers: int, device: torch.dev
     return workers
 
 
+_MAX_WORKERS = 16  # beyond this the slowest variant alone sets the warm-up's time
+
+
+def _physical_cores() -> int:
+    """The physical cores this process may run on: the distinct (package, core) pairs of the CPUs
+    in its affinity set, as Linux's sysfs tells them (hyperthread siblings share one core's
+    compile throughput); half the logical CPUs where the topology cannot be read."""
+    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else range(os.cpu_count() or 1)
+    cores = set()
+    for cpu in cpus:
+        topology = f"/sys/devices/system/cpu/cpu{cpu}/topology/"
+        try:
+            with open(topology + "physical_package_id") as package, open(topology + "core_id") as core:
+                cores.add((package.read().strip(), core.read().strip()))
+        except OSError:
+            return max(len(cpus) // 2, 1)
+    return max(len(cores), 1)
+
+
 _RECORD_FILE = "torch_sampling_ops_warmup.txt"
 
 
@@ -319,7 +338,8 @@ def warmup(
         parallel: compile the variants in forked worker processes too (where `os.fork` exists),
             unless an earlier parallel warm-up recorded the same variants as compiled; else
             compile them one after the other in this thread.
-        workers: processes, this one included (default: half the CPU count, at most 8).
+        workers: processes, this one included (default: the physical cores this process may
+            run on, at most 16).
 
     Returns ``{"seconds": wall time, "calls": op calls made, "processes": processes that compiled}``.
     On the CPU, or under the Triton interpreter (which compiles nothing), it returns at once with
@@ -337,7 +357,7 @@ def warmup(
                    tuple(bad_words_shape))
     processes = 1
     with torch.cuda.device(device):
-        workers = min(8, (os.cpu_count() or 1) // 2) if workers is None else workers
+        workers = min(_MAX_WORKERS, _physical_cores()) if workers is None else workers
         to_record = None  # the record to write once every variant is loaded
         if parallel and workers > 1:
             variants = _distinct_variants(launch_args)
