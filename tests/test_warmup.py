@@ -256,25 +256,14 @@ def test_a_second_parallel_warmup_of_the_same_variants_starts_no_workers(monkeyp
     assert info["processes"] == 1 and info["calls"] > 0
 
 
-def test_default_workers_count_physical_cores(monkeypatch, tmp_path):
+def test_default_workers_count_physical_cores(tmp_path):
     """warmup's default process count reads the CPU topology: hyperthread siblings (the same package
     and core id) count once, and without a readable topology half the logical CPUs count."""
-    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3, 5}, raising=False)
-    cores = {0: ("0", "0"), 1: ("0", "0"), 2: ("0", "1"), 3: ("1", "0"), 5: ("1", "0")}  # cpu -> (package, core)
-    real_open = open
-
-    def fake_open(path, *args, **kwargs):
-        path = str(path)
-        if path.startswith("/sys/devices/system/cpu/cpu"):
-            cpu = int(path.split("/cpu/cpu")[1].split("/")[0])
-            if cpu not in cores:
-                raise FileNotFoundError(path)
-            tmp = tmp_path / path.replace("/", "_")
-            tmp.write_text(cores[cpu][0 if path.endswith("physical_package_id") else 1] + "\n")
-            return real_open(tmp, *args, **kwargs)
-        return real_open(path, *args, **kwargs)
-
-    monkeypatch.setattr("builtins.open", fake_open)
-    assert _warmup._physical_cores() == 3
-    del cores[5]  # a CPU whose topology cannot be read
-    assert _warmup._physical_cores() == 2  # 5 logical CPUs // 2
+    for cpu, (package, core) in {0: (0, 0), 1: (0, 0), 2: (0, 1), 3: (1, 0), 5: (1, 0)}.items():
+        topology = tmp_path / f"cpu{cpu}" / "topology"
+        topology.mkdir(parents=True)
+        (topology / "physical_package_id").write_text(f"{package}\n")
+        (topology / "core_id").write_text(f"{core}\n")
+    assert _warmup._physical_cores([0, 1, 2, 3, 5], str(tmp_path)) == 3
+    assert _warmup._physical_cores([0, 1, 2, 3, 6], str(tmp_path)) == 2  # cpu 6 unreadable: 5 logical CPUs // 2
+    assert 1 <= _warmup._physical_cores() <= (os.cpu_count() or 1)

@@ -251,16 +251,18 @@ def _compile_in_processes(variants: list[tuple], workers: int, device: torch.dev
 _MAX_WORKERS = 16  # beyond this the slowest variant alone sets the warm-up's time
 
 
-def _physical_cores() -> int:
-    """The physical cores this process may run on: the distinct (package, core) pairs of the CPUs
-    in its affinity set, as Linux's sysfs tells them (hyperthread siblings share one core's
-    compile throughput); half the logical CPUs where the topology cannot be read."""
-    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else range(os.cpu_count() or 1)
+def _physical_cores(cpus: Sequence[int] | None = None, sysfs: str = "/sys/devices/system/cpu") -> int:
+    """The physical cores of `cpus` (default: those this process may run on): their distinct
+    (package, core) pairs in Linux's CPU topology (hyperthread siblings share one core's compile
+    throughput); half the logical CPUs where the topology cannot be read."""
+    if cpus is None:
+        cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else range(os.cpu_count() or 1)
     cores = set()
     for cpu in cpus:
-        topology = f"/sys/devices/system/cpu/cpu{cpu}/topology/"
+        topology = os.path.join(sysfs, f"cpu{cpu}", "topology")
         try:
-            with open(topology + "physical_package_id") as package, open(topology + "core_id") as core:
+            with open(os.path.join(topology, "physical_package_id")) as package, \
+                    open(os.path.join(topology, "core_id")) as core:
                 cores.add((package.read().strip(), core.read().strip()))
         except OSError:
             return max(len(cpus) // 2, 1)
