@@ -31,3 +31,29 @@ def test_ab_trees_times_both_trees_and_compares_the_outputs(tmp_path):
     assert str(tmp_path) in done.stdout
     rows = [line for line in done.stdout.splitlines() if line.startswith("| logit_bias")]
     assert len(rows) == 1 and rows[0].endswith("| yes |"), done.stdout
+
+
+def test_sample_launch_breakdown_tables_each_case_with_and_without_dependent_launches(monkeypatch):
+    """bench_sample's per-launch table: a row per case and launch mode, a column per kernel seen, each
+    time recorded (the profiler faked: it needs a GPU)."""
+    monkeypatch.syspath_prepend(os.path.join(ROOT, "benchmarks"))
+    import bench_sample
+
+    from torch_sampling_ops.truncation.settings import current_settings
+
+    def fake_breakdown(fn, inputs):
+        assert fn is bench_sample.tso.sample and inputs[0].shape == (1, 64)
+        times = {"_draw_kernel": 1.0, "_scan_segments_kernel": 2.0}
+        if current_settings().dependent_launches:
+            times["_select_kernel"] = 4.0
+        return times
+
+    recorded = []
+    monkeypatch.setattr(bench_sample, "kernel_breakdown", fake_breakdown)
+    monkeypatch.setattr(bench_sample, "record", lambda *args: recorded.append(args))
+    table = bench_sample.launch_breakdown(V=64, Ts=(1,), device="cpu")
+    rows = [line for line in table.splitlines() if line.startswith("| 1 |")]
+    assert len(rows) == 10  # five sample cases, each with and without dependent launches
+    assert "| T | setting | launches | draw | scan_segments | select | sum |" in table
+    assert rows[0] == "| 1 | greedy | dependent | 1 | 2 | 4 | 7 |" and rows[1] == "| 1 | greedy | alone | 1 | 2 | 0 | 3 |"
+    assert len(recorded) == 25 and recorded[0][:2] == ("sample", "greedy; _draw_kernel; dependent")
