@@ -10,7 +10,8 @@ Inputs: fp32 logits randn * 3, V = 151936, one slot per row. Cases: greedy (temp
 draw (temperature 1, no filter), k = 50 with p = 0.9, p = 0.9 alone, min_p = 0.1 at temperature 0.7,
 and logprobs with 20 top entries and the rank of a random token. The ops only read the logits, so
 the "r+w floor" column of the tables (a read and a write of the logits) is twice the read floor of
-these ops.
+these ops. On a GPU, last, the device time of each of sample's launches at T = 1 and 256
+(torch.profiler), with dependent launches and each alone.
 """
 from __future__ import annotations
 
@@ -50,7 +51,6 @@ CASES = [
          tso.sample, baselines.sample),
     Case("logprobs (k=20)", logprobs_inputs, tso.logprobs, baselines.logprobs),
 ]
-
 
 
 def launch_breakdown(V=151936, Ts=(1, 256), device="cuda") -> str:
