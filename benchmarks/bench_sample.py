@@ -15,13 +15,15 @@ these ops. On a GPU, last, the device time of each of sample's launches at T = 1
 """
 from __future__ import annotations
 
+import functools
+
 import baselines
 import torch
 
 import torch_sampling_ops as tso
 from torch_sampling_ops.truncation.settings import use_settings
 
-from timing import Case, kernel_breakdown, main, print_table, record, split_name
+from timing import Case, launch_table, main, split_name
 
 
 def sample_inputs(T, V, device, seed, *, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0):
@@ -57,25 +59,11 @@ def launch_breakdown(V=151936, Ts=(1, 256), device="cuda") -> str:
     """Device µs of each of `sample`'s launches (torch.profiler), per case and batch size: with
     programmatic dependent launches, as the op runs on Hopper (a launch's time then includes its wait
     for the one before), and each launch alone (`dependent_launches=False`)."""
-    results, kernels = [], {}
-    for T in Ts:
-        for case in CASES:
-            if case.ours is not tso.sample:
-                continue
-            setting = split_name(case.name)[1]
-            for how in ("dependent", "alone"):
-                with use_settings(dependent_launches=how == "dependent"):
-                    times = kernel_breakdown(tso.sample, case.make(T, V, device, 0))
-                for kernel, us in times.items():
-                    record("sample", f"{setting}; {kernel}; {how}", T, V, torch.float32, "profiler", "ours", us)
-                kernels.update(dict.fromkeys(times))
-                results.append((T, setting, how, times))
-    names = list(kernels)
-    rows = [[T, setting, how] + [times.get(k, 0.0) for k in names] + [sum(times.values())]
-            for T, setting, how, times in results]
-    return print_table(f"sample launches, fp32, V = {V}, device µs per call (torch.profiler)",
-                       ["T", "setting", "launches"] + [k.strip("_").removesuffix("_kernel") for k in names] + ["sum"],
-                       rows)
+    runs = [(T, [split_name(case.name)[1], how], functools.partial(case.make, T, V, device, 0),
+             functools.partial(use_settings, dependent_launches=how == "dependent"))
+            for T in Ts for case in CASES if case.ours is tso.sample for how in ("dependent", "alone")]
+    return launch_table(f"sample launches, fp32, V = {V}, device µs per call (torch.profiler)", "sample", tso.sample,
+                        runs, V, ["setting", "launches"])
 
 
 if __name__ == "__main__":

@@ -8,13 +8,16 @@ logits (randn * 3) into a work buffer; the copy's own time is measured alone and
 """
 from __future__ import annotations
 
+import contextlib
+import functools
+
 import baselines
 import torch
 
 import torch_sampling_ops as tso
 from torch_sampling_ops.truncation.plan import _compiled_kernels
 
-from timing import Case, kernel_breakdown, main, print_table, record
+from timing import Case, launch_table, main
 
 
 def truncation_inputs(T, V, device, top_k, top_p, seed=0):
@@ -32,17 +35,12 @@ SETTINGS = [("k=50, p=0.9", 50, 0.9), ("p=0.9", 0, 0.9), ("k=50", 50, 1.0)]
 CASES = [_case(*s) for s in SETTINGS]
 
 
-def launch_breakdown(V=151936, Ts=(1, 256)) -> str:
+def launch_breakdown(V=151936, Ts=(1, 256), device="cuda") -> str:
     """Device µs of each of the op's launches, per setting and batch size."""
-    rows = []
-    for T in Ts:
-        for name, top_k, top_p in SETTINGS:
-            times = kernel_breakdown(tso.top_k_top_p, truncation_inputs(T, V, "cuda", top_k, top_p))
-            for kernel, us in times.items():
-                record("top_k_top_p", f"{name}; {kernel}", T, V, torch.float32, "profiler", "ours", us)
-            rows.append([T, name] + [times.get(k, 0.0) for k in KERNELS] + [sum(times.values())])
-    return print_table(f"top_k_top_p launches, fp32, V = {V}, device µs per call (torch.profiler)",
-                       ["T", "setting"] + [k.strip("_").removesuffix("_kernel") for k in KERNELS] + ["sum"], rows)
+    runs = [(T, [name], functools.partial(truncation_inputs, T, V, device, top_k, top_p), contextlib.nullcontext)
+            for T in Ts for name, top_k, top_p in SETTINGS]
+    return launch_table(f"top_k_top_p launches, fp32, V = {V}, device µs per call (torch.profiler)", "top_k_top_p",
+                        tso.top_k_top_p, runs, V, ["setting"], KERNELS)
 
 
 KERNELS = list(dict.fromkeys(kernel.fn.__name__ for kernel, _ in _compiled_kernels(151936)))

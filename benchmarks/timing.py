@@ -123,6 +123,26 @@ def kernel_breakdown(fn: Callable, inputs: Sequence, calls: int = 5) -> dict[str
             if e.key.startswith("_") and e.key.endswith("_kernel")}
 
 
+def launch_table(title: str, op: str, fn: Callable, runs: Sequence, V: int, label_names: Sequence[str],
+                 kernels: Sequence[str] = ()) -> str:
+    """A table of the device µs of each launch of `fn` (kernel_breakdown), a row a run. `runs`: (T,
+    labels, make_inputs, context) tuples, `context()` a context manager the call runs in. Columns:
+    T, the labels, `kernels` then any other kernel seen, the sum; each time recorded as a profiler
+    row of `op`, setting "first label; kernel; other labels"."""
+    results, seen = [], dict.fromkeys(kernels)
+    for T, labels, make_inputs, context in runs:
+        with context():
+            times = kernel_breakdown(fn, make_inputs())
+        for kernel, us in times.items():
+            record(op, "; ".join([labels[0], kernel, *labels[1:]]), T, V, torch.float32, "profiler", "ours", us)
+        seen.update(dict.fromkeys(times))
+        results.append((T, labels, times))
+    names = list(seen)
+    rows = [[T, *labels] + [times.get(k, 0.0) for k in names] + [sum(times.values())] for T, labels, times in results]
+    return print_table(title, ["T", *label_names] + [k.strip("_").removesuffix("_kernel") for k in names] + ["sum"],
+                       rows)
+
+
 def environment() -> str:
     import triton
 

@@ -41,6 +41,8 @@ def test_sample_launch_breakdown_tables_each_case_with_and_without_dependent_lau
 
     from torch_sampling_ops.truncation.settings import current_settings
 
+    import timing
+
     def fake_breakdown(fn, inputs):
         assert fn is bench_sample.tso.sample and inputs[0].shape == (1, 64)
         times = {"_draw_kernel": 1.0, "_scan_segments_kernel": 2.0}
@@ -49,11 +51,35 @@ def test_sample_launch_breakdown_tables_each_case_with_and_without_dependent_lau
         return times
 
     recorded = []
-    monkeypatch.setattr(bench_sample, "kernel_breakdown", fake_breakdown)
-    monkeypatch.setattr(bench_sample, "record", lambda *args: recorded.append(args))
+    monkeypatch.setattr(timing, "kernel_breakdown", fake_breakdown)
+    monkeypatch.setattr(timing, "record", lambda *args: recorded.append(args))
     table = bench_sample.launch_breakdown(V=64, Ts=(1,), device="cpu")
     rows = [line for line in table.splitlines() if line.startswith("| 1 |")]
     assert len(rows) == 10  # five sample cases, each with and without dependent launches
     assert "| T | setting | launches | draw | scan_segments | select | sum |" in table
     assert rows[0] == "| 1 | greedy | dependent | 1 | 2 | 4 | 7 |" and rows[1] == "| 1 | greedy | alone | 1 | 2 | 0 | 3 |"
     assert len(recorded) == 25 and recorded[0][:2] == ("sample", "greedy; _draw_kernel; dependent")
+
+
+def test_truncation_launch_breakdown_tables_each_setting(monkeypatch):
+    """bench_truncation's per-launch table (the same helper): the plan's kernels as columns in order,
+    a row a setting and batch size (the profiler faked)."""
+    monkeypatch.syspath_prepend(os.path.join(ROOT, "benchmarks"))
+    import bench_truncation
+
+    import timing
+
+    def fake_breakdown(fn, inputs):
+        assert fn is bench_truncation.tso.top_k_top_p and inputs[0].shape == (2, 64)
+        return {bench_truncation.KERNELS[-1]: 3.0, bench_truncation.KERNELS[0]: 1.0}
+
+    recorded = []
+    monkeypatch.setattr(timing, "kernel_breakdown", fake_breakdown)
+    monkeypatch.setattr(timing, "record", lambda *args: recorded.append(args))
+    table = bench_truncation.launch_breakdown(V=64, Ts=(2,), device="cpu")
+    names = [k.strip("_").removesuffix("_kernel") for k in bench_truncation.KERNELS]
+    assert f"| T | setting | {' | '.join(names)} | sum |" in table
+    rows = [line for line in table.splitlines() if line.startswith("| 2 |")]
+    assert len(rows) == len(bench_truncation.SETTINGS)
+    assert rows[0] == "| 2 | k=50, p=0.9 | 1 | " + "0 | " * (len(names) - 2) + "3 | 4 |"
+    assert len(recorded) == 2 * len(bench_truncation.SETTINGS)
