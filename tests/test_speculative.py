@@ -208,14 +208,16 @@ def test_exact_rescoring_gives_the_exact_draws(backend, with_probs, monkeypatch)
 
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("scale", [0.3, 3.0, 12.0, 30.0])
-@pytest.mark.parametrize("draft", ["random", "near_p", "sharper", "one_hot", "negative"])
+@pytest.mark.parametrize("draft", ["random", "near_p", "sharper", "one_hot", "negative", "above_p", "above_p_but_last"])
 def test_residual_draw_with_skipped_tokens_gives_the_exact_draws(backend, scale, draft, monkeypatch):
     """The residual draw skips tokens whose noise cannot bring them near the best (its bound log r <=
     log p): the same tokens as scoring every token exactly (every other request rejects its first
     draft, the others some of theirs), on rows of small and large logit spreads (at 12 and 30 many
     tokens' p are subnormal or 0), with draft distributions far from p, close to it (few positive
-    residuals), sharper than it (no residual at its top tokens), without draft probabilities, and
-    with some negative ones (invalid input, which bounds nothing: the exact pass)."""
+    residuals), sharper than it (no residual at its top tokens), without draft probabilities, with
+    some negative ones (invalid input, which bounds nothing: the exact pass), and above p (unnormalised
+    q = 2p: no positive residual, the draw from p stands in), or above p but in the row's last
+    tokens (a positive residual in one chunk only: the other chunks' draws from p are not needed)."""
     gen = torch.Generator().manual_seed(41)
     counts, V = {"cpu": ([3, 1, 2, 3] * 6, 32000), "cuda": ([3, 1, 2, 3] * 16, 32000)}.get(
         backend, ([3, 1, 2, 3], 2 * speculative._CHUNK + 9))
@@ -232,6 +234,10 @@ def test_residual_draw_with_skipped_tokens_gives_the_exact_draws(backend, scale,
         args[2] = torch.softmax(args[0][rows] * 1.3, dim=1)
     if draft == "negative":
         args[2][::2, 5::97] = -1e-3
+    if draft.startswith("above_p"):
+        args[2] = 2 * torch.softmax(args[0][rows], dim=1)
+        if draft == "above_p_but_last":
+            args[2][:, -9:] = 0.0
     args = [a.to(device_of(backend)) if isinstance(a, torch.Tensor) else a for a in args]
     if backend == "cpu":
         fast, exact = _C.rejection_sample(*args), _C.rejection_sample(*args, tol=1e30)
