@@ -12,18 +12,21 @@ accepts each draft with probability about 0.7 (0.7 / 0.9997). Also: all accepted
 rejected (the draft's target logit -inf), without draft probabilities (a proposal of probability 1:
 accepted with probability p(x) = 0.7), and greedy requests with 70% of the drafts equal to the argmax.
 The "all rows" floor is one read of every target row (and every draft row when given): what a kernel
-that reads everything pays; ours reads a row only once its request reaches it.
+that reads everything pays; ours reads a row only once its request reaches it. On a GPU, also each
+launch's device time (the levels one by one) at B = 32 and 256, with dependent launches and alone.
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import baselines
 import torch
 
 import torch_sampling_ops as tso
+from torch_sampling_ops.truncation.settings import use_settings
 
-from timing import Case, main, print_table, time_case
+from timing import Case, launch_table, main, print_table, split_name, time_case
 
 SPEC = 3  # drafts a request
 
@@ -83,5 +86,19 @@ def spec_table(case: Case, V: int, bandwidth_gbps: float, Ts) -> str:
                         "ours / floor"], rows)
 
 
+def launch_breakdown(V=151936, Bs=(32, 256), device="cuda") -> str:
+    """Device µs of each of rejection_sample's launches (torch.profiler): levels 0 to 3 (`#1` to `#4`:
+    position j's softmax or argmax pass, the residual of a position rejected at the level before,
+    the bonus row's draw) and the final launch (`#5`), per case and batch size, with programmatic
+    dependent launches (a launch's time then includes its wait for the one before) and alone. The
+    first input set: a level whose chunk falls back to scoring every token exactly shows it here."""
+    runs = [(B, [split_name(case.name)[1], how], functools.partial(case.make, B, V, device, 0),
+             functools.partial(use_settings, dependent_launches=how == "dependent"))
+            for B in Bs for case in CASES for how in ("dependent", "alone")]
+    return launch_table(f"rejection_sample launches, {SPEC} drafts a request, V = {V}, device µs per call "
+                        "(torch.profiler)", "rejection_sample", tso.rejection_sample, runs, V, ["case", "launches"],
+                        size_name="B")
+
+
 if __name__ == "__main__":
-    main(CASES, __doc__, table=spec_table, sizes="256")
+    main(CASES, __doc__, table=spec_table, sizes="256", extra_gpu=launch_breakdown)

@@ -103,8 +103,10 @@ def eager_overhead_us(fn: Callable, calls: int = 2000) -> float:
 
 
 def kernel_breakdown(fn: Callable, inputs: Sequence, calls: int = 5) -> dict[str, float]:
-    """Mean device µs per call of each Triton kernel `fn(*inputs)` launches (torch.profiler; the
-    logits are restored from a copy before every call, and that copy is not counted)."""
+    """Mean device µs per call of each Triton kernel launch of `fn(*inputs)` (torch.profiler; the
+    logits are restored from a copy before every call, and that copy is not counted), keyed as
+    `launch_means` keys them."""
+    from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
     original = inputs[0].clone()
@@ -119,16 +121,45 @@ def kernel_breakdown(fn: Callable, inputs: Sequence, calls: int = 5) -> dict[str
         for _ in range(calls):
             call()
         torch.cuda.synchronize()
-    return {e.key: e.device_time_total / calls for e in prof.key_averages()
-            if e.key.startswith("_") and e.key.endswith("_kernel")}
+    kernels = sorted((e for e in prof.events() if e.device_type == DeviceType.CUDA
+                      and e.name.startswith("_") and e.name.endswith("_kernel")), key=lambda e: e.time_range.start)
+    return launch_means([(e.name, e.device_time) for e in kernels], calls)
+
+
+def launch_means(launches: Sequence[tuple[str, float]], calls: int) -> dict[str, float]:
+    """{launch: mean µs} of `calls` calls' kernel launches, (name, µs) in launch order, each call the
+    same sequence: a kernel launched once a call is keyed by its name, one launched n times a call
+    (the levels of rejection_sample) by its name and rank, "NAME #1" to "NAME #n"."""
+    per_call = len(launches) // calls
+    if per_call * calls != len(launches):
+        raise ValueError(f"{len(launches)} launches do not split into {calls} equal calls")
+    names = [name for name, _ in launches[:per_call]]
+    keys, seen = [], {}
+    for name in names:
+        seen[name] = seen.get(name, 0) + 1
+        keys.append(f"{name} #{seen[name]}" if names.count(name) > 1 else name)
+    means = dict.fromkeys(keys, 0.0)
+    for i, (name, us) in enumerate(launches):
+        if name != names[i % per_call]:
+            raise ValueError(f"call {i // per_call} launched {name} where the first launched {names[i % per_call]}")
+        means[keys[i % per_call]] += us / calls
+    return means
+
+
+def _launch_column(key: str) -> str:
+    """A launch table's column name of a `launch_means` key: "_draw_kernel" -> "draw",
+    "_rejection_level_kernel #2" -> "rejection_level #2"."""
+    name, _, rank = key.partition(" #")
+    name = name.strip("_").removesuffix("_kernel")
+    return f"{name} #{rank}" if rank else name
 
 
 def launch_table(title: str, op: str, fn: Callable, runs: Sequence, V: int, label_names: Sequence[str],
-                 kernels: Sequence[str] = ()) -> str:
+                 kernels: Sequence[str] = (), size_name: str = "T") -> str:
     """A table of the device µs of each launch of `fn` (kernel_breakdown), a row a run. `runs`: (T,
     labels, make_inputs, context) tuples, `context()` a context manager the call runs in. Columns:
-    T, the labels, `kernels` then any other kernel seen, the sum; each time recorded as a profiler
-    row of `op`, setting "first label; kernel; other labels"."""
+    the batch size (headed `size_name`), the labels, `kernels` then any other launch seen, the sum;
+    each time recorded as a profiler row of `op`, setting "first label; kernel; other labels"."""
     results, seen = [], dict.fromkeys(kernels)
     for T, labels, make_inputs, context in runs:
         with context():
@@ -139,8 +170,7 @@ def launch_table(title: str, op: str, fn: Callable, runs: Sequence, V: int, labe
         results.append((T, labels, times))
     names = list(seen)
     rows = [[T, *labels] + [times.get(k, 0.0) for k in names] + [sum(times.values())] for T, labels, times in results]
-    return print_table(title, ["T", *label_names] + [k.strip("_").removesuffix("_kernel") for k in names] + ["sum"],
-                       rows)
+    return print_table(title, [size_name, *label_names] + [_launch_column(k) for k in names] + ["sum"], rows)
 
 
 def environment() -> str:

@@ -4,6 +4,8 @@ import shutil
 import subprocess
 import sys
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -83,3 +85,44 @@ def test_truncation_launch_breakdown_tables_each_setting(monkeypatch):
     assert len(rows) == len(bench_truncation.SETTINGS)
     assert rows[0] == "| 2 | k=50, p=0.9 | 1 | " + "0 | " * (len(names) - 2) + "3 | 4 |"
     assert len(recorded) == 2 * len(bench_truncation.SETTINGS)
+
+
+def test_launch_means_keys_a_kernel_launched_several_times_by_its_rank(monkeypatch):
+    """kernel_breakdown's launches to means: one key a launch of a call, a repeated kernel's launches
+    ranked (rejection_sample's levels), and calls that launch differently refused."""
+    monkeypatch.syspath_prepend(os.path.join(ROOT, "benchmarks"))
+    import timing
+
+    first = [("_draw_kernel", 1.0), ("_level_kernel", 2.0), ("_level_kernel", 4.0)]
+    second = [("_draw_kernel", 3.0), ("_level_kernel", 6.0), ("_level_kernel", 8.0)]
+    means = timing.launch_means(first + second, 2)
+    assert list(means.items()) == [("_draw_kernel", 2.0), ("_level_kernel #1", 4.0), ("_level_kernel #2", 6.0)]
+    assert [timing._launch_column(k) for k in means] == ["draw", "level #1", "level #2"]
+    with pytest.raises(ValueError, match="equal calls"):
+        timing.launch_means(first + second[:2], 2)
+    with pytest.raises(ValueError, match="launched"):
+        timing.launch_means(first + second[::-1], 2)
+
+
+def test_speculative_launch_breakdown_tables_each_level(monkeypatch):
+    """bench_speculative's per-launch table: a column a level (the profiler faked), a row per case,
+    batch size and launch mode."""
+    monkeypatch.syspath_prepend(os.path.join(ROOT, "benchmarks"))
+    import bench_speculative
+
+    import timing
+
+    def fake_breakdown(fn, inputs):
+        assert fn is bench_speculative.tso.rejection_sample and inputs[0].shape == (2 * 4, 64)
+        return {f"_rejection_level_kernel #{k}": float(k) for k in range(1, 6)}
+
+    recorded = []
+    monkeypatch.setattr(timing, "kernel_breakdown", fake_breakdown)
+    monkeypatch.setattr(timing, "record", lambda *args: recorded.append(args))
+    table = bench_speculative.launch_breakdown(V=64, Bs=(2,), device="cpu")
+    levels = " | ".join(f"rejection_level #{k}" for k in range(1, 6))
+    assert f"| B | case | launches | {levels} | sum |" in table
+    rows = [line for line in table.splitlines() if line.startswith("| 2 |")]
+    assert len(rows) == 2 * len(bench_speculative.CASES)
+    assert rows[0] == "| 2 | probs, accept 0.7 | dependent | 1 | 2 | 3 | 4 | 5 | 15 |"
+    assert recorded[0][:2] == ("rejection_sample", "probs, accept 0.7; _rejection_level_kernel #1; dependent")
