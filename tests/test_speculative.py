@@ -6,9 +6,9 @@ import pytest
 import torch
 from test_sampling import _chi_square, _chi_square_bound, make_near_ties, stream_noise
 
-from torch_sampling_ops import _C, gumbel, reference, speculative
+from torch_sampling_ops import _C, _call_cache, gumbel, reference, speculative
 
-from conftest import BACKENDS, DTYPES, OP_BACKENDS, device_of, make_logits, run_op
+from conftest import BACKENDS, DTYPES, OP_BACKENDS, TRITON_BACKENDS, device_of, make_logits, run_op
 
 NEG_INF = float("-inf")
 
@@ -246,6 +246,39 @@ def test_residual_draw_with_skipped_tokens_gives_the_exact_draws(backend, scale,
         monkeypatch.setattr(gumbel, "GUMBEL_APPROX_TOL", 1e30)
         exact = run_op(backend, "rejection_sample", *args)
     assert torch.equal(fast[0], exact[0]) and torch.equal(fast[1], exact[1])
+
+
+@pytest.mark.parametrize("backend", TRITON_BACKENDS)
+@pytest.mark.parametrize("tile_divisor, skip", [(1, True), (2, False), (2, True), (4, True)])
+def test_exact_pass_tiles_and_skips_give_the_same_draws(backend, tile_divisor, skip, monkeypatch):
+    """The residual's exact pass in smaller tiles (`_EXACT_BLOCK_V`), and scoring only the tiles that
+    hold a block reaching a floor (`_EXACT_SKIP`): the default form's tokens, on chunks that take
+    the pass with finite floors (a negative draft probability at one token bounds its block at
+    +inf; every other request rejects its first draft), and with every chunk taking it and every
+    tile reaching (a tolerance of 1e30)."""
+    gen = torch.Generator().manual_seed(43)
+    counts, V = {"cuda": ([3, 1, 2, 3] * 16, 32000)}.get(backend, ([3, 1, 2, 3], 2 * speculative._CHUNK + 9))
+    args = spec_args(counts, V, gen, "cpu", temperature=torch.ones(len(counts)), match=0.2)
+    cu = args[3]
+    for i in range(0, len(counts), 2):
+        args[0][int(cu[i]) + i, args[1][int(cu[i])]] = NEG_INF
+    args[2][:, 7] = -1e-3
+    args = [a.to(device_of(backend)) if isinstance(a, torch.Tensor) else a for a in args]
+    expected = run_op(backend, "rejection_sample", *args)
+    monkeypatch.setattr(gumbel, "GUMBEL_APPROX_TOL", 1e30)
+    _call_cache.clear()
+    expected_exact = run_op(backend, "rejection_sample", *args)
+    monkeypatch.setattr(speculative, "_EXACT_BLOCK_V", speculative._BLOCK_V // tile_divisor)
+    monkeypatch.setattr(speculative, "_EXACT_SKIP", skip)
+    _call_cache.clear()
+    exact = run_op(backend, "rejection_sample", *args)
+    monkeypatch.undo()
+    monkeypatch.setattr(speculative, "_EXACT_BLOCK_V", speculative._BLOCK_V // tile_divisor)
+    monkeypatch.setattr(speculative, "_EXACT_SKIP", skip)
+    _call_cache.clear()
+    out = run_op(backend, "rejection_sample", *args)
+    for got, want in ((out, expected), (exact, expected_exact), (out, expected_exact)):
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

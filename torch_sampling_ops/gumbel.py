@@ -286,19 +286,24 @@ def _max3(a0, b0, c0, a1, b1, c1):
 
 
 @triton.jit
+def reaches_floor(bound, floor, tol):
+    """Whether a block whose exact scores lie at most at its bound U (approximate: within err(U)) may
+    hold a score of at least `floor`: U above -inf (NaN never) and U + err(U) >= floor."""
+    return (bound > float("-inf")) & (bound + _score_err(bound, tol) >= floor)
+
+
+@triton.jit
 def _block_reach(c1, c2, c3, realised, tol):
-    """(exhaustive, reach1, reach2) of the per-lane candidate state (_block_candidates_update) and
-    the per-lane largest realised scores: with A the largest realised score the winner scores at
+    """(exhaustive, reach1, reach2, floor) of the per-lane candidate state (_block_candidates_update)
+    and the per-lane largest realised scores: with A the largest realised score the winner scores at
     least floor = A - err(A) exactly, so the blocks that may hold it are the lanes' first and second
-    whose bound U + err(U) reaches the floor (reach1, reach2). Exhaustive (every token must be
-    scored) when a lane's third block reaches it too, or a bound or A is infinite."""
+    whose bound reaches the floor (reach1, reach2). Exhaustive (the lists may miss a block that
+    reaches it: the caller's exact pass) when a lane's third block reaches it too, or a bound or A is
+    infinite."""
     top, third, first = tl.reduce((realised, c3, c1), 0, _max3)  # one reduction for the three maxima
     floor = top - _score_err(top, tol)  # -inf without a realised score: every finite block reaches it
-    exhaustive = (first == float("inf")) | (top == float("inf")) \
-        | ((third > float("-inf")) & (third + _score_err(third, tol) >= floor))
-    reach1 = (c1 > float("-inf")) & (c1 + _score_err(c1, tol) >= floor)
-    reach2 = (c2 > float("-inf")) & (c2 + _score_err(c2, tol) >= floor)
-    return exhaustive, reach1, reach2
+    exhaustive = (first == float("inf")) | (top == float("inf")) | reaches_floor(third, floor, tol)
+    return exhaustive, reaches_floor(c1, floor, tol), reaches_floor(c2, floor, tol), floor
 
 
 @triton.jit
@@ -400,7 +405,7 @@ def gumbel_argmax(row_ptr, begin, end, key, temp, tol, SCALE: tl.constexpr, BLOC
         x = tl.load(row_ptr + offs, mask=offs < end, other=float("-inf")).to(tl.float32)
         realised, c1, c1_block, c2, c2_block, c3 = _bound_blocks(x, blocks, key, inv_temp, realised, c1, c1_block, c2,
                                                                  c2_block, c3)
-    exhaustive, reach1, reach2 = _block_reach(c1, c2, c3, realised, tol)
+    exhaustive, reach1, reach2, _ = _block_reach(c1, c2, c3, realised, tol)
     # The reaching blocks of a lane take consecutive slots (first, second), the lanes in order; they
     # are scored exactly REACH_SLOTS at a time.
     f1 = reach1.to(tl.int32)

@@ -56,6 +56,7 @@ from .gumbel import (
     first_arrival_value,
     gumbel_argmax,
     reach_round_tokens,
+    reaches_floor,
     round_best,
     round_best_empty,
     round_winner,
@@ -81,6 +82,14 @@ _ARGMAX_STAGES = 4  # a greedy row's argmax, whose loop holds fewer registers a 
 # Reaching blocks a round of the residual draw and of the bonus rows' draw scores exactly
 # (gumbel.gumbel_argmax's REACH_SLOTS).
 _REACH_SLOTS = 16
+# The residual's exact pass (taken by a chunk whose lanes' lists may miss a reaching block: rarely,
+# by one program while its level waits): its tiles, and with _EXACT_SKIP only the tiles holding a
+# block that reaches a floor are scored. The pass's tiles set the one compiled kernel's registers,
+# so every level's occupancy (offline sm_90, Triton 3.6: 122 at 1024-token tiles, 80 at 512 as
+# without the pass, 95 at 512 with the skip, 80 at 256 with it). The same tokens whatever the
+# values; which pays is measured on the GPU (docs/notes/sampling-tuning.md).
+_EXACT_BLOCK_V = _BLOCK_V
+_EXACT_SKIP = False
 # A request's status after a level (status[i, level, :]): the state, the drafts accepted, the token.
 _ALIVE = tl.constexpr(0)  # the level scores position `level` (a draft's or the bonus row)
 _RESIDUAL = tl.constexpr(1)  # position level - 1 was rejected: the level draws its residual
@@ -158,19 +167,36 @@ def _exact_residual_scores(row_ptr, probs_row_ptr, draft, row_max, row_sum, key,
 
 
 @triton.jit
-def _exact_residual_chunk(row_ptr, probs_row_ptr, draft, row_max, row_sum, key, start, limit, vocab_size,
-                    HAS_PROBS: tl.constexpr, BLOCK_V: tl.constexpr):
+def _exact_residual_chunk(row_ptr, probs_row_ptr, draft, row_max, row_sum, log_sum, key, start, limit, vocab_size,
+                          floor_r, floor_p, tol, HAS_PROBS: tl.constexpr, BLOCK_V: tl.constexpr, SKIP: tl.constexpr):
     """Over row tokens [start, limit): the (score, token) argmax of log(r_k) + g_k over r = p - q > 0
     and the (score, token) argmax of x_k + g_k over the tokens above -inf (the draw from p that
-    stands in when r has no positive entry in the whole row)."""
+    stands in when r has no positive entry in the whole row). With SKIP, a tile of BLOCK_V tokens
+    none of whose blocks reaches floor_r or floor_p (`_residual_bounds`, gumbel.reaches_floor) is
+    not scored: its exact scores lie below both floors, which both winners reach, so the result is
+    the same. `start` is a multiple of 4."""
     best_r, best_rj = argmax_init(BLOCK_V)
     best_p, best_pj = argmax_init(BLOCK_V)
     for tile in range(start, limit, BLOCK_V):
         offs = tile + tl.arange(0, BLOCK_V)
-        score_r, score_p = _exact_residual_scores(row_ptr, probs_row_ptr, draft, row_max, row_sum, key, offs,
-                                                  offs < limit, limit, HAS_PROBS)
-        best_r, best_rj = argmax_update(best_r, best_rj, score_r, offs)
-        best_p, best_pj = argmax_update(best_p, best_pj, score_p, offs)
+        scored = True
+        if SKIP:  # the tile's bounds, as the pass computed them
+            blocks = tile // 4 + tl.arange(0, BLOCK_V // 4)
+            block_offs = blocks[:, None] * 4 + tl.arange(0, 4)[None, :]
+            x = tl.load(row_ptr + block_offs, mask=block_offs < limit, other=float("-inf")).to(tl.float32)
+            if HAS_PROBS:
+                q = tl.load(probs_row_ptr + block_offs, mask=block_offs < limit, other=0.0)
+            else:
+                q = x  # not read
+            bound_r, bound_p = _residual_bounds(x, q, block_noise_approx(block_bits(key, blocks)), row_max, log_sum,
+                                                HAS_PROBS)
+            reach = reaches_floor(bound_r, floor_r, tol) | reaches_floor(bound_p, floor_p, tol)
+            scored = tl.max(reach.to(tl.int32), axis=0) > 0
+        if scored:
+            score_r, score_p = _exact_residual_scores(row_ptr, probs_row_ptr, draft, row_max, row_sum, key, offs,
+                                                      offs < limit, limit, HAS_PROBS)
+            best_r, best_rj = argmax_update(best_r, best_rj, score_r, offs)
+            best_p, best_pj = argmax_update(best_p, best_pj, score_p, offs)
     score_r, token_r = argmax_finish(best_r, best_rj, vocab_size)
     score_p, token_p = argmax_finish(best_p, best_pj, vocab_size)
     return score_r, token_r, score_p, token_p
@@ -199,30 +225,40 @@ def _residual_blocks(x, q, blocks, draft, row_max, row_sum, log_sum, key, realis
     r (its log from one hardware log2: non-ftz, r may be subnormal), so its L stays within err(L)."""
     hb = block_bits(key, blocks)
     noise_max = block_noise_approx(hb)
-    x_max = tl.max(x, axis=1)  # max ignores NaN (a NaN logit scores -inf in both lists)
+    bound_r, bound_p = _residual_bounds(x, q, noise_max, row_max, log_sum, HAS_PROBS)
     x_pos = first_arrival_value(x, hb)
     # the draw from p
     realised_p = tl.maximum(realised_p, x_pos + noise_max)
-    p1, p1_block, p2, p2_block, p3 = _block_candidates_update(p1, p1_block, p2, p2_block, p3, x_max + noise_max,
-                                                              blocks)
+    p1, p1_block, p2, p2_block, p3 = _block_candidates_update(p1, p1_block, p2, p2_block, p3, bound_p, blocks)
     # the residual draw, over r > 0
-    log_p = x_max - row_max
-    bound = tl.where(log_p >= _LOG_P_ZERO, tl.maximum(log_p - log_sum, _LOG_P_CLAMP), float("-inf")) + noise_max
     if HAS_PROBS:
-        bound = tl.where(tl.min(q, axis=1) >= 0.0, bound, float("inf"))
         q_pos = first_arrival_value(q, hb)
     else:
         q_pos = tl.where(blocks * 4 + (hb & 3).to(tl.int32) == draft, 1.0, 0.0)
     r_pos = tl.math.div_rn(tl.exp(x_pos - row_max), row_sum) - q_pos  # as _residual_terms; NaN for a NaN x_pos
     realised_r = tl.maximum(realised_r, tl.where(
         r_pos > 0.0, 0.6931471805599453 * fast_log2(tl.where(r_pos > 0.0, r_pos, 1.0)) + noise_max, float("-inf")))
-    r1, r1_block, r2, r2_block, r3 = _block_candidates_update(r1, r1_block, r2, r2_block, r3, bound, blocks)
+    r1, r1_block, r2, r2_block, r3 = _block_candidates_update(r1, r1_block, r2, r2_block, r3, bound_r, blocks)
     return realised_r, r1, r1_block, r2, r2_block, r3, realised_p, p1, p1_block, p2, p2_block, p3
 
 
 @triton.jit
+def _residual_bounds(x, q, noise_max, row_max, log_sum, HAS_PROBS: tl.constexpr):
+    """(U of the residual draw, U of the draw from p) [lanes] of a [lanes, 4] tile's blocks, their
+    largest noise noise_max given (_residual_blocks explains the bounds): log p_max + M_b (+inf where
+    a draft probability is negative or NaN, -inf where p is 0) and max x + M_b."""
+    x_max = tl.max(x, axis=1)  # max ignores NaN (a NaN logit scores -inf in both lists)
+    log_p = x_max - row_max
+    bound_r = tl.where(log_p >= _LOG_P_ZERO, tl.maximum(log_p - log_sum, _LOG_P_CLAMP), float("-inf")) + noise_max
+    if HAS_PROBS:
+        bound_r = tl.where(tl.min(q, axis=1) >= 0.0, bound_r, float("inf"))
+    return bound_r, x_max + noise_max
+
+
+@triton.jit
 def _residual_chunk(row_ptr, probs_row_ptr, draft, row_max, row_sum, key, start, limit, vocab_size, tol,
-                    HAS_PROBS: tl.constexpr, BLOCK_V: tl.constexpr, REACH_SLOTS: tl.constexpr, STAGES: tl.constexpr):
+                    HAS_PROBS: tl.constexpr, BLOCK_V: tl.constexpr, REACH_SLOTS: tl.constexpr, STAGES: tl.constexpr,
+                    EXACT_BLOCK_V: tl.constexpr, EXACT_SKIP: tl.constexpr):
     """_exact_residual_chunk's result, bit for bit, on block bounds as gumbel.gumbel_argmax draws, for
     both lists at once (`_residual_blocks`): per block of 4 tokens one hash and M_b
     (block_noise_approx) bound the block's exact scores by U = log p_max + M_b (r <= p) and U = max x
@@ -230,7 +266,8 @@ def _residual_chunk(row_ptr, probs_row_ptr, draft, row_max, row_sum, key, start,
     lane and list: the two blocks of largest U, the largest other U, the largest L
     (gumbel._block_reach). The blocks that reach either list's floor are scored exactly for both
     lists (a block outside a list's reach scores below its winner), REACH_SLOTS at a time; the exact
-    pass when either list would take it. `start` is a multiple of 4 (no block straddles it)."""
+    pass (EXACT_BLOCK_V-token tiles, with EXACT_SKIP only those holding a block that reaches a floor)
+    when either list would take it. `start` is a multiple of 4 (no block straddles it)."""
     NUM_LANES: tl.constexpr = BLOCK_V // 4
     lanes = tl.arange(0, NUM_LANES)
     column = tl.arange(0, 4)
@@ -263,8 +300,8 @@ def _residual_chunk(row_ptr, probs_row_ptr, draft, row_max, row_sum, key, start,
         realised_r, r1, r1_block, r2, r2_block, r3, realised_p, p1, p1_block, p2, p2_block, p3 = _residual_blocks(
             x, q, blocks, draft, row_max, row_sum, log_sum, key, realised_r, r1, r1_block, r2, r2_block, r3,
             realised_p, p1, p1_block, p2, p2_block, p3, HAS_PROBS)
-    exhaustive_r, reach_r1, reach_r2 = _block_reach(r1, r2, r3, realised_r, tol)
-    exhaustive_p, reach_p1, reach_p2 = _block_reach(p1, p2, p3, realised_p, tol)
+    exhaustive_r, reach_r1, reach_r2, floor_r = _block_reach(r1, r2, r3, realised_r, tol)
+    exhaustive_p, reach_p1, reach_p2, floor_p = _block_reach(p1, p2, p3, realised_p, tol)
     # A block in both lists is scored once.
     reach_p1 = reach_p1 & ~((reach_r1 & (p1_block == r1_block)) | (reach_r2 & (p1_block == r2_block)))
     reach_p2 = reach_p2 & ~((reach_r1 & (p2_block == r1_block)) | (reach_r2 & (p2_block == r2_block)))
@@ -281,8 +318,9 @@ def _residual_chunk(row_ptr, probs_row_ptr, draft, row_max, row_sum, key, start,
     slot_p1 = tl.where(reach_p1, base + f_r1 + f_r2, -1)
     slot_p2 = tl.where(reach_p2, base + f_r1 + f_r2 + f_p1, -1)
     if exhaustive_r | exhaustive_p:
-        score_r, token_r, score_p, token_p = _exact_residual_chunk(row_ptr, probs_row_ptr, draft, row_max, row_sum,
-                                                                   key, start, limit, vocab_size, HAS_PROBS, BLOCK_V)
+        score_r, token_r, score_p, token_p = _exact_residual_chunk(
+            row_ptr, probs_row_ptr, draft, row_max, row_sum, log_sum, key, start, limit, vocab_size, floor_r, floor_p,
+            tol, HAS_PROBS, EXACT_BLOCK_V, EXACT_SKIP)
     else:
         best_r = round_best_empty()
         best_p = best_r
@@ -335,7 +373,7 @@ def _rejection_level_kernel(logits_ptr, logits_stride, draft_ids_ptr, probs_ptr,
                             level, HAS_PROBS: tl.constexpr, FINAL: tl.constexpr, CHUNK: tl.constexpr,
                             BLOCK_V: tl.constexpr, CHUNKS_P2: tl.constexpr, BLOCK_OUT: tl.constexpr,
                             STAGES: tl.constexpr, ARGMAX_STAGES: tl.constexpr, REACH_SLOTS: tl.constexpr,
-                            PDL: tl.constexpr):
+                            EXACT_BLOCK_V: tl.constexpr, EXACT_SKIP: tl.constexpr, PDL: tl.constexpr):
     """Level `level` of request program_id(0), chunk program_id(1): decides position level - 1 from
     the partials level - 1 left (the same in every chunk program), then writes this chunk's partial
     of the level's pass. FINAL (grid (B, 1), level = max_spec_len + 1): decides the last position and
@@ -467,7 +505,8 @@ def _rejection_level_kernel(logits_ptr, logits_stride, draft_ids_ptr, probs_ptr,
             draft32 = tl.where(prev_draft_ok, prev_draft, -1).to(tl.int32)
             score_r, token_r, score_p, token_p = _residual_chunk(row_ptr, prev_probs_ptr, draft32, row_max, row_sum,
                                                                  prev_key, start, limit, vocab_size, tol,
-                                                                 HAS_PROBS, BLOCK_V, REACH_SLOTS, STAGES)
+                                                                 HAS_PROBS, BLOCK_V, REACH_SLOTS, STAGES,
+                                                                 EXACT_BLOCK_V, EXACT_SKIP)
             tl.store(part_f_ptr + part, score_r)
             tl.store(part_i_ptr + part, token_r)
             tl.store(part_f_ptr + part + num_chunks, score_p)
@@ -556,7 +595,7 @@ def _rejection_sample_triton(target_logits, draft_token_ids, draft_probs, cu_num
     pdl = truncation_plan.uses_dependent_launches(target_logits.device)
     meta = dict(HAS_PROBS=has_probs, CHUNK=_CHUNK, BLOCK_V=_BLOCK_V, CHUNKS_P2=next_power_of_2(chunks),
                 BLOCK_OUT=next_power_of_2(max_spec_len + 1), STAGES=_STAGES, ARGMAX_STAGES=_ARGMAX_STAGES,
-                REACH_SLOTS=_REACH_SLOTS, PDL=pdl,
+                REACH_SLOTS=_REACH_SLOTS, EXACT_BLOCK_V=_EXACT_BLOCK_V, EXACT_SKIP=_EXACT_SKIP, PDL=pdl,
                 num_warps=_NUM_WARPS, launch_pdl=pdl)
     for level in range(levels):
         launch(_rejection_level_kernel, (B, chunks), *args, level, FINAL=False, **meta)
