@@ -6,7 +6,12 @@ a top_k_top_p setting, in one process, with the output of every value compared a
 
 NAME=V1,V2,...: `module.path.ATTR` (the attribute is reassigned and the call records cleared, as
 module constants are read when a record is made) or `settings.FIELD` (the truncation settings,
-through `use_settings`). Values are Python literals. For each batch size and case, every value is
+through `use_settings`). Values are Python literals. `--with NAME2=W1,W2,...` (repeatable) sets
+another one alongside, its i-th value with the i-th of NAME:
+
+    python benchmarks/ab_constants.py bench_speculative torch_sampling_ops.speculative._EXACT_BLOCK_V=1024,512 \
+        --with torch_sampling_ops.speculative._EXACT_SKIP=False,True
+ For each batch size and case, every value is
 timed `--rounds` times, the values alternated round by round (a drift of the machine shows as a
 spread within one value): CUDA-graph µs on a GPU (`timing.bench_gpu`, the script's input sets),
 else CPU µs. "same" says whether the case's output (the logits it edits in place, or what it
@@ -52,8 +57,16 @@ def holding(name: str, value):
 
 
 def main():
-    args = timing.ab_parser(__doc__, "spec", "NAME=V1,V2,...", "128,256").parse_args()
-    name, values = parse_spec(args.spec)
+    parser = timing.ab_parser(__doc__, "spec", "NAME=V1,V2,...", "128,256")
+    parser.add_argument("--with", dest="also", action="append", default=[], metavar="NAME=V1,V2,...",
+                        help="another constant or setting, its i-th value set with the i-th of spec")
+    args = parser.parse_args()
+    specs = [parse_spec(spec) for spec in [args.spec, *args.also]]
+    if len({len(values) for _, values in specs}) != 1:
+        raise SystemExit("every NAME=V1,V2,... needs as many values as the first")
+    # each "value" below is the tuple of the specs' i-th values
+    values = list(zip(*(values for _, values in specs)))
+    name = " + ".join(name for name, _ in specs)
     cases, device, timer, unit = timing.ab_setup(args.script, args.cases)
     print(f"Environment: {timing.environment()}; {unit}")
     rows = []
@@ -65,11 +78,14 @@ def main():
             digests = {}
             for _ in range(args.rounds):
                 for v in values:
-                    with holding(name, v):
+                    with contextlib.ExitStack() as stack:
+                        for (spec_name, _), value in zip(specs, v):
+                            stack.enter_context(holding(spec_name, value))
                         times[v].append(timing.time_ours(case, sets, timer))
                         digests.setdefault(v, timing.output_digest(case, pristine))
             for v in values:
-                rows.append([case.name, T, f"{name}={v!r}", " / ".join(f"{us:.1f}" for us in times[v]),
+                label = ", ".join(f"{spec_name}={value!r}" for (spec_name, _), value in zip(specs, v))
+                rows.append([case.name, T, label, " / ".join(f"{us:.1f}" for us in times[v]),
                              "yes" if digests[v] == digests[values[0]] else "NO"])
     timing.print_table(f"A/B of {name}, V = {args.V}", ["case", "T", "value", "µs a round", "same"], rows)
 

@@ -20,6 +20,19 @@ def test_ab_constants_times_each_value_and_compares_the_outputs():
     assert len(rows) == 2 and all(row.endswith("| yes |") for row in rows), done.stdout
 
 
+def test_ab_constants_sets_a_second_constant_alongside():
+    """--with: a row per pair of values, the second constant's i-th value with the first's i-th."""
+    done = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "ab_constants.py"), "bench_logit_bias",
+                           "torch_sampling_ops.constraints._KEEP_BITS_MIN_T=80,1", "--with",
+                           "torch_sampling_ops.constraints._PREFETCH_KEPT=True,False", "--T", "2", "--V", "3001",
+                           "--rounds", "1", "--cases", "1024 allowed"],
+                          capture_output=True, text=True, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""}, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = [line for line in done.stdout.splitlines() if line.startswith("| logit_bias")]
+    assert len(rows) == 2 and all(row.endswith("| yes |") for row in rows), done.stdout
+    assert "_KEEP_BITS_MIN_T=1, torch_sampling_ops.constraints._PREFETCH_KEPT=False" in rows[1]
+
+
 def test_ab_trees_times_both_trees_and_compares_the_outputs(tmp_path):
     """A row a case, timed under the installed package and under a copy of its tree (given the
     installed compiled extension), which gives the same bits."""
