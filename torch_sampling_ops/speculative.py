@@ -172,7 +172,7 @@ def _exact_residual_chunk(row_ptr, probs_row_ptr, draft, row_max, row_sum, log_s
     """Over row tokens [start, limit): the (score, token) argmax of log(r_k) + g_k over r = p - q > 0
     and the (score, token) argmax of x_k + g_k over the tokens above -inf (the draw from p that
     stands in when r has no positive entry in the whole row). With SKIP, a tile of BLOCK_V tokens
-    none of whose blocks reaches floor_r or floor_p (`_residual_bounds`, gumbel.reaches_floor) is
+    none of whose blocks reaches floor_r or floor_p (`_residual_bound`, gumbel.reaches_floor) is
     not scored: its exact scores lie below both floors, which both winners reach, so the result is
     the same. `start` is a multiple of 4."""
     best_r, best_rj = argmax_init(BLOCK_V)
@@ -188,9 +188,10 @@ def _exact_residual_chunk(row_ptr, probs_row_ptr, draft, row_max, row_sum, log_s
                 q = tl.load(probs_row_ptr + block_offs, mask=block_offs < limit, other=0.0)
             else:
                 q = x  # not read
-            bound_r, bound_p = _residual_bounds(x, q, block_noise_approx(block_bits(key, blocks)), row_max, log_sum,
-                                                HAS_PROBS)
-            reach = reaches_floor(bound_r, floor_r, tol) | reaches_floor(bound_p, floor_p, tol)
+            noise_max = block_noise_approx(block_bits(key, blocks))
+            x_max = tl.max(x, axis=1)
+            reach = reaches_floor(_residual_bound(x_max, q, noise_max, row_max, log_sum, HAS_PROBS), floor_r, tol) \
+                | reaches_floor(x_max + noise_max, floor_p, tol)
             scored = tl.max(reach.to(tl.int32), axis=0) > 0
         if scored:
             score_r, score_p = _exact_residual_scores(row_ptr, probs_row_ptr, draft, row_max, row_sum, key, offs,
@@ -225,12 +226,14 @@ def _residual_blocks(x, q, blocks, draft, row_max, row_sum, log_sum, key, realis
     r (its log from one hardware log2: non-ftz, r may be subnormal), so its L stays within err(L)."""
     hb = block_bits(key, blocks)
     noise_max = block_noise_approx(hb)
-    bound_r, bound_p = _residual_bounds(x, q, noise_max, row_max, log_sum, HAS_PROBS)
+    x_max = tl.max(x, axis=1)  # max ignores NaN (a NaN logit scores -inf in both lists)
     x_pos = first_arrival_value(x, hb)
     # the draw from p
     realised_p = tl.maximum(realised_p, x_pos + noise_max)
-    p1, p1_block, p2, p2_block, p3 = _block_candidates_update(p1, p1_block, p2, p2_block, p3, bound_p, blocks)
+    p1, p1_block, p2, p2_block, p3 = _block_candidates_update(p1, p1_block, p2, p2_block, p3, x_max + noise_max,
+                                                              blocks)
     # the residual draw, over r > 0
+    bound_r = _residual_bound(x_max, q, noise_max, row_max, log_sum, HAS_PROBS)
     if HAS_PROBS:
         q_pos = first_arrival_value(q, hb)
     else:
@@ -243,16 +246,15 @@ def _residual_blocks(x, q, blocks, draft, row_max, row_sum, log_sum, key, realis
 
 
 @triton.jit
-def _residual_bounds(x, q, noise_max, row_max, log_sum, HAS_PROBS: tl.constexpr):
-    """(U of the residual draw, U of the draw from p) [lanes] of a [lanes, 4] tile's blocks, their
-    largest noise noise_max given (_residual_blocks explains the bounds): log p_max + M_b (+inf where
-    a draft probability is negative or NaN, -inf where p is 0) and max x + M_b."""
-    x_max = tl.max(x, axis=1)  # max ignores NaN (a NaN logit scores -inf in both lists)
+def _residual_bound(x_max, q, noise_max, row_max, log_sum, HAS_PROBS: tl.constexpr):
+    """U of the residual draw [lanes] of a [lanes, 4] tile's blocks, from their largest logit and
+    noise and their draft probabilities q (_residual_blocks explains it): log p_max + M_b, +inf where
+    a draft probability is negative or NaN, -inf where p is 0. (U of the draw from p: x_max + M_b.)"""
     log_p = x_max - row_max
-    bound_r = tl.where(log_p >= _LOG_P_ZERO, tl.maximum(log_p - log_sum, _LOG_P_CLAMP), float("-inf")) + noise_max
+    bound = tl.where(log_p >= _LOG_P_ZERO, tl.maximum(log_p - log_sum, _LOG_P_CLAMP), float("-inf")) + noise_max
     if HAS_PROBS:
-        bound_r = tl.where(tl.min(q, axis=1) >= 0.0, bound_r, float("inf"))
-    return bound_r, x_max + noise_max
+        bound = tl.where(tl.min(q, axis=1) >= 0.0, bound, float("inf"))
+    return bound
 
 
 @triton.jit
