@@ -6,16 +6,17 @@ a top_k_top_p setting, in one process, with the output of every value compared a
 
 NAME=V1,V2,...: `module.path.ATTR` (the attribute is reassigned and the call records cleared, as
 module constants are read when a record is made) or `settings.FIELD` (the truncation settings,
-through `use_settings`). Values are Python literals. `--with NAME2=W1,W2,...` (repeatable) sets
-another one alongside, its i-th value with the i-th of NAME:
-
-    python benchmarks/ab_constants.py bench_speculative torch_sampling_ops.speculative._EXACT_BLOCK_V=1024,512 \
-        --with torch_sampling_ops.speculative._EXACT_SKIP=False,True
- For each batch size and case, every value is
+through `use_settings`). Values are Python literals. For each batch size and case, every value is
 timed `--rounds` times, the values alternated round by round (a drift of the machine shows as a
 spread within one value): CUDA-graph µs on a GPU (`timing.bench_gpu`, the script's input sets),
 else CPU µs. "same" says whether the case's output (the logits it edits in place, or what it
 returns) holds the same bits as under the first value, on a copy of the first input set.
+
+`--with NAME2=W1,W2,...` (repeatable) sets another constant or setting alongside, its i-th value
+with the i-th of NAME:
+
+    python benchmarks/ab_constants.py bench_speculative torch_sampling_ops.speculative._EXACT_BLOCK_V=1024,512 \
+        --with torch_sampling_ops.speculative._EXACT_SKIP=False,True
 """
 from __future__ import annotations
 
