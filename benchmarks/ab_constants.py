@@ -66,7 +66,7 @@ def main():
     if len({len(values) for _, values in specs}) != 1:
         raise SystemExit("every NAME=V1,V2,... needs as many values as the first")
     # each "value" below is the tuple of the specs' i-th values
-    values = list(zip(*(values for _, values in specs)))
+    values = list(zip(*(values for _, values in specs), strict=True))
     name = " + ".join(name for name, _ in specs)
     cases, device, timer, unit = timing.ab_setup(args.script, args.cases)
     print(f"Environment: {timing.environment()}; {unit}")
@@ -80,12 +80,12 @@ def main():
             for _ in range(args.rounds):
                 for v in values:
                     with contextlib.ExitStack() as stack:
-                        for (spec_name, _), value in zip(specs, v):
+                        for (spec_name, _), value in zip(specs, v, strict=True):
                             stack.enter_context(holding(spec_name, value))
                         times[v].append(timing.time_ours(case, sets, timer))
                         digests.setdefault(v, timing.output_digest(case, pristine))
             for v in values:
-                label = ", ".join(f"{spec_name}={value!r}" for (spec_name, _), value in zip(specs, v))
+                label = ", ".join(f"{spec_name}={value!r}" for (spec_name, _), value in zip(specs, v, strict=True))
                 rows.append([case.name, T, label, " / ".join(f"{us:.1f}" for us in times[v]),
                              "yes" if digests[v] == digests[values[0]] else "NO"])
     timing.print_table(f"A/B of {name}, V = {args.V}", ["case", "T", "value", "µs a round", "same"], rows)
