@@ -264,19 +264,18 @@ def test_exact_pass_tiles_and_skips_give_the_same_draws(backend, tile_divisor, s
         args[0][int(cu[i]) + i, args[1][int(cu[i])]] = NEG_INF
     args[2][:, 7] = -1e-3
     args = [a.to(device_of(backend)) if isinstance(a, torch.Tensor) else a for a in args]
-    expected = run_op(backend, "rejection_sample", *args)
-    monkeypatch.setattr(gumbel, "GUMBEL_APPROX_TOL", 1e30)
-    _call_cache.clear()
-    expected_exact = run_op(backend, "rejection_sample", *args)
-    monkeypatch.setattr(speculative, "_EXACT_BLOCK_V", speculative._BLOCK_V // tile_divisor)
-    monkeypatch.setattr(speculative, "_EXACT_SKIP", skip)
-    _call_cache.clear()
-    exact = run_op(backend, "rejection_sample", *args)
-    monkeypatch.undo()
-    monkeypatch.setattr(speculative, "_EXACT_BLOCK_V", speculative._BLOCK_V // tile_divisor)
-    monkeypatch.setattr(speculative, "_EXACT_SKIP", skip)
-    _call_cache.clear()
-    out = run_op(backend, "rejection_sample", *args)
+
+    def run(tol, exact_block_v, exact_skip):
+        monkeypatch.setattr(gumbel, "GUMBEL_APPROX_TOL", tol)
+        monkeypatch.setattr(speculative, "_EXACT_BLOCK_V", exact_block_v)
+        monkeypatch.setattr(speculative, "_EXACT_SKIP", exact_skip)
+        _call_cache.clear()  # the constants are read when a call is recorded
+        return run_op(backend, "rejection_sample", *args)
+
+    tol, default = gumbel.GUMBEL_APPROX_TOL, (speculative._EXACT_BLOCK_V, speculative._EXACT_SKIP)
+    form = (speculative._BLOCK_V // tile_divisor, skip)
+    expected, expected_exact = run(tol, *default), run(1e30, *default)
+    out, exact = run(tol, *form), run(1e30, *form)
     for got, want in ((out, expected), (exact, expected_exact), (out, expected_exact)):
         assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
 
