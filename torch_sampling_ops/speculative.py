@@ -87,10 +87,9 @@ _REACH_SLOTS = 16
 # block that reaches a floor are scored. The pass's tiles set the one compiled kernel's registers,
 # so every level's occupancy (offline sm_90, Triton 3.6: 122 at 1024-token tiles, 80 at 512 as
 # without the pass, 95 at 512 with the skip, 80 at 256 with it). The same tokens whatever the
-# values. 512 with the skip timed 1.5 to 3.4% faster at B = 256 on an H100; it becomes the default
-# once it has passed the sanitizers (docs/notes/sampling-tuning.md).
-_EXACT_BLOCK_V = _BLOCK_V
-_EXACT_SKIP = False
+# values (docs/notes/sampling-tuning.md has the forms timed).
+_EXACT_BLOCK_V = _BLOCK_V // 2
+_EXACT_SKIP = True
 # A request's status after a level (status[i, level, :]): the state, the drafts accepted, the token.
 _ALIVE = tl.constexpr(0)  # the level scores position `level` (a draft's or the bonus row)
 _RESIDUAL = tl.constexpr(1)  # position level - 1 was rejected: the level draws its residual
