@@ -248,14 +248,9 @@ def test_residual_draw_with_skipped_tokens_gives_the_exact_draws(backend, scale,
     assert torch.equal(fast[0], exact[0]) and torch.equal(fast[1], exact[1])
 
 
-@pytest.mark.parametrize("backend", TRITON_BACKENDS)
-@pytest.mark.parametrize("tile_divisor, skip", [(1, False), (1, True), (2, False), (4, True)])
-def test_exact_pass_tiles_and_skips_give_the_same_draws(backend, tile_divisor, skip, monkeypatch):
-    """The residual's exact pass in smaller tiles (`_EXACT_BLOCK_V`), and scoring only the tiles that
-    hold a block reaching a floor (`_EXACT_SKIP`): the default form's tokens, on chunks that take
-    the pass with finite floors (a negative draft probability at one token bounds its block at
-    +inf; every other request rejects its first draft), and with every chunk taking it and every
-    tile reaching (a tolerance of 1e30)."""
+def residual_pass_args(backend):
+    """Requests whose residual chunks take the exact pass with finite floors (a negative draft
+    probability at one token bounds its block at +inf; every other request rejects its first draft)."""
     gen = torch.Generator().manual_seed(43)
     counts, V = {"cuda": ([3, 1, 2, 3] * 16, 32000)}.get(backend, ([3, 1, 2, 3], 2 * speculative._CHUNK + 9))
     args = spec_args(counts, V, gen, "cpu", temperature=torch.ones(len(counts)), match=0.2)
@@ -263,21 +258,58 @@ def test_exact_pass_tiles_and_skips_give_the_same_draws(backend, tile_divisor, s
     for i in range(0, len(counts), 2):
         args[0][int(cu[i]) + i, args[1][int(cu[i])]] = NEG_INF
     args[2][:, 7] = -1e-3
-    args = [a.to(device_of(backend)) if isinstance(a, torch.Tensor) else a for a in args]
+    return [a.to(device_of(backend)) if isinstance(a, torch.Tensor) else a for a in args]
 
-    def run(tol, exact_block_v, exact_skip):
-        monkeypatch.setattr(gumbel, "GUMBEL_APPROX_TOL", tol)
-        monkeypatch.setattr(speculative, "_EXACT_BLOCK_V", exact_block_v)
-        monkeypatch.setattr(speculative, "_EXACT_SKIP", exact_skip)
-        _call_cache.clear()  # the constants are read when a call is recorded
-        return run_op(backend, "rejection_sample", *args)
 
-    tol, default = gumbel.GUMBEL_APPROX_TOL, (speculative._EXACT_BLOCK_V, speculative._EXACT_SKIP)
-    form = (speculative._BLOCK_V // tile_divisor, skip)
-    expected, expected_exact = run(tol, *default), run(1e30, *default)
-    out, exact = run(tol, *form), run(1e30, *form)
-    for got, want in ((out, expected), (exact, expected_exact), (out, expected_exact)):
-        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+def run_residual_form(backend, args, monkeypatch, tol, **constants):
+    """rejection_sample's tokens with GUMBEL_APPROX_TOL = tol and the speculative module's `constants`
+    (name without its underscore: value) in place of the defaults."""
+    monkeypatch.setattr(gumbel, "GUMBEL_APPROX_TOL", tol)
+    for name in ("FULL_LANES", "EXACT_BLOCK_V", "EXACT_SKIP"):
+        monkeypatch.setattr(speculative, f"_{name}", constants.get(name, DEFAULT_RESIDUAL_FORM[name]))
+    _call_cache.clear()  # the constants are read when a call is recorded
+    return run_op(backend, "rejection_sample", *args)
+
+
+DEFAULT_RESIDUAL_FORM = {name: getattr(speculative, f"_{name}") for name in ("FULL_LANES", "EXACT_BLOCK_V", "EXACT_SKIP")}
+
+
+def assert_same_tokens(*outs):
+    for got in outs[1:]:
+        assert torch.equal(got[0], outs[0][0]) and torch.equal(got[1], outs[0][1])
+
+
+@pytest.mark.parametrize("backend", TRITON_BACKENDS)
+@pytest.mark.parametrize("tile_divisor, skip", [(1, False), (1, True), (2, False), (4, True)])
+def test_exact_pass_tiles_and_skips_give_the_same_draws(backend, tile_divisor, skip, monkeypatch):
+    """The residual's exact pass in smaller tiles (`_EXACT_BLOCK_V`), and scoring only the tiles that
+    hold a block reaching a floor (`_EXACT_SKIP`): the default form's tokens, on chunks that take
+    the pass with finite floors, and with every chunk taking it and every tile reaching (a
+    tolerance of 1e30)."""
+    args = residual_pass_args(backend)
+    tol = gumbel.GUMBEL_APPROX_TOL
+    form = dict(EXACT_BLOCK_V=speculative._BLOCK_V // tile_divisor, EXACT_SKIP=skip)
+    expected = run_residual_form(backend, args, monkeypatch, tol)
+    expected_exact = run_residual_form(backend, args, monkeypatch, 1e30)
+    out = run_residual_form(backend, args, monkeypatch, tol, **form)
+    exact = run_residual_form(backend, args, monkeypatch, 1e30, **form)
+    assert_same_tokens(expected, out, expected_exact)
+    assert_same_tokens(expected_exact, exact)
+
+
+@pytest.mark.parametrize("backend", TRITON_BACKENDS)
+@pytest.mark.parametrize("tol", [2.0**-10, 2.0**-6], ids=["tol_2e-10", "tol_2e-6"])
+def test_full_lanes_give_the_exact_draws(backend, tol, monkeypatch):
+    """A residual chunk whose lanes hold a third reaching block (made common by a wide tolerance)
+    scores those lanes block by block in its rounds (`_FULL_LANES`): the tokens of the exact pass
+    taking every such chunk (`_FULL_LANES = 0`), and of every block scored (a tolerance of 1e30)."""
+    args = residual_pass_args(backend)
+    args[2][:, 7] = 1e-3  # no infinite bound: full lanes decide between the rounds and the exact pass
+    lanes = speculative._BLOCK_V // 4
+    rounds = run_residual_form(backend, args, monkeypatch, tol, FULL_LANES=lanes)
+    exact_pass = run_residual_form(backend, args, monkeypatch, tol, FULL_LANES=0)
+    every_block = run_residual_form(backend, args, monkeypatch, 1e30, FULL_LANES=lanes)
+    assert_same_tokens(exact_pass, rounds, every_block, run_residual_form(backend, args, monkeypatch, tol))
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -307,6 +307,41 @@ def _block_reach(c1, c2, c3, realised, tol):
 
 
 @triton.jit
+def _max2(a0, b0, a1, b1):
+    return tl.maximum(a0, a1), tl.maximum(b0, b1)
+
+
+@triton.jit
+def block_reach_lanes(c1, c2, c3, realised, tol):
+    """(infinite, full, reach1, reach2, floor): _block_reach's lists lane by lane. A lane is full
+    [lanes] when its third block reaches the floor: its two kept blocks may not be the only ones
+    that do, so every block it saw is scored (full_lane_pick); reach1 and reach2 hold outside the
+    full lanes. Infinite (a bound or A infinite: the caller's exact pass), a scalar."""
+    top, first = tl.reduce((realised, c1), 0, _max2)
+    floor = top - _score_err(top, tol)  # -inf without a realised score: every finite block reaches it
+    full = reaches_floor(c3, floor, tol)
+    infinite = (first == float("inf")) | (top == float("inf"))
+    return infinite, full, ~full & reaches_floor(c1, floor, tol), ~full & reaches_floor(c2, floor, tol), floor
+
+
+@triton.jit
+def next_full_lane(full, after):
+    """The lowest full lane above `after` (block_reach_lanes' mask), or the number of lanes if none."""
+    NUM_LANES: tl.constexpr = full.shape[0]
+    lanes = tl.arange(0, NUM_LANES)
+    return tl.min(tl.where(full & (lanes > after), lanes, NUM_LANES), axis=0)
+
+
+@triton.jit
+def full_lane_tokens(lane, begin, end, NUM_LANES: tl.constexpr, TILES: tl.constexpr):
+    """(tokens, live) [TILES, 4]: every token `lane` saw in a pass of TILES tiles of NUM_LANES blocks
+    from `begin` (block begin / 4 + lane + k * NUM_LANES in tile k), live inside [begin, end)."""
+    blocks = begin // 4 + lane + tl.arange(0, TILES) * NUM_LANES
+    tokens = blocks[:, None] * 4 + tl.arange(0, 4)[None, :]
+    return tokens, tokens < end
+
+
+@triton.jit
 def score_token_key(score, token):
     """int64 keys that order (score, token) pairs as a draw ranks them: the larger score, then the
     lower token (score not NaN, -0.0 equal to +0.0; token in (-2**31, 2**31)), so that one max

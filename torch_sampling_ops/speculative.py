@@ -46,15 +46,17 @@ from ._registry import define_op, launch
 from ._triton_helpers import exp_flush_tiny, fast_log2
 from .gumbel import (
     _block_candidates_update,
-    _block_reach,
     argmax_finish,
     argmax_init,
     argmax_tokens,
     argmax_update,
     block_bits,
     block_noise_approx,
+    block_reach_lanes,
     first_arrival_value,
+    full_lane_tokens,
     gumbel_argmax,
+    next_full_lane,
     reach_round_tokens,
     reaches_floor,
     round_best,
@@ -82,8 +84,11 @@ _ARGMAX_STAGES = 4  # a greedy row's argmax, whose loop holds fewer registers a 
 # Reaching blocks a round of the residual draw and of the bonus rows' draw scores exactly
 # (gumbel.gumbel_argmax's REACH_SLOTS).
 _REACH_SLOTS = 16
-# The residual's exact pass (taken by a chunk whose lanes' lists may miss a reaching block: rarely,
-# by one program while its level waits): its tiles, and with _EXACT_SKIP only the tiles holding a
+# Full lanes (a lane whose third block reaches a floor) a chunk of the residual draw scores block by
+# block in its rounds (16 blocks a lane at _CHUNK / _BLOCK_V tiles); with more, the exact pass.
+_FULL_LANES = 2
+# The residual's exact pass (taken where a bound is infinite or more lanes are full: rarely, by one
+# program while its level waits): its tiles, and with _EXACT_SKIP only the tiles holding a
 # block that reaches a floor are scored. The pass's tiles set the one compiled kernel's registers,
 # so every level's occupancy (offline sm_90, Triton 3.6: 122 at 1024-token tiles, 80 at 512 as
 # without the pass, 95 at 512 with the skip, 80 at 256 with it). The same tokens whatever the
@@ -260,16 +265,19 @@ def _residual_bound(x_max, q, noise_max, row_max, log_sum, HAS_PROBS: tl.constex
 @triton.jit
 def _residual_chunk(row_ptr, probs_row_ptr, draft, row_max, row_sum, key, start, limit, vocab_size, tol,
                     HAS_PROBS: tl.constexpr, BLOCK_V: tl.constexpr, REACH_SLOTS: tl.constexpr, STAGES: tl.constexpr,
-                    EXACT_BLOCK_V: tl.constexpr, EXACT_SKIP: tl.constexpr):
+                    TILES: tl.constexpr, FULL_LANES: tl.constexpr, EXACT_BLOCK_V: tl.constexpr,
+                    EXACT_SKIP: tl.constexpr):
     """_exact_residual_chunk's result, bit for bit, on block bounds as gumbel.gumbel_argmax draws, for
     both lists at once (`_residual_blocks`): per block of 4 tokens one hash and M_b
     (block_noise_approx) bound the block's exact scores by U = log p_max + M_b (r <= p) and U = max x
     + M_b, and its first arrival realises L = log(r_pos) + M_b (r_pos > 0) and L = x_pos + M_b. Per
     lane and list: the two blocks of largest U, the largest other U, the largest L
-    (gumbel._block_reach). The blocks that reach either list's floor are scored exactly for both
-    lists (a block outside a list's reach scores below its winner), REACH_SLOTS at a time; the exact
-    pass (EXACT_BLOCK_V-token tiles, with EXACT_SKIP only those holding a block that reaches a floor)
-    when either list would take it. `start` is a multiple of 4 (no block straddles it)."""
+    (gumbel.block_reach_lanes). The blocks that reach either list's floor are scored exactly for both
+    lists (a block outside a list's reach scores below its winner), and every block of a lane whose
+    third block reaches a floor (a full lane: its TILES blocks, a lane at a time). The exact pass
+    (EXACT_BLOCK_V-token tiles, with EXACT_SKIP only those holding a block that reaches a floor)
+    scores the chunk instead where a bound or realised score is infinite, or more than FULL_LANES
+    lanes are full. `start` is a multiple of 4 (no block straddles it)."""
     NUM_LANES: tl.constexpr = BLOCK_V // 4
     lanes = tl.arange(0, NUM_LANES)
     column = tl.arange(0, 4)
@@ -302,11 +310,15 @@ def _residual_chunk(row_ptr, probs_row_ptr, draft, row_max, row_sum, key, start,
         realised_r, r1, r1_block, r2, r2_block, r3, realised_p, p1, p1_block, p2, p2_block, p3 = _residual_blocks(
             x, q, blocks, draft, row_max, row_sum, log_sum, key, realised_r, r1, r1_block, r2, r2_block, r3,
             realised_p, p1, p1_block, p2, p2_block, p3, HAS_PROBS)
-    exhaustive_r, reach_r1, reach_r2, floor_r = _block_reach(r1, r2, r3, realised_r, tol)
-    exhaustive_p, reach_p1, reach_p2, floor_p = _block_reach(p1, p2, p3, realised_p, tol)
-    # A block in both lists is scored once.
-    reach_p1 = reach_p1 & ~((reach_r1 & (p1_block == r1_block)) | (reach_r2 & (p1_block == r2_block)))
-    reach_p2 = reach_p2 & ~((reach_r1 & (p2_block == r1_block)) | (reach_r2 & (p2_block == r2_block)))
+    infinite_r, full_r, reach_r1, reach_r2, floor_r = block_reach_lanes(r1, r2, r3, realised_r, tol)
+    infinite_p, full_p, reach_p1, reach_p2, floor_p = block_reach_lanes(p1, p2, p3, realised_p, tol)
+    # A lane full in either list has every block it saw scored for both, after the rounds; elsewhere
+    # a block in both lists is scored once.
+    full = full_r | full_p
+    reach_r1 = reach_r1 & ~full_p
+    reach_r2 = reach_r2 & ~full_p
+    reach_p1 = reach_p1 & ~full_r & ~((reach_r1 & (p1_block == r1_block)) | (reach_r2 & (p1_block == r2_block)))
+    reach_p2 = reach_p2 & ~full_r & ~((reach_r1 & (p2_block == r1_block)) | (reach_r2 & (p2_block == r2_block)))
     # The reaching blocks of a lane take consecutive slots (r1, r2, p1, p2), the lanes in order; a
     # [lanes, slots] selection gathers a round's blocks (-1 where a block does not reach).
     f_r1 = reach_r1.to(tl.int32)
@@ -319,7 +331,7 @@ def _residual_chunk(row_ptr, probs_row_ptr, draft, row_max, row_sum, key, start,
     slot_r2 = tl.where(reach_r2, base + f_r1, -1)
     slot_p1 = tl.where(reach_p1, base + f_r1 + f_r2, -1)
     slot_p2 = tl.where(reach_p2, base + f_r1 + f_r2 + f_p1, -1)
-    if exhaustive_r | exhaustive_p:
+    if infinite_r | infinite_p | (tl.sum(full.to(tl.int32), axis=0) > FULL_LANES):
         score_r, token_r, score_p, token_p = _exact_residual_chunk(
             row_ptr, probs_row_ptr, draft, row_max, row_sum, log_sum, key, start, limit, vocab_size, floor_r, floor_p,
             tol, HAS_PROBS, EXACT_BLOCK_V, EXACT_SKIP)
@@ -337,6 +349,14 @@ def _residual_chunk(row_ptr, probs_row_ptr, draft, row_max, row_sum, key, start,
             best_r = round_best(best_r, exact_r, tokens)
             best_p = round_best(best_p, exact_p, tokens)
             first_slot += REACH_SLOTS
+        lane = next_full_lane(full, -1)
+        while lane < NUM_LANES:
+            tokens, live = full_lane_tokens(lane, start, limit, NUM_LANES, TILES)
+            exact_r, exact_p = _exact_residual_scores(row_ptr, probs_row_ptr, draft, row_max, row_sum, key, tokens,
+                                                      live, limit, HAS_PROBS)
+            best_r = round_best(best_r, exact_r, tokens)
+            best_p = round_best(best_p, exact_p, tokens)
+            lane = next_full_lane(full, lane)
         score_r, token_r = round_winner(best_r)
         score_p, token_p = round_winner(best_p)
     return score_r, token_r, score_p, token_p
@@ -375,7 +395,8 @@ def _rejection_level_kernel(logits_ptr, logits_stride, draft_ids_ptr, probs_ptr,
                             level, HAS_PROBS: tl.constexpr, FINAL: tl.constexpr, CHUNK: tl.constexpr,
                             BLOCK_V: tl.constexpr, CHUNKS_P2: tl.constexpr, BLOCK_OUT: tl.constexpr,
                             STAGES: tl.constexpr, ARGMAX_STAGES: tl.constexpr, REACH_SLOTS: tl.constexpr,
-                            EXACT_BLOCK_V: tl.constexpr, EXACT_SKIP: tl.constexpr, PDL: tl.constexpr):
+                            FULL_LANES: tl.constexpr, EXACT_BLOCK_V: tl.constexpr, EXACT_SKIP: tl.constexpr,
+                            PDL: tl.constexpr):
     """Level `level` of request program_id(0), chunk program_id(1): decides position level - 1 from
     the partials level - 1 left (the same in every chunk program), then writes this chunk's partial
     of the level's pass. FINAL (grid (B, 1), level = max_spec_len + 1): decides the last position and
@@ -508,7 +529,8 @@ def _rejection_level_kernel(logits_ptr, logits_stride, draft_ids_ptr, probs_ptr,
             score_r, token_r, score_p, token_p = _residual_chunk(row_ptr, prev_probs_ptr, draft32, row_max, row_sum,
                                                                  prev_key, start, limit, vocab_size, tol,
                                                                  HAS_PROBS, BLOCK_V, REACH_SLOTS, STAGES,
-                                                                 EXACT_BLOCK_V, EXACT_SKIP)
+                                                                 CHUNK // BLOCK_V, FULL_LANES, EXACT_BLOCK_V,
+                                                                 EXACT_SKIP)
             tl.store(part_f_ptr + part, score_r)
             tl.store(part_i_ptr + part, token_r)
             tl.store(part_f_ptr + part + num_chunks, score_p)
@@ -597,7 +619,7 @@ def _rejection_sample_triton(target_logits, draft_token_ids, draft_probs, cu_num
     pdl = truncation_plan.uses_dependent_launches(target_logits.device)
     meta = dict(HAS_PROBS=has_probs, CHUNK=_CHUNK, BLOCK_V=_BLOCK_V, CHUNKS_P2=next_power_of_2(chunks),
                 BLOCK_OUT=next_power_of_2(max_spec_len + 1), STAGES=_STAGES, ARGMAX_STAGES=_ARGMAX_STAGES,
-                REACH_SLOTS=_REACH_SLOTS, EXACT_BLOCK_V=_EXACT_BLOCK_V, EXACT_SKIP=_EXACT_SKIP, PDL=pdl,
+                REACH_SLOTS=_REACH_SLOTS, FULL_LANES=_FULL_LANES, EXACT_BLOCK_V=_EXACT_BLOCK_V, EXACT_SKIP=_EXACT_SKIP, PDL=pdl,
                 num_warps=_NUM_WARPS, launch_pdl=pdl)
     for level in range(levels):
         launch(_rejection_level_kernel, (B, chunks), *args, level, FINAL=False, **meta)
