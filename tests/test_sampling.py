@@ -4,7 +4,7 @@ import math
 import pytest
 import torch
 
-from torch_sampling_ops import _C, gumbel, reference, sampling
+from torch_sampling_ops import _C, _call_cache, gumbel, reference, sampling
 from torch_sampling_ops.truncation import current_settings, use_settings
 
 from conftest import BACKENDS, DTYPES, OP_BACKENDS, TRITON_BACKENDS, device_of, make_logits, run_op
@@ -534,6 +534,37 @@ def test_sample_exact_rescoring_gives_the_exact_draw(backend, monkeypatch):
     exact = exact_draw(backend, args, monkeypatch)
     assert torch.equal(fast, exact)
     assert bool((fast >= 0).all())
+
+
+@pytest.mark.parametrize("backend", TRITON_BACKENDS)
+@pytest.mark.parametrize("tol", [2.0**-10, 2.0**-6], ids=["tol_2e-10", "tol_2e-6"])
+def test_sample_full_lanes_give_the_exact_draw(backend, tol, monkeypatch):
+    """Whole-row draws whose lanes hold a third block reaching the floor (made common by a wide
+    tolerance) score those lanes block by block (`_DRAW_FULL_LANES`): the tokens of the exact pass
+    taking every such row (0 full lanes allowed) and of every token scored (a tolerance of 1e30)."""
+    gen = torch.Generator().manual_seed(22)
+    if backend == "cuda":
+        T, V, split_max_t = 256, 151936, current_settings().split_draw_max_t
+    else:  # whole rows at T = 6, in 256-token tiles: 12 tiles a lane
+        T, V, split_max_t = 6, 3001, 1
+        monkeypatch.setattr(sampling, "_DRAW_BLOCK_V", 256)
+    args = sample_args(T, V, gen, device_of(backend), R=6)
+    args[1] = torch.randint(1, 6, (T,), generator=gen).to(args[1])  # no greedy rows: they draw no noise
+    args[3].zero_()  # no filter: every row takes the whole-row draw
+    args[4].fill_(1.0)
+    args[5].zero_()
+
+    def draw(full_lanes, tol):
+        monkeypatch.setattr(sampling, "_DRAW_FULL_LANES", full_lanes)
+        monkeypatch.setattr(gumbel, "GUMBEL_APPROX_TOL", tol)
+        _call_cache.clear()  # the constants are read when a call is recorded
+        with use_settings(split_draw_max_t=split_max_t):
+            return run_op(backend, "sample", *args)
+
+    lanes = sampling._DRAW_BLOCK_V // 4
+    rounds, exact_pass, every_token = draw(lanes, tol), draw(0, tol), draw(lanes, 1e30)
+    assert torch.equal(rounds, exact_pass) and torch.equal(rounds, every_token)
+    assert bool((rounds >= 0).all())
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -299,17 +299,27 @@ def test_exact_pass_tiles_and_skips_give_the_same_draws(backend, tile_divisor, s
 
 @pytest.mark.parametrize("backend", TRITON_BACKENDS)
 @pytest.mark.parametrize("tol", [2.0**-10, 2.0**-6], ids=["tol_2e-10", "tol_2e-6"])
-def test_full_lanes_give_the_exact_draws(backend, tol, monkeypatch):
-    """A residual chunk whose lanes hold a third reaching block (made common by a wide tolerance)
-    scores those lanes block by block in its rounds (`_FULL_LANES`): the tokens of the exact pass
-    taking every such chunk (`_FULL_LANES = 0`), and of every block scored (a tolerance of 1e30)."""
+@pytest.mark.parametrize("draws", ["residual", "bonus"])
+def test_full_lanes_give_the_exact_draws(backend, tol, draws, monkeypatch):
+    """A residual or bonus chunk whose lanes hold a third reaching block (made common by a wide
+    tolerance) scores those lanes block by block (`_FULL_LANES`): the tokens of the exact pass
+    taking every such chunk (`_FULL_LANES = 0`), and of every block scored (a tolerance of 1e30).
+    Bonus draws: draft probabilities half the target's, so that every draft is accepted."""
     args = residual_pass_args(backend)
     args[2][:, 7] = 1e-3  # no infinite bound: full lanes decide between the rounds and the exact pass
+    if draws == "bonus":
+        rows = torch.cat([torch.arange(int(args[3][i]) + i, int(args[3][i + 1]) + i) for i in range(len(args[4]))])
+        args[0] = make_logits(args[0].shape[0], args[0].shape[1], torch.float32, args[0].device,
+                              generator=torch.Generator().manual_seed(44))
+        args[2] = torch.softmax(args[0][rows.to(args[0].device)].double(), dim=1).float() / 2  # q < p: accepted
+        args[1] = args[0][rows.to(args[0].device)].argmax(dim=1)
     lanes = speculative._BLOCK_V // 4
     rounds = run_residual_form(backend, args, monkeypatch, tol, FULL_LANES=lanes)
     exact_pass = run_residual_form(backend, args, monkeypatch, tol, FULL_LANES=0)
     every_block = run_residual_form(backend, args, monkeypatch, 1e30, FULL_LANES=lanes)
     assert_same_tokens(exact_pass, rounds, every_block, run_residual_form(backend, args, monkeypatch, tol))
+    if draws == "bonus":  # the drafts (their row's argmax) are accepted: each request reaches its bonus row
+        assert bool((rounds[1].cpu() == args[3].diff().cpu() + 1).all())
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

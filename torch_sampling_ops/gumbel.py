@@ -281,29 +281,10 @@ def _block_candidates_update(c1, c1_block, c2, c2_block, c3, bound, blocks):
 
 
 @triton.jit
-def _max3(a0, b0, c0, a1, b1, c1):
-    return tl.maximum(a0, a1), tl.maximum(b0, b1), tl.maximum(c0, c1)
-
-
-@triton.jit
 def reaches_floor(bound, floor, tol):
     """Whether a block whose exact scores lie at most at its bound U (approximate: within err(U)) may
     hold a score of at least `floor`: U above -inf (NaN never) and U + err(U) >= floor."""
     return (bound > float("-inf")) & (bound + _score_err(bound, tol) >= floor)
-
-
-@triton.jit
-def _block_reach(c1, c2, c3, realised, tol):
-    """(exhaustive, reach1, reach2, floor) of the per-lane candidate state (_block_candidates_update)
-    and the per-lane largest realised scores: with A the largest realised score the winner scores at
-    least floor = A - err(A) exactly, so the blocks that may hold it are the lanes' first and second
-    whose bound reaches the floor (reach1, reach2). Exhaustive (the lists may miss a block that
-    reaches it: the caller's exact pass) when a lane's third block reaches it too, or a bound or A is
-    infinite."""
-    top, third, first = tl.reduce((realised, c3, c1), 0, _max3)  # one reduction for the three maxima
-    floor = top - _score_err(top, tol)  # -inf without a realised score: every finite block reaches it
-    exhaustive = (first == float("inf")) | (top == float("inf")) | reaches_floor(third, floor, tol)
-    return exhaustive, reaches_floor(c1, floor, tol), reaches_floor(c2, floor, tol), floor
 
 
 @triton.jit
@@ -313,10 +294,12 @@ def _max2(a0, b0, a1, b1):
 
 @triton.jit
 def block_reach_lanes(c1, c2, c3, realised, tol):
-    """(infinite, full, reach1, reach2, floor): _block_reach's lists lane by lane. A lane is full
-    [lanes] when its third block reaches the floor: its two kept blocks may not be the only ones
-    that do, so every block it saw is scored (full_lane_pick); reach1 and reach2 hold outside the
-    full lanes. Infinite (a bound or A infinite: the caller's exact pass), a scalar."""
+    """(infinite, full, reach1, reach2, floor) of the per-lane candidate state (_block_candidates_update)
+    and the per-lane largest realised scores: with A the largest realised score the winner scores at
+    least floor = A - err(A) exactly, so the blocks that may hold it are a lane's first and second
+    whose bound reaches the floor (reach1, reach2), unless its third block reaches it too: then the
+    lane is full [lanes] (any block it saw may: full_lane_tokens), and reach1 and reach2 hold outside
+    the full lanes. Infinite, a scalar: a bound or A is infinite (the caller's exact pass)."""
     top, first = tl.reduce((realised, c1), 0, _max2)
     floor = top - _score_err(top, tol)  # -inf without a realised score: every finite block reaches it
     full = reaches_floor(c3, floor, tol)
@@ -333,10 +316,11 @@ def next_full_lane(full, after):
 
 
 @triton.jit
-def full_lane_tokens(lane, begin, end, NUM_LANES: tl.constexpr, TILES: tl.constexpr):
-    """(tokens, live) [TILES, 4]: every token `lane` saw in a pass of TILES tiles of NUM_LANES blocks
-    from `begin` (block begin / 4 + lane + k * NUM_LANES in tile k), live inside [begin, end)."""
-    blocks = begin // 4 + lane + tl.arange(0, TILES) * NUM_LANES
+def full_lane_tokens(lane, first_tile, begin, end, NUM_LANES: tl.constexpr, TILES: tl.constexpr):
+    """(tokens, live) [TILES, 4]: the tokens `lane` saw in tiles first_tile .. first_tile + TILES - 1
+    of a pass of NUM_LANES blocks a tile from `begin` (block begin / 4 + lane + k * NUM_LANES in tile
+    k), live inside [begin, end)."""
+    blocks = begin // 4 + lane + (first_tile + tl.arange(0, TILES)) * NUM_LANES
     tokens = blocks[:, None] * 4 + tl.arange(0, 4)[None, :]
     return tokens, tokens < end
 
@@ -399,11 +383,13 @@ def round_best(best, exact, tokens):
 # Reaching blocks a round of sample's Gumbel draws scores exactly (gumbel_argmax's REACH_SLOTS):
 # the full-row draw and the general path.
 DRAW_REACH_SLOTS = tl.constexpr(8)
+# Tiles of a full lane (gumbel_argmax) whose blocks one gather scores.
+FULL_TILES = tl.constexpr(16)
 
 
 @triton.jit
 def gumbel_argmax(row_ptr, begin, end, key, temp, tol, SCALE: tl.constexpr, BLOCK_V: tl.constexpr,
-                  REACH_SLOTS: tl.constexpr, STAGES: tl.constexpr = 1):
+                  REACH_SLOTS: tl.constexpr, STAGES: tl.constexpr = 1, FULL_LANES: tl.constexpr = 0):
     """(score, token) of argmax_j of x_j (/ temp with SCALE) + stream_noise(key, j) over the tokens
     of row_ptr[begin:end] above -inf (NaN never), the lower index among ties; (-inf, -1) without
     one. The exact scores' result, bit for bit, from one hash and two hardware logs per block of 4:
@@ -415,8 +401,10 @@ def gumbel_argmax(row_ptr, begin, end, key, temp, tol, SCALE: tl.constexpr, BLOC
     largest L, the two blocks of largest U, and the largest U of the lane's other blocks. With A the
     largest L, the winner scores at least floor = A - err(A) exactly; a block whose U + err(U)
     stays below it cannot hold the winner. The blocks that reach it are scored exactly,
-    REACH_SLOTS at a time. When a lane's third block reaches the floor, or a bound is infinite, a
-    second pass scores every token exactly. `begin` is a multiple of 4 (no block straddles it)."""
+    REACH_SLOTS at a time. A lane whose third block reaches the floor (a full lane) has every block
+    it saw scored, FULL_TILES of them at a time; with more than FULL_LANES full lanes, or a bound
+    infinite, a second pass scores every token exactly. `begin` is a multiple of 4 (no block
+    straddles it)."""
     inv_temp = tl.math.div_rn(1.0, temp) if SCALE else 1.0
     NUM_LANES: tl.constexpr = BLOCK_V // 4
     lanes = tl.arange(0, NUM_LANES)
@@ -440,7 +428,7 @@ def gumbel_argmax(row_ptr, begin, end, key, temp, tol, SCALE: tl.constexpr, BLOC
         x = tl.load(row_ptr + offs, mask=offs < end, other=float("-inf")).to(tl.float32)
         realised, c1, c1_block, c2, c2_block, c3 = _bound_blocks(x, blocks, key, inv_temp, realised, c1, c1_block, c2,
                                                                  c2_block, c3)
-    exhaustive, reach1, reach2, _ = _block_reach(c1, c2, c3, realised, tol)
+    infinite, full, reach1, reach2, _ = block_reach_lanes(c1, c2, c3, realised, tol)
     # The reaching blocks of a lane take consecutive slots (first, second), the lanes in order; they
     # are scored exactly REACH_SLOTS at a time.
     f1 = reach1.to(tl.int32)
@@ -449,7 +437,7 @@ def gumbel_argmax(row_ptr, begin, end, key, temp, tol, SCALE: tl.constexpr, BLOC
     base = tl.cumsum(count, axis=0) - count
     slot1 = tl.where(reach1, base, -1)
     slot2 = tl.where(reach2, base + f1, -1)
-    if exhaustive:
+    if infinite | (tl.sum(full.to(tl.int32), axis=0) > FULL_LANES):
         score, token = _exact_gumbel_argmax(row_ptr, begin, end, key, temp, SCALE, BLOCK_V)
     else:
         best = round_best_empty()
@@ -461,6 +449,14 @@ def gumbel_argmax(row_ptr, begin, end, key, temp, tol, SCALE: tl.constexpr, BLOC
             exact = _exact_gumbel_scores(row_ptr, tokens, live, key, temp, SCALE)
             best = round_best(best, exact, tokens)
             first_slot += REACH_SLOTS
+        if FULL_LANES > 0:
+            num_tiles = (end - begin + BLOCK_V - 1) // BLOCK_V
+            lane = next_full_lane(full, -1)
+            while lane < NUM_LANES:
+                for first_tile in range(0, num_tiles, FULL_TILES):
+                    tokens, live = full_lane_tokens(lane, first_tile, begin, end, NUM_LANES, FULL_TILES)
+                    best = round_best(best, _exact_gumbel_scores(row_ptr, tokens, live, key, temp, SCALE), tokens)
+                lane = next_full_lane(full, lane)
         score, token = round_winner(best)
     return score, token
 

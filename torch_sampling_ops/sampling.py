@@ -57,6 +57,9 @@ _DRAW_STAGES = _ARGMAX_STAGES
 _SPLIT_DRAW_BLOCK_V = 2048
 _SPLIT_DRAW_STAGES = 3
 _DRAW_WARPS = 8
+# Full lanes (gumbel_argmax: a lane whose third block reaches the floor) the draw scores block by
+# block; with more, its exact pass over the program's tokens. 0: every such draw takes the exact pass.
+_DRAW_FULL_LANES = 0
 _MAX_TOPK = 1024  # largest num_logprobs: the Triton kernels hold K-key lists in registers; more is rejected
 # logprobs splits each row into segments of _LOGPROBS_SEGMENT tokens, one program of _LOGPROBS_WARPS
 # warps each (a function of V only, so a row's result never depends on the batch). For K (=
@@ -405,7 +408,7 @@ def _draw_kernel(logits_ptr, logits_stride, idx_mapping_ptr, top_k_ptr, top_p_pt
                  vocab_size, num_segments, temperature_ptr, min_p_ptr, seeds_ptr, output_lens_ptr, out_ptr, tol,
                  DRAW_SEGMENT: tl.constexpr, SPLIT: tl.constexpr, BLOCK_V: tl.constexpr, SAMPLE: tl.constexpr,
                  SEG_CAP: tl.constexpr, PDL: tl.constexpr, STAGES: tl.constexpr, ARGMAX_STAGES: tl.constexpr,
-                 REACH_SLOTS: tl.constexpr):
+                 REACH_SLOTS: tl.constexpr, FULL_LANES: tl.constexpr):
     """`sample`'s first launch, with the truncation launches' arguments. A row with a filter on and a
     temperature != 0 is drawn by those launches: program (t, 0) stores its bounds, which their
     first launch would (`store_row_bound`). Every other row: out[t] = argmax_j of logits[t, j] /
@@ -413,7 +416,8 @@ def _draw_kernel(logits_ptr, logits_stride, idx_mapping_ptr, top_k_ptr, top_p_pt
     logits for greedy rows (the filters always keep it); -1 without such a token or slot. With
     SPLIT, program (t, s) takes the DRAW_SEGMENT tokens of segment s and stores its (score, token)
     pair in the row's workspace (`store_draw_pair`), and the scan launch writes out[t]. STAGES and
-    ARGMAX_STAGES: tiles in flight of the Gumbel draw and of the argmax; REACH_SLOTS: gumbel_argmax's."""
+    ARGMAX_STAGES: tiles in flight of the Gumbel draw and of the argmax; REACH_SLOTS and FULL_LANES:
+    gumbel_argmax's."""
     t = tl.program_id(0)
     k, _, k_on, _, filtered, temp, min_p = row_settings(idx_mapping_ptr, top_k_ptr, top_p_ptr, temperature_ptr,
                                                           min_p_ptr, t, num_slots, vocab_size, PDL, True)
@@ -437,7 +441,8 @@ def _draw_kernel(logits_ptr, logits_stride, idx_mapping_ptr, top_k_ptr, top_p_pt
         if temp == 0.0:
             score, token = argmax_tokens(logits_row, begin, end, BLOCK_V, ARGMAX_STAGES)
         else:
-            score, token = gumbel_argmax(logits_row, begin, end, key, temp, tol, True, BLOCK_V, REACH_SLOTS, STAGES)
+            score, token = gumbel_argmax(logits_row, begin, end, key, temp, tol, True, BLOCK_V, REACH_SLOTS, STAGES,
+                                         FULL_LANES)
         if SPLIT:
             store_draw_pair(ws_row, tl.program_id(1), tl.num_programs(1), score, token)
         else:
@@ -484,7 +489,8 @@ def _sample_triton(logits, idx_mapping, temperature, top_k, top_p, min_p, seeds,
         grid, block, stages, argmax_stages = (T, 1), _DRAW_BLOCK_V, _DRAW_STAGES, _ARGMAX_STAGES
     launch(_draw_kernel, grid, *args, DRAW_SEGMENT=segment, SPLIT=split,
            BLOCK_V=min(block, segment), SAMPLE=settings.sample, SEG_CAP=settings.seg_cap, PDL=pdl,
-           STAGES=stages, ARGMAX_STAGES=argmax_stages, REACH_SLOTS=gumbel.DRAW_REACH_SLOTS.value, num_warps=_DRAW_WARPS)
+           STAGES=stages, ARGMAX_STAGES=argmax_stages, REACH_SLOTS=gumbel.DRAW_REACH_SLOTS.value, FULL_LANES=_DRAW_FULL_LANES,
+           num_warps=_DRAW_WARPS)
     for kernel, grid, meta in plan:
         launch(kernel, grid, *args, **meta)
     return out

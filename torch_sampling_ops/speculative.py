@@ -351,7 +351,7 @@ def _residual_chunk(row_ptr, probs_row_ptr, draft, row_max, row_sum, key, start,
             first_slot += REACH_SLOTS
         lane = next_full_lane(full, -1)
         while lane < NUM_LANES:
-            tokens, live = full_lane_tokens(lane, start, limit, NUM_LANES, TILES)
+            tokens, live = full_lane_tokens(lane, 0, start, limit, NUM_LANES, TILES)
             exact_r, exact_p = _exact_residual_scores(row_ptr, probs_row_ptr, draft, row_max, row_sum, key, tokens,
                                                       live, limit, HAS_PROBS)
             best_r = round_best(best_r, exact_r, tokens)
@@ -515,7 +515,8 @@ def _rejection_level_kernel(logits_ptr, logits_stride, draft_ids_ptr, probs_ptr,
                 tl.store(part_i_ptr + part, best)
             elif level64 >= n:  # the bonus row: the Gumbel argmax, as `sample` draws
                 key = stream_key(seed, position + level64)
-                score, best = gumbel_argmax(row_ptr, start, limit, key, 1.0, tol, False, BLOCK_V, REACH_SLOTS, STAGES)
+                score, best = gumbel_argmax(row_ptr, start, limit, key, 1.0, tol, False, BLOCK_V, REACH_SLOTS, STAGES,
+                                            FULL_LANES)
                 tl.store(part_f_ptr + part, score)
                 tl.store(part_i_ptr + part, best)
             else:
