@@ -261,17 +261,17 @@ def residual_pass_args(backend):
     return [a.to(device_of(backend)) if isinstance(a, torch.Tensor) else a for a in args]
 
 
+DEFAULT_RESIDUAL_FORM = {name: getattr(speculative, f"_{name}") for name in ("FULL_LANES", "EXACT_BLOCK_V", "EXACT_SKIP")}
+
+
 def run_residual_form(backend, args, monkeypatch, tol, **constants):
     """rejection_sample's tokens with GUMBEL_APPROX_TOL = tol and the speculative module's `constants`
     (name without its underscore: value) in place of the defaults."""
     monkeypatch.setattr(gumbel, "GUMBEL_APPROX_TOL", tol)
-    for name in ("FULL_LANES", "EXACT_BLOCK_V", "EXACT_SKIP"):
-        monkeypatch.setattr(speculative, f"_{name}", constants.get(name, DEFAULT_RESIDUAL_FORM[name]))
+    for name, default in DEFAULT_RESIDUAL_FORM.items():
+        monkeypatch.setattr(speculative, f"_{name}", constants.get(name, default))
     _call_cache.clear()  # the constants are read when a call is recorded
     return run_op(backend, "rejection_sample", *args)
-
-
-DEFAULT_RESIDUAL_FORM = {name: getattr(speculative, f"_{name}") for name in ("FULL_LANES", "EXACT_BLOCK_V", "EXACT_SKIP")}
 
 
 def assert_same_tokens(*outs):

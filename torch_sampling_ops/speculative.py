@@ -45,6 +45,7 @@ from ._launch import cdiv, next_power_of_2
 from ._registry import define_op, launch
 from ._triton_helpers import exp_flush_tiny, fast_log2
 from .gumbel import (
+    FULL_TILES,
     _block_candidates_update,
     argmax_finish,
     argmax_init,
@@ -84,8 +85,8 @@ _ARGMAX_STAGES = 4  # a greedy row's argmax, whose loop holds fewer registers a 
 # Reaching blocks a round of the residual draw and of the bonus rows' draw scores exactly
 # (gumbel.gumbel_argmax's REACH_SLOTS).
 _REACH_SLOTS = 16
-# Full lanes (a lane whose third block reaches a floor) a chunk of the residual draw scores block by
-# block in its rounds (16 blocks a lane at _CHUNK / _BLOCK_V tiles); with more, the exact pass.
+# Full lanes (a lane whose third block reaches a floor) a chunk of the residual or bonus draw scores
+# block by block (16 blocks a lane at _CHUNK / _BLOCK_V tiles); with more, the exact pass.
 _FULL_LANES = 2
 # The residual's exact pass (taken where a bound is infinite or more lanes are full: rarely, by one
 # program while its level waits): its tiles, and with _EXACT_SKIP only the tiles holding a
@@ -265,8 +266,7 @@ def _residual_bound(x_max, q, noise_max, row_max, log_sum, HAS_PROBS: tl.constex
 @triton.jit
 def _residual_chunk(row_ptr, probs_row_ptr, draft, row_max, row_sum, key, start, limit, vocab_size, tol,
                     HAS_PROBS: tl.constexpr, BLOCK_V: tl.constexpr, REACH_SLOTS: tl.constexpr, STAGES: tl.constexpr,
-                    TILES: tl.constexpr, FULL_LANES: tl.constexpr, EXACT_BLOCK_V: tl.constexpr,
-                    EXACT_SKIP: tl.constexpr):
+                    FULL_LANES: tl.constexpr, EXACT_BLOCK_V: tl.constexpr, EXACT_SKIP: tl.constexpr):
     """_exact_residual_chunk's result, bit for bit, on block bounds as gumbel.gumbel_argmax draws, for
     both lists at once (`_residual_blocks`): per block of 4 tokens one hash and M_b
     (block_noise_approx) bound the block's exact scores by U = log p_max + M_b (r <= p) and U = max x
@@ -274,7 +274,7 @@ def _residual_chunk(row_ptr, probs_row_ptr, draft, row_max, row_sum, key, start,
     lane and list: the two blocks of largest U, the largest other U, the largest L
     (gumbel.block_reach_lanes). The blocks that reach either list's floor are scored exactly for both
     lists (a block outside a list's reach scores below its winner), and every block of a lane whose
-    third block reaches a floor (a full lane: its TILES blocks, a lane at a time). The exact pass
+    third block reaches a floor (a full lane: gumbel.FULL_TILES blocks a gather). The exact pass
     (EXACT_BLOCK_V-token tiles, with EXACT_SKIP only those holding a block that reaches a floor)
     scores the chunk instead where a bound or realised score is infinite, or more than FULL_LANES
     lanes are full. `start` is a multiple of 4 (no block straddles it)."""
@@ -349,13 +349,15 @@ def _residual_chunk(row_ptr, probs_row_ptr, draft, row_max, row_sum, key, start,
             best_r = round_best(best_r, exact_r, tokens)
             best_p = round_best(best_p, exact_p, tokens)
             first_slot += REACH_SLOTS
+        num_tiles = (limit - start + BLOCK_V - 1) // BLOCK_V
         lane = next_full_lane(full, -1)
         while lane < NUM_LANES:
-            tokens, live = full_lane_tokens(lane, 0, start, limit, NUM_LANES, TILES)
-            exact_r, exact_p = _exact_residual_scores(row_ptr, probs_row_ptr, draft, row_max, row_sum, key, tokens,
-                                                      live, limit, HAS_PROBS)
-            best_r = round_best(best_r, exact_r, tokens)
-            best_p = round_best(best_p, exact_p, tokens)
+            for first_tile in range(0, num_tiles, FULL_TILES):
+                tokens, live = full_lane_tokens(lane, first_tile, start, limit, NUM_LANES, FULL_TILES)
+                exact_r, exact_p = _exact_residual_scores(row_ptr, probs_row_ptr, draft, row_max, row_sum, key,
+                                                          tokens, live, limit, HAS_PROBS)
+                best_r = round_best(best_r, exact_r, tokens)
+                best_p = round_best(best_p, exact_p, tokens)
             lane = next_full_lane(full, lane)
         score_r, token_r = round_winner(best_r)
         score_p, token_p = round_winner(best_p)
@@ -530,8 +532,7 @@ def _rejection_level_kernel(logits_ptr, logits_stride, draft_ids_ptr, probs_ptr,
             score_r, token_r, score_p, token_p = _residual_chunk(row_ptr, prev_probs_ptr, draft32, row_max, row_sum,
                                                                  prev_key, start, limit, vocab_size, tol,
                                                                  HAS_PROBS, BLOCK_V, REACH_SLOTS, STAGES,
-                                                                 CHUNK // BLOCK_V, FULL_LANES, EXACT_BLOCK_V,
-                                                                 EXACT_SKIP)
+                                                                 FULL_LANES, EXACT_BLOCK_V, EXACT_SKIP)
             tl.store(part_f_ptr + part, score_r)
             tl.store(part_i_ptr + part, token_r)
             tl.store(part_f_ptr + part + num_chunks, score_p)
