@@ -489,8 +489,8 @@ def _sample_triton(logits, idx_mapping, temperature, top_k, top_p, min_p, seeds,
         grid, block, stages, argmax_stages = (T, 1), _DRAW_BLOCK_V, _DRAW_STAGES, _ARGMAX_STAGES
     launch(_draw_kernel, grid, *args, DRAW_SEGMENT=segment, SPLIT=split,
            BLOCK_V=min(block, segment), SAMPLE=settings.sample, SEG_CAP=settings.seg_cap, PDL=pdl,
-           STAGES=stages, ARGMAX_STAGES=argmax_stages, REACH_SLOTS=gumbel.DRAW_REACH_SLOTS.value, FULL_LANES=_DRAW_FULL_LANES,
-           num_warps=_DRAW_WARPS)
+           STAGES=stages, ARGMAX_STAGES=argmax_stages, REACH_SLOTS=gumbel.DRAW_REACH_SLOTS.value,
+           FULL_LANES=_DRAW_FULL_LANES, num_warps=_DRAW_WARPS)
     for kernel, grid, meta in plan:
         launch(kernel, grid, *args, **meta)
     return out

@@ -91,9 +91,9 @@ _FULL_LANES = 2
 # The residual's exact pass (taken where a bound is infinite or more lanes are full: rarely, by one
 # program while its level waits): its tiles, and with _EXACT_SKIP only the tiles holding a
 # block that reaches a floor are scored. The pass's tiles set the one compiled kernel's registers,
-# so every level's occupancy (offline sm_90, Triton 3.6: 122 at 1024-token tiles, 80 at 512 as
-# without the pass, 95 at 512 with the skip, 80 at 256 with it). The same tokens whatever the
-# values (docs/notes/sampling-tuning.md has the forms timed).
+# so every level's occupancy (offline sm_90, Triton 3.6, with the full lanes' gathers: 96 at 512
+# or 256 with the skip, 127 at 512 without it). The same tokens whatever the values
+# (docs/notes/sampling-tuning.md has the forms timed).
 _EXACT_BLOCK_V = _BLOCK_V // 2
 _EXACT_SKIP = True
 # A request's status after a level (status[i, level, :]): the state, the drafts accepted, the token.
@@ -315,10 +315,10 @@ def _residual_chunk(row_ptr, probs_row_ptr, draft, row_max, row_sum, key, start,
     # A lane full in either list has every block it saw scored for both, after the rounds; elsewhere
     # a block in both lists is scored once.
     full = full_r | full_p
-    reach_r1 = reach_r1 & ~full_p
-    reach_r2 = reach_r2 & ~full_p
-    reach_p1 = reach_p1 & ~full_r & ~((reach_r1 & (p1_block == r1_block)) | (reach_r2 & (p1_block == r2_block)))
-    reach_p2 = reach_p2 & ~full_r & ~((reach_r1 & (p2_block == r1_block)) | (reach_r2 & (p2_block == r2_block)))
+    reach_r1 = reach_r1 & ~full
+    reach_r2 = reach_r2 & ~full
+    reach_p1 = reach_p1 & ~full & ~((reach_r1 & (p1_block == r1_block)) | (reach_r2 & (p1_block == r2_block)))
+    reach_p2 = reach_p2 & ~full & ~((reach_r1 & (p2_block == r1_block)) | (reach_r2 & (p2_block == r2_block)))
     # The reaching blocks of a lane take consecutive slots (r1, r2, p1, p2), the lanes in order; a
     # [lanes, slots] selection gathers a round's blocks (-1 where a block does not reach).
     f_r1 = reach_r1.to(tl.int32)
@@ -621,7 +621,8 @@ def _rejection_sample_triton(target_logits, draft_token_ids, draft_probs, cu_num
     pdl = truncation_plan.uses_dependent_launches(target_logits.device)
     meta = dict(HAS_PROBS=has_probs, CHUNK=_CHUNK, BLOCK_V=_BLOCK_V, CHUNKS_P2=next_power_of_2(chunks),
                 BLOCK_OUT=next_power_of_2(max_spec_len + 1), STAGES=_STAGES, ARGMAX_STAGES=_ARGMAX_STAGES,
-                REACH_SLOTS=_REACH_SLOTS, FULL_LANES=_FULL_LANES, EXACT_BLOCK_V=_EXACT_BLOCK_V, EXACT_SKIP=_EXACT_SKIP, PDL=pdl,
+                REACH_SLOTS=_REACH_SLOTS, FULL_LANES=_FULL_LANES, EXACT_BLOCK_V=_EXACT_BLOCK_V,
+                EXACT_SKIP=_EXACT_SKIP, PDL=pdl,
                 num_warps=_NUM_WARPS, launch_pdl=pdl)
     for level in range(levels):
         launch(_rejection_level_kernel, (B, chunks), *args, level, FINAL=False, **meta)
