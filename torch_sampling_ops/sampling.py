@@ -58,7 +58,8 @@ _SPLIT_DRAW_BLOCK_V = 2048
 _SPLIT_DRAW_STAGES = 3
 _DRAW_WARPS = 8
 # Full lanes (gumbel_argmax: a lane whose third block reaches the floor) the draw scores block by
-# block; with more, its exact pass over the program's tokens. 0: every such draw takes the exact pass.
+# block; with more, its exact pass over the program's tokens. 0: every such draw takes the exact pass
+# (block by block did not pay for these draws: docs/notes/sampling-tuning.md).
 _DRAW_FULL_LANES = 0
 _MAX_TOPK = 1024  # largest num_logprobs: the Triton kernels hold K-key lists in registers; more is rejected
 # logprobs splits each row into segments of _LOGPROBS_SEGMENT tokens, one program of _LOGPROBS_WARPS
