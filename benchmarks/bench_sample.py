@@ -63,7 +63,7 @@ def launch_breakdown(V=151936, Ts=(1, 256), device="cuda") -> str:
              functools.partial(use_settings, dependent_launches=how == "dependent"))
             for T in Ts for case in CASES if case.ours is tso.sample for how in ("dependent", "alone")]
     return launch_table(f"sample launches, fp32, V = {V}, device µs per call (torch.profiler)", "sample", tso.sample,
-                        runs, V, ["setting", "launches"])
+                        runs, V, ["setting", "launches"], restore=False)
 
 
 if __name__ == "__main__":

@@ -97,7 +97,7 @@ def launch_breakdown(V=151936, Bs=(32, 256), device="cuda") -> str:
             for B in Bs for case in CASES for how in ("dependent", "alone")]
     return launch_table(f"rejection_sample launches, {SPEC} drafts a request, V = {V}, device µs per call "
                         "(torch.profiler)", "rejection_sample", tso.rejection_sample, runs, V, ["case", "launches"],
-                        size_name="B")
+                        size_name="B", restore=False)
 
 
 if __name__ == "__main__":

@@ -102,17 +102,19 @@ def eager_overhead_us(fn: Callable, calls: int = 2000) -> float:
     return (time.perf_counter() - start) / calls * 1e6
 
 
-def kernel_breakdown(fn: Callable, inputs: Sequence, calls: int = 5) -> dict[str, float]:
-    """Mean device µs per call of each Triton kernel launch of `fn(*inputs)` (torch.profiler; the
-    logits are restored from a copy before every call, and that copy is not counted), keyed as
-    `launch_means` keys them."""
+def kernel_breakdown(fn: Callable, inputs: Sequence, calls: int = 5, restore: bool = True) -> dict[str, float]:
+    """Mean device µs per call of each Triton kernel launch of `fn(*inputs)` (torch.profiler), keyed
+    as `launch_means` keys them. With `restore` (an op that edits its logits) the logits are restored
+    from a copy before every call. The copy is not counted, but the write-back of its last lines can
+    fall into the first launch's time, so a read-only op is timed without it."""
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
-    original = inputs[0].clone()
+    original = inputs[0].clone() if restore else None
 
     def call():
-        inputs[0].copy_(original)
+        if restore:
+            inputs[0].copy_(original)
         fn(*inputs)
 
     call()
@@ -155,15 +157,16 @@ def _launch_column(key: str) -> str:
 
 
 def launch_table(title: str, op: str, fn: Callable, runs: Sequence, V: int, label_names: Sequence[str],
-                 kernels: Sequence[str] = (), size_name: str = "T") -> str:
-    """A table of the device µs of each launch of `fn` (kernel_breakdown), a row a run. `runs`: (T,
-    labels, make_inputs, context) tuples, `context()` a context manager the call runs in. Columns:
-    the batch size (headed `size_name`), the labels, `kernels` then any other launch seen, the sum;
-    each time recorded as a profiler row of `op`, setting "first label; kernel; other labels"."""
+                 kernels: Sequence[str] = (), size_name: str = "T", restore: bool = True) -> str:
+    """A table of the device µs of each launch of `fn` (kernel_breakdown, `restore` passed on), a row
+    a run. `runs`: (T, labels, make_inputs, context) tuples, `context()` a context manager the call
+    runs in. Columns: the batch size (headed `size_name`), the labels, `kernels` then any other launch
+    seen, the sum; each time recorded as a profiler row of `op`, setting "first label; kernel; other
+    labels"."""
     results, seen = [], dict.fromkeys(kernels)
     for T, labels, make_inputs, context in runs:
         with context():
-            times = kernel_breakdown(fn, make_inputs())
+            times = kernel_breakdown(fn, make_inputs(), restore=restore)
         for kernel, us in times.items():
             record(op, "; ".join([labels[0], kernel, *labels[1:]]), T, V, torch.float32, "profiler", "ours", us)
         seen.update(dict.fromkeys(times))

@@ -58,8 +58,9 @@ def test_sample_launch_breakdown_tables_each_case_with_and_without_dependent_lau
 
     import timing
 
-    def fake_breakdown(fn, inputs):
-        assert fn is bench_sample.tso.sample and inputs[0].shape == (1, 64)
+    def fake_breakdown(fn, inputs, restore):
+        # sample only reads its logits: no restoring copy, whose write-back the first launch would pay
+        assert fn is bench_sample.tso.sample and inputs[0].shape == (1, 64) and not restore
         times = {"_draw_kernel": 1.0, "_scan_segments_kernel": 2.0}
         if current_settings().dependent_launches:
             times["_select_kernel"] = 4.0
@@ -84,8 +85,8 @@ def test_truncation_launch_breakdown_tables_each_setting(monkeypatch):
 
     import timing
 
-    def fake_breakdown(fn, inputs):
-        assert fn is bench_truncation.tso.top_k_top_p and inputs[0].shape == (2, 64)
+    def fake_breakdown(fn, inputs, restore):
+        assert fn is bench_truncation.tso.top_k_top_p and inputs[0].shape == (2, 64) and restore  # edits them
         return {bench_truncation.KERNELS[-1]: 3.0, bench_truncation.KERNELS[0]: 1.0}
 
     recorded = []
@@ -125,8 +126,8 @@ def test_speculative_launch_breakdown_tables_each_level(monkeypatch):
 
     import timing
 
-    def fake_breakdown(fn, inputs):
-        assert fn is bench_speculative.tso.rejection_sample and inputs[0].shape == (2 * 4, 64)
+    def fake_breakdown(fn, inputs, restore):
+        assert fn is bench_speculative.tso.rejection_sample and inputs[0].shape == (2 * 4, 64) and not restore
         return {f"_rejection_level_kernel #{k}": float(k) for k in range(1, 6)}
 
     recorded = []
