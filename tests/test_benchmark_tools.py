@@ -59,7 +59,7 @@ def test_sample_launch_breakdown_tables_each_case_with_and_without_dependent_lau
     import timing
 
     def fake_breakdown(fn, inputs, restore):
-        # sample only reads its logits: no restoring copy, whose write-back the first launch would pay
+        # sample only reads its logits: no restoring copy (its write-back can land in the first launch)
         assert fn is bench_sample.tso.sample and inputs[0].shape == (1, 64) and not restore
         times = {"_draw_kernel": 1.0, "_scan_segments_kernel": 2.0}
         if current_settings().dependent_launches:
