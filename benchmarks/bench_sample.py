@@ -8,6 +8,7 @@ race; log_softmax + topk for logprobs).
 
 Inputs: fp32 logits randn * 3, V = 151936, one slot per row. Cases: greedy (temperature 0), a plain
 draw (temperature 1, no filter), k = 50 with p = 0.9, p = 0.9 alone, min_p = 0.1 at temperature 0.7,
+k = 50 with p = 0.9 in one row of eight and plain draws in the others (a serving batch's mix),
 and logprobs with 20 top entries and the rank of a random token. The ops only read the logits, so
 the "r+w floor" column of the tables (a read and a write of the logits) is twice the read floor of
 these ops. On a GPU, last, the device time of each of sample's launches at T = 1 and 256
@@ -26,13 +27,16 @@ from torch_sampling_ops.truncation.settings import use_settings
 from timing import Case, launch_table, main, split_name
 
 
-def sample_inputs(T, V, device, seed, *, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0):
-    """[logits, idx_mapping, temperature, top_k, top_p, min_p, seeds, output_lens], row t in slot t."""
+def sample_inputs(T, V, device, seed, *, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, filtered_every=1):
+    """[logits, idx_mapping, temperature, top_k, top_p, min_p, seeds, output_lens], row t in slot t;
+    with filtered_every = n, only rows t % n == 0 take top_k and top_p (the others neither)."""
     g = torch.Generator().manual_seed(seed)
     logits = torch.randn(T, V, generator=g) * 3
+    filtered = torch.arange(T) % filtered_every == 0
     args = [logits, torch.arange(T, dtype=torch.int32), torch.full((T,), temperature),
-            torch.full((T,), top_k, dtype=torch.int32), torch.full((T,), top_p), torch.full((T,), min_p),
-            torch.randint(0, 2**62, (T,), generator=g), torch.randint(0, 4096, (T,), generator=g)]
+            torch.where(filtered, top_k, 0).to(torch.int32), torch.where(filtered, top_p, 1.0),
+            torch.full((T,), min_p), torch.randint(0, 2**62, (T,), generator=g),
+            torch.randint(0, 4096, (T,), generator=g)]
     return [a.to(device) for a in args]
 
 
@@ -51,6 +55,9 @@ CASES = [
          baselines.sample),
     Case("sample (T=0.7, min_p=0.1)", lambda T, V, dev, s: sample_inputs(T, V, dev, s, temperature=0.7, min_p=0.1),
          tso.sample, baselines.sample),
+    Case("sample (k=50, p=0.9 in 1 row of 8, plain others)",
+         lambda T, V, dev, s: sample_inputs(T, V, dev, s, top_k=50, top_p=0.9, filtered_every=8), tso.sample,
+         baselines.sample),
     Case("logprobs (k=20)", logprobs_inputs, tso.logprobs, baselines.logprobs),
 ]
 

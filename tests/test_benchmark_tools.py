@@ -71,10 +71,10 @@ def test_sample_launch_breakdown_tables_each_case_with_and_without_dependent_lau
     monkeypatch.setattr(timing, "record", lambda *args: recorded.append(args))
     table = bench_sample.launch_breakdown(V=64, Ts=(1,), device="cpu")
     rows = [line for line in table.splitlines() if line.startswith("| 1 |")]
-    assert len(rows) == 10  # five sample cases, each with and without dependent launches
+    assert len(rows) == 12  # six sample cases, each with and without dependent launches
     assert "| T | setting | launches | draw | scan_segments | select | sum |" in table
     assert rows[0] == "| 1 | greedy | dependent | 1 | 2 | 4 | 7 |" and rows[1] == "| 1 | greedy | alone | 1 | 2 | 0 | 3 |"
-    assert len(recorded) == 25 and recorded[0][:2] == ("sample", "greedy; _draw_kernel; dependent")
+    assert len(recorded) == 30 and recorded[0][:2] == ("sample", "greedy; _draw_kernel; dependent")
 
 
 def test_truncation_launch_breakdown_tables_each_setting(monkeypatch):
