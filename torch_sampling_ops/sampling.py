@@ -40,8 +40,8 @@ from ._triton_helpers import load_slot
 from .gumbel import argmax_tokens, gumbel_argmax, stream_key
 from .truncation.keys import _float_key, _key_value
 from .truncation.op import filtered_draw_launches
-from .truncation.scan import scan_bounds_row, store_row_bound
-from .truncation.workspace import row_settings, store_draw_pair
+from .truncation.scan import store_row_bound
+from .truncation.workspace import row_settings, scan_bounds_row, store_draw_pair
 
 # The full-row draw's programs walk their tokens over _DRAW_WARPS warps: a whole row in tiles of
 # _DRAW_BLOCK_V, _ARGMAX_STAGES at a time for a greedy row's argmax (bound by the read) and

@@ -3,7 +3,6 @@ settle step, the gather of a settled row's candidate list, and the fill of a top
 """
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from .._triton_helpers import load_slot, program_range
 from .keys import _float_key, _is_finite, _key_value
@@ -30,6 +29,7 @@ from .workspace import (
     _weighs_row,
     reduce_draw_pairs,
     row_settings,
+    scan_bounds_row,
 )
 
 _FLT_MAX = tl.constexpr(3.4028234663852886e38)  # the sample stores lo >= -_FLT_MAX: -inf is never a candidate
@@ -58,21 +58,6 @@ def _sample_bound_kernel(
 
 
 @triton.jit
-def scan_bounds_row(k, k_on, min_p, vocab_size, SAMPLE: tl.constexpr, SCAN_BOUNDS: tl.constexpr):
-    """Whether the scan programs of a row compute its bound themselves, without waiting for the
-    launch before them (settings.scan_bounds_top_k), in a row longer than the sample: with top-k on
-    and k * SAMPLE <= 14 V (the bound's sample rank then at most 32, so `lo` is the rank-th largest
-    of the sample's 32 run maxima, _runs_floor), or, in `sample`, with min_p on and top-k off (`lo`
-    from the sample's max, _min_p_floor): a few loads and comparisons. Integer and exact tests, so
-    every launch agrees."""
-    if SCAN_BOUNDS:
-        few = k.to(tl.int64) * SAMPLE <= 14 * vocab_size
-        return (vocab_size > SAMPLE) & tl.where(k_on, few, min_p != 0.0)
-    else:
-        return tl.full([], False, tl.int1)
-
-
-@triton.jit
 def _min_p_floor(sample_max, temp, min_p):
     """`lo` of a row with min_p on and top-k off (`sample` only): just below what min_p keeps of the
     sample (its max divided by temp, plus log(min_p)); the row's max is at least the sample's, so
@@ -83,13 +68,11 @@ def _min_p_floor(sample_max, temp, min_p):
 
 
 @triton.jit
-def _top_k_rank(k, vocab_size, SAMPLE: tl.constexpr):
-    """The sample rank `lo` is taken at for top-k: past the rank expected of the k-th token by
-    4 sqrt + 4 (k itself when the sample is the whole row)."""
-    n_sample = tl.minimum(vocab_size, SAMPLE)
+def _top_k_rank(k, vocab_size, n_sample, SAMPLE: tl.constexpr):
+    """The sample rank `lo` is taken at for top-k, before its clamp to [1, n_sample]: past the rank
+    expected of the k-th token by 4 sqrt + 4 (k itself when the sample is the whole row)."""
     expected = k.to(tl.float32) * n_sample / vocab_size
-    rank = tl.where(vocab_size <= SAMPLE, k, (expected + 4.0 * tl.sqrt(expected) + 4.0).to(tl.int32))
-    return tl.minimum(tl.maximum(rank, 1), n_sample)
+    return tl.where(vocab_size <= SAMPLE, k, (expected + 4.0 * tl.sqrt(expected) + 4.0).to(tl.int32))
 
 
 @triton.jit
@@ -113,7 +96,8 @@ def _scan_own_bound(row_ptr, ws_row, vocab_size, k, k_on, temp, min_p, writes_he
     x = tl.load(row_ptr + offs).to(tl.float32)
     run_max = tl.max(tl.where(x == x, x, float("-inf")), axis=1)
     if k_on:
-        lo = tl.maximum(_key_value(_runs_floor(run_max, _top_k_rank(k, vocab_size, SAMPLE))), -_FLT_MAX)
+        rank = tl.minimum(tl.maximum(_top_k_rank(k, vocab_size, SAMPLE, SAMPLE), 1), SAMPLE)
+        lo = tl.maximum(_key_value(_runs_floor(run_max, rank)), -_FLT_MAX)
     else:
         lo = _min_p_floor(tl.max(run_max), temp, min_p)
     if writes_header:
@@ -137,10 +121,11 @@ def store_row_bound(row_ptr, ws_row, vocab_size, num_segments, k, k_on, temp, mi
     x = tl.where(x == x, x, float("-inf"))
     n_sample = tl.minimum(vocab_size, SAMPLE)
     if k_on:  # top-p, if on, runs inside the top-k set
-        rank = _top_k_rank(k, vocab_size, SAMPLE)
+        rank = _top_k_rank(k, vocab_size, n_sample, SAMPLE)
     else:  # top-p alone: where half the candidate capacity is expected above it
         budget = 0.5 * SEG_CAP * num_segments
-        rank = tl.minimum(tl.maximum((budget * n_sample / vocab_size).to(tl.int32), 1), n_sample)
+        rank = (budget * n_sample / vocab_size).to(tl.int32)
+    rank = tl.minimum(tl.maximum(rank, 1), n_sample)
     # lo: at least `rank` sampled values are >= lo. In a long row with rank <= 32, the rank-th
     # largest of the 32 runs' maxima (_runs_floor). Else (and always for top-p alone) the low end of
     # a key interval at most 2^16 wide holding that value, from two histograms of the keys
@@ -353,26 +338,15 @@ def _scan_segments_kernel(
     With DRAW (`sample`), below SPLIT_DRAW_MAX_T rows the first program of a row the truncation
     leaves alone writes its token: the best of the pairs its split full-row draw (DRAW_SEGMENT
     tokens a program) left in its workspace; -1 for a slot out of range.
-    A row it bounds itself (scan_bounds_row) does not wait for the launch before (PDL): that launch
-    touches nothing of the row, and it started after every launch before the op had finished (it is
-    no dependent launch), so the logits and the workspace are free; the launch's first program still
-    waits, so that it finishes after the one before it (row_settings)."""
+    A row it bounds itself (scan_bounds_row) is scanned without waiting for the launch before
+    (row_settings)."""
     t = tl.program_id(0)
     # With DRAW, below SPLIT_DRAW_MAX_T rows a row's first program reads its split draw's pairs.
     reduces_draw = DRAW & (tl.program_id(1) == 0) & (tl.num_programs(0) < SPLIT_DRAW_MAX_T)
-    if PDL:
-        gdc_launch_dependents()
     k, p, k_on, p_on, active, temp, min_p = row_settings(idx_mapping_ptr, top_k_ptr, top_p_ptr, temperature_ptr,
-                                                              min_p_ptr, t, num_slots, vocab_size, False, DRAW)
+                                                              min_p_ptr, t, num_slots, vocab_size, PDL, DRAW,
+                                                              reduces_draw, SCAN_BOUNDS, SAMPLE)
     bounds_itself = active & scan_bounds_row(k, k_on, min_p, vocab_size, SAMPLE, SCAN_BOUNDS)
-    if PDL:  # as row_settings waits, but for the rows bounded here
-        first_program = (tl.program_id(0) == 0) & (tl.program_id(1) == 0)
-        if DRAW:
-            waits = (active & (bounds_itself == 0)) | reduces_draw | first_program
-        else:
-            waits = (bounds_itself == 0) | first_program
-        if waits:
-            gdc_wait()
     if DRAW:
         if (active == 0) & reduces_draw:
             token = tl.full([], -1, tl.int32)
@@ -382,19 +356,22 @@ def _scan_segments_kernel(
             tl.store(out_ptr + t, token.to(tl.int64))
     if active:
         ws_row = ws_ptr + t.to(tl.int64) * ws_stride
-        row_ptr = logits_ptr + t.to(tl.int64) * logits_stride
+        if bounds_itself:
+            lo = _scan_own_bound(logits_ptr + t.to(tl.int64) * logits_stride, ws_row, vocab_size, k, k_on, temp, min_p,
+                                 tl.program_id(1) == 0, SAMPLE)
+        else:
+            lo = tl.load(ws_row + _LO)
         if DRAW:  # the logits as read, x: the masses of y = x / temperature
             log2_scale = tl.math.div_rn(_LOG2E, temp)
         else:
             log2_scale = _LOG2E
-        if bounds_itself:  # top-k or min_p on: the row is not weighed, so the reference and second bound go unread
-            lo = _scan_own_bound(row_ptr, ws_row, vocab_size, k, k_on, temp, min_p, tl.program_id(1) == 0, SAMPLE)
+        if bounds_itself:  # top-k or min_p on: the row is not weighed, so these go unread
             ref2 = 0.0
             high_bound = float("inf")
         else:
-            lo = tl.load(ws_row + _LO)
             ref2 = tl.load(ws_row + _REF) * log2_scale
             high_bound = tl.load(ws_row + _SECOND_BOUND)
+        row_ptr = logits_ptr + t.to(tl.int64) * logits_stride
         max_ptr = _segment_max_ptr(ws_row)
         sum_ptr = _segment_total_ptr(ws_row, num_segments)
         mass_ptr = _segment_mass_ptr(ws_row, num_segments)
