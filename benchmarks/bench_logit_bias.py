@@ -6,13 +6,17 @@ baseline (benchmarks/baselines.py) and the bandwidth floor.
 """
 from __future__ import annotations
 
+import os
+
 import baselines
 import torch
+import triton
+import triton.language as tl
 
 import torch_sampling_ops as tso
 from torch_sampling_ops import constraints
 
-from timing import Case, eager_overhead_us, main, print_table, record
+from timing import Case, bench_gpu, copy_bandwidth_gbps, eager_overhead_us, main, print_table, record
 
 
 def logit_bias_inputs(T, V, device, *, allowed=1024, bias=1024, stops=8, seed=0):
@@ -62,6 +66,58 @@ CASES = [
 ]
 
 
+@triton.jit
+def _fill_beside_reads_kernel(logits_ptr, ids_ptr, saved_ptr, vocab_size, num_ids, CHUNK: tl.constexpr,
+                              BLOCK: tl.constexpr, IDS_A_PROGRAM: tl.constexpr, READ: tl.constexpr):
+    """Not an op: what any logit_bias with an allowed list must move, without its ordering. Program
+    (row, chunk) stores -inf over its chunk and, with READ, reads its share of the row's allowed ids'
+    logits (anywhere in the row) into `saved`; no store waits for a load."""
+    row = tl.program_id(0).to(tl.int64)
+    chunk = tl.program_id(1)
+    logits_row = logits_ptr + row * vocab_size
+    if READ:
+        j = chunk * IDS_A_PROGRAM + tl.arange(0, IDS_A_PROGRAM)
+        listed = j < num_ids
+        ids = tl.load(ids_ptr + row * num_ids + j, mask=listed, other=0)
+        tl.store(saved_ptr + row * num_ids + j, tl.load(logits_row + ids, mask=listed, other=0.0), mask=listed)
+    for start in tl.static_range(0, CHUNK, BLOCK):
+        offs = chunk * CHUNK + start + tl.arange(0, BLOCK)
+        tl.store(logits_row + offs, tl.full([BLOCK], float("-inf"), tl.float32), mask=offs < vocab_size)
+
+
+def must_move_table(V: int = 151936, chunk: int = 8192, device: str = "cuda"):
+    """logit_bias with 1024 allowed ids against what it must move: the rows written (`fill_`, and a
+    Triton kernel of 8192-token chunk programs) and, beside the write, the allowed ids' logits read
+    from anywhere in the row (random 32-byte sectors), with nothing waiting on those reads. CUDA
+    graph µs at BENCH_T's sizes."""
+    bw = copy_bandwidth_gbps()
+    chunks = triton.cdiv(V, chunk)
+
+    def probe(logits, ids, saved, read):
+        per_program = triton.next_power_of_2(triton.cdiv(ids.shape[1], chunks))
+        _fill_beside_reads_kernel[(logits.shape[0], chunks)](logits, ids, saved, V, ids.shape[1], CHUNK=chunk,
+                                                             BLOCK=2048, IDS_A_PROGRAM=per_program, READ=read,
+                                                             num_warps=8)
+    rows = []
+    for T in (int(t) for t in os.environ.get("BENCH_T", "1,32,256").split(",")):
+        sets = [logit_bias_inputs(T, V, device, seed=s) for s in range(3)]
+        allowed_only = [logit_bias_inputs(T, V, device, bias=0, stops=0, seed=s) for s in range(3)]
+        probe_sets = [(s[0], s[3], torch.empty(s[3].shape, device=device)) for s in sets]
+        rows.append([T, "write floor (the rows over the copy bandwidth)", T * V * 4 / (bw * 1e3)])
+        timed = {
+            "fill_ (torch)": bench_gpu(lambda x, *_: x.fill_(float("-inf")), probe_sets, graph=True),
+            "write-only chunks (Triton)": bench_gpu(lambda *a: probe(*a, False), probe_sets, graph=True),
+            "write-only chunks beside the 1024 allowed reads": bench_gpu(lambda *a: probe(*a, True), probe_sets,
+                                                                        graph=True),
+            "logit_bias, 1024 allowed ids only": bench_gpu(tso.logit_bias, allowed_only, graph=True),
+            "logit_bias, 1024 allowed, 1024 bias, 8 stops": bench_gpu(tso.logit_bias, sets, graph=True),
+        }
+        for what, us in timed.items():
+            record("logit_bias", f"must move: {what}", T, V, torch.float32, "graph", "probe", us)
+            rows.append([T, what, us])
+    return print_table(f"logit_bias against what it must move, V = {V}, CUDA graph µs", ["T", "what", "µs"], rows)
+
+
 def overhead_table():
     logits, bitmask = bitmask_inputs(1, 1000, "cuda")
     kernel_args = (logits, logits.stride(0), bitmask, bitmask.stride(0), None, 1, 1000)
@@ -85,4 +141,4 @@ def overhead_table():
 
 
 if __name__ == "__main__":
-    main(CASES, __doc__, extra_gpu=overhead_table)
+    main(CASES, __doc__, extra_gpu=lambda: overhead_table() + "\n" + must_move_table())

@@ -140,3 +140,32 @@ def test_speculative_launch_breakdown_tables_each_level(monkeypatch):
     assert len(rows) == 2 * len(bench_speculative.CASES)
     assert rows[0] == "| 2 | probs, accept 0.7 | dependent | 1 | 2 | 3 | 4 | 5 | 15 |"
     assert recorded[0][:2] == ("rejection_sample", "probs, accept 0.7; _rejection_level_kernel #1; dependent")
+
+
+@pytest.mark.interpret
+def test_logit_bias_must_move_table_times_each_form(monkeypatch):
+    """bench_logit_bias's floor table: at each batch size the write floor and five timed forms, each
+    recorded (timer and copy bandwidth faked); its probe kernel writes -inf over the rows and saves
+    the listed logits it read."""
+    monkeypatch.syspath_prepend(os.path.join(ROOT, "benchmarks"))
+    monkeypatch.setenv("BENCH_T", "1,2")
+    import bench_logit_bias
+    import torch
+
+    recorded = []
+    monkeypatch.setattr(bench_logit_bias, "bench_gpu", lambda fn, sets, graph: (fn(*sets[0]), 2.0)[1])
+    monkeypatch.setattr(bench_logit_bias, "copy_bandwidth_gbps", lambda: 1000.0)
+    monkeypatch.setattr(bench_logit_bias, "record", lambda *args: recorded.append(args))
+    table = bench_logit_bias.must_move_table(V=3001, chunk=1024, device="cpu")
+    rows = [line for line in table.splitlines() if line.startswith(("| 1 |", "| 2 |"))]
+    assert len(rows) == 12 and rows[0] == "| 1 | write floor (the rows over the copy bandwidth) | 0.012 |"
+    assert len(recorded) == 10 and recorded[0][:3] == ("logit_bias", "must move: fill_ (torch)", 1)
+
+    logits = torch.randn(2, 3001)
+    ids = torch.stack([torch.randperm(3001)[:40] for _ in range(2)]).to(torch.int32)
+    expected = torch.gather(logits, 1, ids.long())
+    saved = torch.full((2, 40), 7.0)
+    # one chunk a row, so that the program's reads come before its own stores
+    bench_logit_bias._fill_beside_reads_kernel[(2, 1)](logits, ids, saved, 3001, 40, CHUNK=4096, BLOCK=1024,
+                                                         IDS_A_PROGRAM=64, READ=True)
+    assert torch.isneginf(logits).all() and torch.equal(saved, expected)
