@@ -7,7 +7,9 @@
    same kernel through the bound launcher of `_launch`, every op replayed from its call record
    (`_call_cache`: its workspace from the stream's buffer, or allocated per call; its launches from
    C++ or through Triton's launchers), through its launcher with the launch cache, and with plain
-   Triton launches, and `torch.empty` of the workspace sizes the launchers allocate.
+   Triton launches, and `torch.empty` of the workspace sizes the launchers allocate. Where the
+   device is slower than the host that loop times the device: "device busy" rows time the calls
+   queued behind a sleep kernel (`timing.host_cost_busy_us`), the host's cost alone.
 2. Device µs per call of every op (V = 151936 fp32), eager and replayed from a CUDA graph, at
    T = 1, 32, 256 (`timing.bench_gpu`: do_bench medians rotating over input sets).
 """
@@ -35,6 +37,7 @@ from timing import (
     bench_gpu,
     eager_overhead_us,
     environment,
+    host_cost_busy_us,
     print_table,
     time_ours,
 )
@@ -56,6 +59,8 @@ def host_cost_table(calls: int = 2000) -> str:
                  eager_overhead_us(lambda: _empty_kernel[(1,)](x, 16, BLOCK=16), calls)])
     rows.append(["bare launch, empty kernel, bound launcher (_launch)",
                  eager_overhead_us(lambda: _launch.launch(_empty_kernel, (1,), (x, 16), {"BLOCK": 16}), calls)])
+    rows.append(["bare Triton launch, empty kernel (kernel[grid]), device busy",
+                 host_cost_busy_us(lambda: _empty_kernel[(1,)](x, 16, BLOCK=16))])
     logits, bitmask = bench_logit_bias.bitmask_inputs(1, 1000, "cuda")
     kernel_args = (logits, logits.stride(0), bitmask, bitmask.stride(0), None, 1, 1000)
     meta = {"HAS_IDX_MAPPING": False, "BLOCK_V": 4096, "num_warps": 8}
@@ -78,6 +83,9 @@ def host_cost_table(calls: int = 2000) -> str:
             _call_cache.clear()
             us = eager_overhead_us(lambda case=case, inputs=inputs: case.ours(*inputs), calls)
             rows.append([f"{case.name}, T = 1, {mode}", us])
+            if mode == "call records":  # the host's own time, where the loop above is the device's
+                rows.append([f"{case.name}, T = 1, call records, device busy",
+                             host_cost_busy_us(lambda case=case, inputs=inputs: case.ours(*inputs))])
     _launch._ENABLED = _launch._fast_path_supported()
     _call_cache._ENABLED = _call_cache._NATIVE_ENABLED = True
     _call_cache._STREAM_WORKSPACE_BYTES = workspace_bytes

@@ -102,6 +102,45 @@ def eager_overhead_us(fn: Callable, calls: int = 2000) -> float:
     return (time.perf_counter() - start) / calls * 1e6
 
 
+@functools.cache
+def _sleep_cycles_per_us() -> float:
+    """GPU clock cycles a µs of `torch.cuda._sleep` (timed once with events)."""
+    cycles = 10_000_000
+    torch.cuda._sleep(cycles // 10)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    torch.cuda._sleep(cycles)
+    end.record()
+    end.synchronize()
+    return cycles / (start.elapsed_time(end) * 1e3)
+
+
+def host_cost_busy_us(fn: Callable, calls: int = 100, rounds: int = 21, budget_us: float = 250.0) -> float:
+    """Host µs per call of a tiny `fn()` with the device kept busy: a sleep kernel of `budget_us` a
+    call is queued before each round of `calls` calls, so that no call waits for the device and the
+    time is the host's alone (eager_overhead_us's loop is the device's time wherever the device is
+    slower). The median over rounds; a round in which the sleep ended before its last call was
+    queued (the host waited, or the queue of pending launches filled) raises."""
+    for _ in range(20):
+        fn()
+    torch.cuda.synchronize()
+    per_round = []
+    for _ in range(rounds):
+        torch.cuda._sleep(int(calls * budget_us * _sleep_cycles_per_us()))
+        slept = torch.cuda.Event()
+        slept.record()
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        elapsed = time.perf_counter() - start
+        if slept.query():
+            raise RuntimeError(f"the device caught up with the host within {calls} calls: raise budget_us "
+                               f"({budget_us}) or lower calls")
+        torch.cuda.synchronize()
+        per_round.append(elapsed / calls * 1e6)
+    return statistics.median(per_round)
+
+
 def kernel_breakdown(fn: Callable, inputs: Sequence, calls: int = 5, restore: bool = True) -> dict[str, float]:
     """Mean device µs per call of each Triton kernel launch of `fn(*inputs)` (torch.profiler), keyed
     as `launch_means` keys them. With `restore` (an op that edits its logits) the logits are restored

@@ -169,3 +169,36 @@ def test_logit_bias_must_move_table_times_each_form(monkeypatch):
     bench_logit_bias._fill_beside_reads_kernel[(2, 1)](logits, ids, saved, 3001, 40, CHUNK=4096, BLOCK=1024,
                                                          IDS_A_PROGRAM=64, READ=True)
     assert torch.isneginf(logits).all() and torch.equal(saved, expected)
+
+
+def test_host_cost_busy_times_calls_queued_behind_a_sleep(monkeypatch):
+    """timing.host_cost_busy_us: each round queues a sleep long enough for its calls, then times the
+    calls alone; a round whose sleep ended before its last call raises (the CUDA calls faked)."""
+    monkeypatch.syspath_prepend(os.path.join(ROOT, "benchmarks"))
+    import torch
+
+    import timing
+
+    slept_cycles, done = [], {"value": False}
+
+    class FakeEvent:
+        def __init__(self, **kwargs):
+            pass
+
+        def record(self):
+            pass
+
+        def query(self):
+            return done["value"]
+
+    monkeypatch.setattr(torch.cuda, "_sleep", slept_cycles.append)
+    monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(timing, "_sleep_cycles_per_us", lambda: 2000.0)
+    calls = []
+    us = timing.host_cost_busy_us(lambda: calls.append(1), calls=10, rounds=3, budget_us=50.0)
+    assert 0 < us < 1e4 and len(calls) == 20 + 3 * 10
+    assert slept_cycles == [10 * 50 * 2000] * 3
+    done["value"] = True
+    with pytest.raises(RuntimeError, match="caught up"):
+        timing.host_cost_busy_us(lambda: None, calls=10, rounds=3)
