@@ -9,7 +9,7 @@ from test_truncation import run_and_check
 
 from torch_sampling_ops import reference
 
-from conftest import BACKENDS, DTYPES, INTERPRET, PAD, SENTINEL, device_of, make_logits, run_op
+from conftest import BACKENDS, DTYPES, INTERPRET, OP_BACKENDS, PAD, SENTINEL, device_of, make_logits, run_op
 
 INT = torch.int32
 NEG_INF = float("-inf")
@@ -50,6 +50,30 @@ def test_top_k_top_p_exact_at_extreme_scales(backend, case, V, gen):
     for k, p in EXTREME_SETTINGS:
         logits = padded(extreme_row(case, V, gen), device)
         run_and_check(backend, logits, torch.zeros(1, dtype=INT), torch.tensor([k], dtype=INT), torch.tensor([p]))
+
+
+@pytest.mark.parametrize("backend", OP_BACKENDS)
+def test_bfloat16_subnormal_rows_are_distinct_values(backend, gen):
+    """bf16 has float32's exponent range, so a row of bf16 subnormals holds distinct values: top-k
+    keeps k of them, logprobs ranks them, a greedy draw takes the largest. (Not under the
+    interpreter: its bf16 conversion flushes subnormals to zero.)"""
+    V = 5000
+    device = device_of(backend)
+    row = (torch.randn(1, V, generator=gen, dtype=torch.float64) * 2e-39).to(torch.bfloat16)
+    assert 0 < float(row.float().abs().max()) < 1.18e-38  # every value subnormal
+    zero = torch.zeros(1, dtype=INT)
+    for k, p in [(50, 1.0), (0, 0.5)]:
+        run_and_check(backend, padded(row, device), zero, torch.tensor([k], dtype=INT), torch.tensor([p]))
+    token = torch.tensor([int(row.float().argmin())])
+    ids, _, _, ranks = run_op(backend, "logprobs", row.to(device), token.to(device), 8)
+    want_ids, _, _, want_ranks = reference.logprobs(row, token, 8)
+    assert torch.equal(ids.cpu(), want_ids) and torch.equal(ranks.cpu(), want_ranks)
+    assert int(want_ranks[0]) > 1
+    tokens = run_op(backend, "sample", row.to(device), zero.to(device), torch.zeros(1, device=device),
+                    torch.zeros(1, dtype=INT, device=device), torch.ones(1, device=device),
+                    torch.zeros(1, device=device), torch.zeros(1, dtype=torch.int64, device=device),
+                    torch.zeros(1, dtype=torch.int64, device=device))
+    assert int(tokens[0]) == int(row.float().argmax())
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
