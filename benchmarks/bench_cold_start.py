@@ -4,12 +4,14 @@
     python benchmarks/bench_cold_start.py --runs 0,1,4   # a subset of the processes below (by index)
     python benchmarks/bench_cold_start.py --offline [--arch 90] [--only NAME] [--stages]   # compile times, no GPU
 
-Every measurement runs in a fresh subprocess with its own TRITON_CACHE_DIR: empty ("cold") or
-filled by an earlier subprocess ("cache filled"). Measured:
+Every measurement runs in a fresh subprocess with its own TRITON_CACHE_DIR: empty ("cold"), filled
+by an earlier subprocess ("cache filled"), or by `precompile` in a subprocess that sees no GPU
+("precompiled"). Measured:
 - the first call of each op (fp32, T = 1), then top_k_top_p's first call at T = 256 and in bf16;
 - warmup(V, (fp32,)) serial and shared out among processes, then the same first calls (now loading nothing);
 - warmup(V, (fp32, bf16)) shared out among processes;
-- with the cache filled: warmup() and the first calls without warmup.
+- with the cache filled: warmup() and the first calls without warmup;
+- precompile(V) for the GPU's architecture without a GPU, then warmup() and the first calls.
 
 With --offline, every fp32 variant that warmup(V) compiles is compiled one after the other for the
 given CUDA architecture, with an empty cache and no GPU (Triton is handed the target instead of
@@ -83,13 +85,23 @@ def worker(V: int, max_num_tokens: int, warmup: str, workers: int | None) -> dic
     return result
 
 
-def run(V: int, max_num_tokens: int, warmup: str, cache_dir: str, workers: int | None) -> dict:
+def run(V: int, max_num_tokens: int, warmup: str, cache_dir: str, workers: int | None, precompile_arch: int = 0) -> dict:
+    """One fresh process's `worker` (with TRITON_CACHE_DIR=cache_dir); with precompile_arch, first a
+    process that sees no GPU precompiles for that architecture into the same cache."""
     env = dict(os.environ, TRITON_CACHE_DIR=cache_dir)
     env["PYTHONPATH"] = os.pathsep.join([HERE, os.path.dirname(HERE), env.get("PYTHONPATH", "")])
-    command = [sys.executable, __file__, "--worker", "--V", str(V), "--max-num-tokens", str(max_num_tokens),
-               "--warmup", warmup] + (["--workers", str(workers)] if workers else [])
+    sizes = ["--V", str(V), "--max-num-tokens", str(max_num_tokens)]
+    result = {}
+    if precompile_arch:
+        command = [sys.executable, __file__, "--precompile-worker", "--arch", str(precompile_arch)] + sizes
+        out = subprocess.run(command, env=dict(env, CUDA_VISIBLE_DEVICES=""), capture_output=True, text=True,
+                             check=True)
+        result.update(json.loads(out.stdout.strip().splitlines()[-1]))
+    command = [sys.executable, __file__, "--worker", "--warmup", warmup] + sizes + (
+        ["--workers", str(workers)] if workers else [])
     out = subprocess.run(command, env=env, capture_output=True, text=True, check=True)
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    result.update(json.loads(out.stdout.strip().splitlines()[-1]))
+    return result
 
 
 def _time_compiler_stages() -> None:
@@ -117,46 +129,40 @@ def offline_compile_times(V: int, max_num_tokens: int, arch: int, only: str = ""
     printed as it runs."""
     os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp()
     import torch
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.backends.nvidia.driver import CudaDriver
 
     from torch_sampling_ops import _warmup
 
-    target = GPUTarget("cuda", arch, 32)
-
-    class TargetOnly(CudaDriver):  # what Triton's JIT asks of the driver to compile, nothing else
-        def __init__(self):
-            self.get_current_device = lambda: 0
-            self.get_current_stream = lambda *_: 0
-            self.get_current_target = lambda: target
-
-        @classmethod
-        def is_active(cls):
-            return True
-
-    triton.runtime.driver.set_active(TargetOnly())
-    # the launch plans of a GPU of this architecture (programmatic dependent launches from sm_90)
-    from torch_sampling_ops.truncation import plan as truncation_plan
-
-    def uses_dependent_launches(device, settings=None):
-        return arch >= 90
-
-    truncation_plan.uses_dependent_launches = uses_dependent_launches  # every op reads it through the module
     launch_args = (V, (torch.float32,), max_num_tokens, torch.device("cpu"), max_num_tokens, torch.int32,
                    (LOGIT_BIAS_WIDTHS,), 4, (0, 20))
-    variants = _warmup._distinct_variants(launch_args)
     if stages:
         _time_compiler_stages()
     rows = []
-    for kernel, args, meta in variants:
-        if only not in _warmup._kernel_name(kernel):
-            continue
-        start = time.perf_counter()
-        kernel.run(*args, grid=(1,), warmup=True, **meta)
-        flags = {k: v for k, v in meta.items() if k.isupper() and isinstance(v, bool)}
-        rows.append([_warmup._kernel_name(kernel), str(flags), time.perf_counter() - start])
+    with _warmup._compiling_for(arch):  # what precompile(V) compiles, one variant at a time
+        for kernel, args, meta in _warmup._distinct_variants(launch_args):
+            if only not in _warmup._kernel_name(kernel):
+                continue
+            start = time.perf_counter()
+            kernel.run(*args, grid=(1,), warmup=True, **meta)
+            flags = {k: v for k, v in meta.items() if k.isupper() and isinstance(v, bool)}
+            rows.append([_warmup._kernel_name(kernel), str(flags), time.perf_counter() - start])
     return rows
+
+
+def precompile_worker(V: int, max_num_tokens: int, arch: int) -> dict:
+    """Runs in a subprocess that sees no GPU: `precompile` into its TRITON_CACHE_DIR; its seconds."""
+    import torch_sampling_ops as tso
+
+    info = tso.precompile(V, max_num_tokens=max_num_tokens, arch=arch, logit_bias_widths=(LOGIT_BIAS_WIDTHS,))
+    return {"precompile": info["seconds"]}
+
+
+def _gpu_arch() -> int:
+    """The compute capability of the GPU, as precompile takes it (major * 10 + minor), asked in a
+    subprocess so that this process holds no CUDA context."""
+    out = subprocess.run([sys.executable, "-c", "import torch; print(*torch.cuda.get_device_capability())"],
+                         capture_output=True, text=True, check=True)
+    major, minor = out.stdout.split()
+    return int(major) * 10 + int(minor)
 
 
 def main():
@@ -165,6 +171,7 @@ def main():
     parser.add_argument("--max-num-tokens", type=int, default=256)
     parser.add_argument("--warmup", default="none")
     parser.add_argument("--worker", action="store_true")
+    parser.add_argument("--precompile-worker", action="store_true")
     parser.add_argument("--workers", type=int, help="warm-up processes (default: warmup's)")
     parser.add_argument("--runs", help="comma-separated indices of the processes to run (default: all)")
     parser.add_argument("--offline", action="store_true", help="per-variant compile times, no GPU needed")
@@ -187,6 +194,9 @@ def main():
     if args.worker:
         print(json.dumps(worker(args.V, args.max_num_tokens, args.warmup, args.workers)))
         return
+    if args.precompile_worker:
+        print(json.dumps(precompile_worker(args.V, args.max_num_tokens, args.arch)))
+        return
     from timing import environment, print_table
 
     processes = [  # (label, warmup, cache dir): the "cache filled" ones reuse an earlier one's cache
@@ -196,15 +206,17 @@ def main():
         ("cold, warmup parallel fp32+bf16", "parallel+bf16", "d"),
         ("cache filled, no warmup", "none", "a"),
         ("cache filled, warmup parallel", "parallel", "c"),
+        ("precompiled without a GPU, warmup parallel", "parallel", "e"),  # precompile(arch of the GPU) first
     ]
     if args.runs:
         processes = [processes[int(i)] for i in args.runs.split(",")]
     runs = {}
     with tempfile.TemporaryDirectory() as root:
         for label, warmup, cache in processes:
-            runs[label] = run(args.V, args.max_num_tokens, warmup, os.path.join(root, cache), args.workers)
+            arch = _gpu_arch() if label.startswith("precompiled") else 0
+            runs[label] = run(args.V, args.max_num_tokens, warmup, os.path.join(root, cache), args.workers, arch)
             print(label, runs[label], flush=True)
-    columns = ["warmup"] + [f"{n} T={t} {d}" for n, t, d in FIRST_CALLS]
+    columns = ["precompile", "warmup"] + [f"{n} T={t} {d}" for n, t, d in FIRST_CALLS]
     rows = [[label] + [r.get(c, float("nan")) for c in columns] for label, r in runs.items()]
     out = [f"Environment: {environment()}",
            print_table(f"Cold start, V = {args.V}, max_num_tokens = {args.max_num_tokens}, seconds",

@@ -267,3 +267,47 @@ def test_default_workers_count_physical_cores(tmp_path):
     assert _warmup._physical_cores([0, 1, 2, 3, 5], str(tmp_path)) == 3
     assert _warmup._physical_cores([0, 1, 2, 3, 6], str(tmp_path)) == 2  # cpu 6 unreadable: 5 logical CPUs // 2
     assert 1 <= _warmup._physical_cores() <= (os.cpu_count() or 1)
+
+
+_PRECOMPILE = """
+import json, sys
+from triton.backends.nvidia.compiler import CUDABackend
+import torch_sampling_ops as tso
+compiles = []
+add_stages = CUDABackend.add_stages
+def counted(self, *args):
+    compiles.append(1)
+    return add_stages(self, *args)
+CUDABackend.add_stages = counted  # Triton builds a compile's stages only for a variant not in its cache
+info = tso.precompile(4096, max_num_tokens=2, workers=int(sys.argv[1]))
+print(json.dumps(dict(info, compiles=len(compiles))))
+"""
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="the precompile's workers need os.fork")
+def test_precompile_fills_the_cache_so_a_later_process_compiles_nothing(tmp_path):
+    """precompile, with no GPU (and no interpreter), compiles every variant warmup makes for sm_90
+    into TRITON_CACHE_DIR in two processes; a second process's precompile of the same variants
+    finds each in the cache and compiles none."""
+    import json
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env.update(TRITON_CACHE_DIR=str(tmp_path / "cache"), CUDA_VISIBLE_DEVICES="")
+    runs = []
+    for workers in (2, 1):
+        done = subprocess.run([sys.executable, "-c", _PRECOMPILE, str(workers)], env=env, capture_output=True,
+                              text=True, timeout=900)
+        assert done.returncode == 0, done.stderr[-3000:]
+        runs.append(json.loads(done.stdout.strip().splitlines()[-1]))
+    first, second = runs
+    assert first["variants"] == second["variants"] > 20 and first["processes"] == 2
+    assert 0 < first["compiles"] <= first["variants"]  # this process's share; the worker compiled the rest
+    assert second["compiles"] == 0 and second["processes"] == 1
+
+
+def test_precompile_refuses_the_interpreter(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    with pytest.raises(RuntimeError, match="TRITON_INTERPRET"):
+        torch_sampling_ops.precompile(1000)

@@ -6,7 +6,7 @@ implementation for torch.compile. ``torch_sampling_ops.reference`` holds the flo
 """
 from . import reference, state
 from ._checks import set_debug_checks
-from ._warmup import warmup
+from ._warmup import precompile, warmup
 from .constraints import apply_token_bitmask, logit_bias
 from .filtering import min_p, temperature
 from .history import bad_words, penalties, update_output_counts
@@ -17,7 +17,7 @@ from .truncation import top_k_top_p
 
 __all__ = [
     "Sampler", "SamplerOutput", "SamplingParams", "apply_token_bitmask", "bad_words", "logit_bias", "logprobs",
-    "min_p", "penalties", "reference", "rejection_sample", "sample", "set_debug_checks", "state", "temperature",
-    "top_k_top_p", "update_output_counts", "warmup",
+    "min_p", "penalties", "precompile", "reference", "rejection_sample", "sample", "set_debug_checks", "state",
+    "temperature", "top_k_top_p", "update_output_counts", "warmup",
 ]
 __version__ = "0.1.0"

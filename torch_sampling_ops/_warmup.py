@@ -16,6 +16,10 @@ workers never touch the GPU. This process then replays every launch, loading the
 the cache (and compiling whatever a failed worker left), and records in the cache that this set
 of variants is compiled: a later warm-up of the same set (a restarted server) starts no workers,
 whose start would cost more than loading the variants.
+
+`precompile` compiles the same variants without a GPU (a server image's build), for a given CUDA
+architecture, into Triton's on-disk cache: Triton's JIT is handed the target instead of asking
+the driver, and the launchers run on CPU tensors, which Triton specialises as it does CUDA ones.
 """
 from __future__ import annotations
 
@@ -186,7 +190,7 @@ def _compile_variants(variants: list[tuple], queue: int, build_launchers: bool) 
     (Triton's `run(..., warmup=True)`: nothing launches, nothing is loaded on the device); with
     `build_launchers`, also builds each one's launcher (Triton 3.6 compiles a C launcher per
     signature, cached on disk too)."""
-    launcher_cls = triton.runtime.driver.active.launcher_cls
+    launcher_cls = triton.runtime.driver.active.launcher_cls if build_launchers else None
     while (i := _take(queue)) is not None:
         kernel, args, meta = variants[i]
         compiled = kernel.run(*args, grid=(1,), warmup=True, **meta)
@@ -194,7 +198,7 @@ def _compile_variants(variants: list[tuple], queue: int, build_launchers: bool) 
             launcher_cls(compiled.src, compiled.metadata)
 
 
-def _fork_worker(variants: list[tuple], queue: int, device: torch.device) -> int:
+def _fork_worker(variants: list[tuple], queue: int, device: torch.device, build_launchers: bool = True) -> int:
     """Forks a process that compiles the variants it takes from `queue` into Triton's cache and
     exits; returns its pid. The child inherits this process's modules and the variants' arguments,
     so it starts at once (a fresh interpreter would take seconds to import torch). It must not
@@ -215,16 +219,18 @@ def _fork_worker(variants: list[tuple], queue: int, device: torch.device) -> int
         active.get_current_device = lambda: device.index
         active.get_current_stream = lambda *_: 0
         active.get_current_target = lambda: target
-        _compile_variants(variants, queue, build_launchers=True)
+        _compile_variants(variants, queue, build_launchers)
         code = 0
     finally:
         os._exit(code)
 
 
-def _compile_in_processes(variants: list[tuple], workers: int, device: torch.device) -> int:
+def _compile_in_processes(variants: list[tuple], workers: int, device: torch.device,
+                          build_launchers: bool = True) -> int:
     """Compiles `variants` (`_distinct_variants`) into Triton's cache in `workers` processes (this
     one included, the others forked), each taking the next variant from a shared queue as it
-    finishes one; returns the number of processes used."""
+    finishes one; returns the number of processes used (1: none compiled here). The forked ones
+    also build each variant's launcher if `build_launchers`."""
     workers = min(workers, len(variants))
     if workers < 2 or not hasattr(os, "fork"):
         return 1
@@ -237,7 +243,7 @@ def _compile_in_processes(variants: list[tuple], workers: int, device: torch.dev
     finished = False
     try:
         for _ in range(workers - 1):
-            pids.append(_fork_worker(variants, queue, device))
+            pids.append(_fork_worker(variants, queue, device, build_launchers))
         # Compiled, not loaded: the final replay of `warmup` loads every variant and builds its launcher.
         _compile_variants(variants, queue, build_launchers=False)
         finished = True
@@ -303,6 +309,83 @@ def _reap(pids: list[int], deadline: float) -> None:
                 os.waitpid(pid, 0)
                 break
             time.sleep(0.005)
+
+
+@contextlib.contextmanager
+def _compiling_for(arch: int):
+    """Triton's JIT and the launch plans of this package target CUDA compute capability `arch`
+    (e.g. 90) without a GPU: Triton's active driver is replaced by one that only names the target,
+    device 0 and stream 0, and `truncation.plan.uses_dependent_launches` answers for `arch`."""
+    from triton.backends.compiler import GPUTarget
+    from triton.backends.nvidia.driver import CudaDriver
+
+    target = GPUTarget("cuda", arch, 32)
+
+    class TargetOnly(CudaDriver):  # what Triton's JIT asks of the driver to compile, nothing else
+        def __init__(self):
+            self.get_current_device = lambda: 0
+            self.get_current_stream = lambda *_: 0
+            self.get_current_target = lambda: target
+
+        @classmethod
+        def is_active(cls):
+            return True
+
+    config = triton.runtime.driver
+    previous = config._active
+    uses_dependent_launches = truncation_plan.uses_dependent_launches
+    config.set_active(TargetOnly())
+    truncation_plan.uses_dependent_launches = lambda device, settings=None: arch >= 90
+    try:
+        yield
+    finally:
+        truncation_plan.uses_dependent_launches = uses_dependent_launches
+        config._active = previous
+
+
+def precompile(
+    vocab_size: int,
+    dtypes: Sequence[torch.dtype] = (torch.float32,),
+    max_num_tokens: int = 256,
+    *,
+    arch: int = 90,
+    num_slots: int | None = None,
+    index_dtype: torch.dtype = torch.int32,
+    logit_bias_widths: Sequence[tuple[int, int, int]] = ((1024, 1024, 128),),
+    num_logprobs: Sequence[int] = (0, 20),
+    max_spec_len: int = 4,
+    bad_words_shape: tuple[int, int, int] = (8, 8, 8),
+    workers: int | None = None,
+) -> dict:
+    """Compiles, without a GPU, every Triton kernel variant that `warmup` with the same arguments
+    compiles on a GPU of compute capability `arch` (90: H100 and H200), into Triton's on-disk cache
+    (`TRITON_CACHE_DIR`, default ~/.triton/cache): run it where a server's image is built, and the
+    server's `warmup`, with the same Triton, finds the kernels compiled and only loads them (and
+    builds Triton's launchers, which need the GPU's driver). Launches nothing, touches no GPU.
+
+    Args: as `warmup` (`workers`: processes, this one included, default the physical cores), and
+        arch: the compute capability, major * 10 + minor.
+
+    Returns ``{"seconds": wall time, "variants": kernel variants compiled or found in the cache,
+    "processes": processes that compiled}``. Under the Triton interpreter it raises `RuntimeError`
+    (the interpreter compiles nothing).
+    """
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        raise RuntimeError("precompile compiles for a GPU: it cannot run under TRITON_INTERPRET=1")
+    start = time.perf_counter()
+    cpu = torch.device("cpu")
+    num_slots = max_num_tokens if num_slots is None else num_slots
+    launch_args = (vocab_size, tuple(dtypes), max_num_tokens, cpu, num_slots, index_dtype,
+                   tuple(tuple(w) for w in logit_bias_widths), max_spec_len, tuple(num_logprobs),
+                   tuple(bad_words_shape))
+    with _compiling_for(arch):
+        variants = _distinct_variants(launch_args)
+        workers = min(_MAX_WORKERS, _physical_cores()) if workers is None else workers
+        processes = _compile_in_processes(variants, workers, cpu, build_launchers=False)
+        if processes == 1:
+            for kernel, args, meta in variants:
+                kernel.run(*args, grid=(1,), warmup=True, **meta)
+    return {"seconds": time.perf_counter() - start, "variants": len(variants), "processes": processes}
 
 
 def warmup(
