@@ -311,6 +311,14 @@ def _reap(pids: list[int], deadline: float) -> None:
             time.sleep(0.005)
 
 
+def _launch_args(vocab_size, dtypes, max_num_tokens, device, num_slots, index_dtype, logit_bias_widths, max_spec_len,
+                 num_logprobs, bad_words_shape) -> tuple:
+    """`_launch_all`'s arguments from warmup's or precompile's: R defaulted, the lists as tuples."""
+    num_slots = max_num_tokens if num_slots is None else num_slots
+    return (vocab_size, tuple(dtypes), max_num_tokens, device, num_slots, index_dtype,
+            tuple(tuple(w) for w in logit_bias_widths), max_spec_len, tuple(num_logprobs), tuple(bad_words_shape))
+
+
 @contextlib.contextmanager
 def _compiling_for(arch: int):
     """Triton's JIT and the launch plans of this package target CUDA compute capability `arch`
@@ -374,10 +382,8 @@ def precompile(
         raise RuntimeError("precompile compiles for a GPU: it cannot run under TRITON_INTERPRET=1")
     start = time.perf_counter()
     cpu = torch.device("cpu")
-    num_slots = max_num_tokens if num_slots is None else num_slots
-    launch_args = (vocab_size, tuple(dtypes), max_num_tokens, cpu, num_slots, index_dtype,
-                   tuple(tuple(w) for w in logit_bias_widths), max_spec_len, tuple(num_logprobs),
-                   tuple(bad_words_shape))
+    launch_args = _launch_args(vocab_size, dtypes, max_num_tokens, cpu, num_slots, index_dtype, logit_bias_widths,
+                               max_spec_len, num_logprobs, bad_words_shape)
     with _compiling_for(arch):
         variants = _distinct_variants(launch_args)
         workers = min(_MAX_WORKERS, _physical_cores()) if workers is None else workers
@@ -435,11 +441,9 @@ def warmup(
         return {"seconds": 0.0, "calls": 0, "processes": 0}
     if device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
-    num_slots = max_num_tokens if num_slots is None else num_slots
     start = time.perf_counter()
-    launch_args = (vocab_size, tuple(dtypes), max_num_tokens, device, num_slots, index_dtype,
-                   tuple(tuple(w) for w in logit_bias_widths), max_spec_len, tuple(num_logprobs),
-                   tuple(bad_words_shape))
+    launch_args = _launch_args(vocab_size, dtypes, max_num_tokens, device, num_slots, index_dtype, logit_bias_widths,
+                               max_spec_len, num_logprobs, bad_words_shape)
     processes = 1
     with torch.cuda.device(device):
         workers = min(_MAX_WORKERS, _physical_cores()) if workers is None else workers
