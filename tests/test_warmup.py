@@ -273,6 +273,9 @@ _PRECOMPILE = """
 import json, sys
 from triton.backends.nvidia.compiler import CUDABackend
 import torch_sampling_ops as tso
+from torch_sampling_ops import _warmup
+distinct_variants = _warmup._distinct_variants
+_warmup._distinct_variants = lambda launch_args: distinct_variants(launch_args)[:12]  # the first few: seconds
 compiles = []
 add_stages = CUDABackend.add_stages
 def counted(self, *args):
@@ -286,9 +289,9 @@ print(json.dumps(dict(info, compiles=len(compiles))))
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="the precompile's workers need os.fork")
 def test_precompile_fills_the_cache_so_a_later_process_compiles_nothing(tmp_path):
-    """precompile, with no GPU (and no interpreter), compiles every variant warmup makes for sm_90
-    into TRITON_CACHE_DIR in two processes; a second process's precompile of the same variants
-    finds each in the cache and compiles none."""
+    """precompile, with no GPU (and no interpreter), compiles the variants warmup makes for sm_90
+    (the first dozen, for time) into TRITON_CACHE_DIR in two processes; a second process's
+    precompile of the same variants finds each in the cache and compiles none."""
     import json
     import subprocess
     import sys
@@ -302,7 +305,7 @@ def test_precompile_fills_the_cache_so_a_later_process_compiles_nothing(tmp_path
         assert done.returncode == 0, done.stderr[-3000:]
         runs.append(json.loads(done.stdout.strip().splitlines()[-1]))
     first, second = runs
-    assert first["variants"] == second["variants"] > 20 and first["processes"] == 2
+    assert first["variants"] == second["variants"] == 12 and first["processes"] == 2
     assert 0 < first["compiles"] <= first["variants"]  # this process's share; the worker compiled the rest
     assert second["compiles"] == 0 and second["processes"] == 1
 
