@@ -369,7 +369,9 @@ def precompile(
     compiles on a GPU of compute capability `arch` (90: H100 and H200), into Triton's on-disk cache
     (`TRITON_CACHE_DIR`, default ~/.triton/cache): run it where a server's image is built, and the
     server's `warmup`, with the same Triton, finds the kernels compiled and only loads them (and
-    builds Triton's launchers, which need the GPU's driver). Launches nothing, touches no GPU.
+    builds Triton's launchers, which need the GPU's driver). Launches nothing, touches no GPU; for
+    its duration Triton's active driver is one that only names the target, so no other thread of
+    the process should launch Triton kernels meanwhile.
 
     Args: as `warmup` (`workers`: processes, this one included, default the physical cores), and
         arch: the compute capability, major * 10 + minor.
