@@ -1,4 +1,5 @@
 """The benchmarks' tools run: benchmarks/ab_constants.py and ab_trees.py (on the CPU here)."""
+import math
 import os
 import shutil
 import subprocess
@@ -173,7 +174,8 @@ def test_logit_bias_must_move_table_times_each_form(monkeypatch):
 
 def test_host_cost_busy_times_calls_queued_behind_a_sleep(monkeypatch):
     """timing.host_cost_busy_us: each round queues a sleep long enough for its calls, then times the
-    calls alone; a round whose sleep ended before its last call raises (the CUDA calls faked)."""
+    calls alone; a round whose sleep ended before its last call makes the figure NaN (the CUDA calls
+    faked)."""
     monkeypatch.syspath_prepend(os.path.join(ROOT, "benchmarks"))
     import torch
 
@@ -200,5 +202,4 @@ def test_host_cost_busy_times_calls_queued_behind_a_sleep(monkeypatch):
     assert 0 < us < 1e4 and len(calls) == 20 + 3 * 10
     assert slept_cycles == [10 * 50 * 2000] * 3
     done["value"] = True
-    with pytest.raises(RuntimeError, match="caught up"):
-        timing.host_cost_busy_us(lambda: None, calls=10, rounds=3)
+    assert math.isnan(timing.host_cost_busy_us(lambda: None, calls=10, rounds=3))
