@@ -132,8 +132,9 @@ def offline_compile_times(V: int, max_num_tokens: int, arch: int, only: str = ""
 
     from torch_sampling_ops import _warmup
 
-    launch_args = (V, (torch.float32,), max_num_tokens, torch.device("cpu"), max_num_tokens, torch.int32,
-                   (LOGIT_BIAS_WIDTHS,), 4, (0, 20))
+    # precompile's defaults, with this benchmark's logit_bias widths
+    launch_args = _warmup._launch_args(V, (torch.float32,), max_num_tokens, torch.device("cpu"), None, torch.int32,
+                                       (LOGIT_BIAS_WIDTHS,), 4, (0, 20), (8, 8, 8))
     if stages:
         _time_compiler_stages()
     rows = []
