@@ -147,14 +147,23 @@ def test_speculative_launch_breakdown_tables_each_level(monkeypatch):
 def test_logit_bias_must_move_table_times_each_form(monkeypatch):
     """bench_logit_bias's floor table: at each batch size the write floor and five timed forms, each
     recorded (timer and copy bandwidth faked); its probe kernel writes -inf over the rows and saves
-    the listed logits it read."""
+    the listed logits it read; the op's rows are not ones the probes filled with -inf."""
     monkeypatch.syspath_prepend(os.path.join(ROOT, "benchmarks"))
     monkeypatch.setenv("BENCH_T", "1,2")
     import bench_logit_bias
     import torch
 
+    import torch_sampling_ops as tso
+
     recorded = []
-    monkeypatch.setattr(bench_logit_bias, "bench_gpu", lambda fn, sets, graph: (fn(*sets[0]), 2.0)[1])
+
+    def bench_gpu(fn, sets, graph):
+        if fn is tso.logit_bias:
+            assert all(torch.isfinite(inputs[0]).any(dim=1).all() for inputs in sets)
+        fn(*sets[0])
+        return 2.0
+
+    monkeypatch.setattr(bench_logit_bias, "bench_gpu", bench_gpu)
     monkeypatch.setattr(bench_logit_bias, "copy_bandwidth_gbps", lambda: 1000.0)
     monkeypatch.setattr(bench_logit_bias, "record", lambda *args: recorded.append(args))
     table = bench_logit_bias.must_move_table(V=3001, chunk=1024, device="cpu")
