@@ -688,43 +688,6 @@ def test_sample_grouped_scan_programs_give_the_same_tokens(backend):
     assert torch.equal(alone, grouped)
 
 
-@pytest.mark.parametrize("backend", TRITON_BACKENDS)
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_rows_bounded_by_their_scan_give_the_same_results(backend, dtype):
-    """Rows with top-k on and k <= 14 V / sample, and `sample`'s rows with min_p on and top-k off, are
-    bounded by their scan programs, which (with dependent launches) start before the launch that
-    bounds the other rows ends: `sample`'s tokens and top_k_top_p's masks are the bits of the form
-    where that launch bounds every row (and the C++ kernel's masks). k on both sides of the limit,
-    min_p with and without top-k and top-p, rows holding NaN, ties and -inf."""
-    gen = torch.Generator().manual_seed(41)
-    device = device_of(backend)
-    T, V = 12, 3 * 4096 + 5 if backend == "cuda" else 3000
-    limit = 14 * V // current_settings().sample
-    logits = make_logits(T, V, dtype, "cpu", generator=gen)
-    logits[1, ::7] = float("nan")
-    logits[2, : V // 2] = float("-inf")
-    logits[3] = logits[3].round()  # ties everywhere
-    logits[4] = float("-inf")
-    top_k = torch.tensor([1, 5, 40, limit, limit + 1, 3 * limit, 50, 0, limit, 0, 64, limit - 1], dtype=torch.int32)
-    top_p = torch.tensor([1.0, 0.9, 0.8, 1.0, 0.95, 1.0, 0.5, 1.0, 0.7, 0.9, 0.9, 1.0])
-    min_p = torch.tensor([0.0, 0.0, 0.05, 0.0, 0.0, 0.1, 0.0, 0.2, 0.0, 0.05, 0.0, 0.0])
-    temperature = torch.tensor([1.0, 0.7, 1.3, 1.0, 0.5, 1.0, 2.0, 0.9, 1.0, 1.1, 0.8, 1.0])
-    seeds = torch.randint(-(2**62), 2**62, (T,), generator=gen)
-    args = [logits, torch.arange(T, dtype=torch.int32), temperature, top_k, top_p, min_p, seeds, torch.arange(T) * 3]
-    masked = logits.clone()
-    torch.ops.sampling.top_k_top_p(masked, args[1], top_k, top_p)
-    args = [a.to(device) for a in args]
-    tokens, masks = [], []
-    for bounds_itself in (True, False):
-        with use_settings(scan_bounds_top_k=bounds_itself):
-            tokens.append(run_op(backend, "sample", *args).cpu())
-            work = args[0].clone()
-            run_op(backend, "top_k_top_p", work, args[1], args[3], args[4])
-            masks.append(work.cpu())
-    assert torch.equal(tokens[0], tokens[1])
-    assert torch.equal(masks[0], masks[1]) and torch.equal(masks[0], masked)
-
-
 # min_p alone, with top_p, with top_k; all three; top_p alone; a min_p threshold far below the list.
 FILTER_PATH_PARAMS = [dict(min_p=0.1), dict(min_p=0.1, top_p=0.8), dict(min_p=0.3, top_k=7),
                       dict(top_k=7, top_p=0.6, min_p=0.05, temperature=0.6), dict(top_p=0.9, temperature=1.7),

@@ -41,7 +41,7 @@ from .gumbel import argmax_tokens, gumbel_argmax, stream_key
 from .truncation.keys import _float_key, _key_value
 from .truncation.op import filtered_draw_launches
 from .truncation.scan import store_row_bound
-from .truncation.workspace import row_settings, scan_bounds_row, store_draw_pair
+from .truncation.workspace import row_settings, store_draw_pair
 
 # The full-row draw's programs walk their tokens over _DRAW_WARPS warps: a whole row in tiles of
 # _DRAW_BLOCK_V, _ARGMAX_STAGES at a time for a greedy row's argmax (bound by the read) and
@@ -409,11 +409,10 @@ def _draw_kernel(logits_ptr, logits_stride, idx_mapping_ptr, top_k_ptr, top_p_pt
                  vocab_size, num_segments, temperature_ptr, min_p_ptr, seeds_ptr, output_lens_ptr, out_ptr, tol,
                  DRAW_SEGMENT: tl.constexpr, SPLIT: tl.constexpr, BLOCK_V: tl.constexpr, SAMPLE: tl.constexpr,
                  SEG_CAP: tl.constexpr, PDL: tl.constexpr, STAGES: tl.constexpr, ARGMAX_STAGES: tl.constexpr,
-                 REACH_SLOTS: tl.constexpr, FULL_LANES: tl.constexpr, SCAN_BOUNDS: tl.constexpr):
+                 REACH_SLOTS: tl.constexpr, FULL_LANES: tl.constexpr):
     """`sample`'s first launch, with the truncation launches' arguments. A row with a filter on and a
     temperature != 0 is drawn by those launches: program (t, 0) stores its bounds, which their
-    first launch would (`store_row_bound`), unless their scan bounds the row itself
-    (`scan_bounds_row`, SCAN_BOUNDS). Every other row: out[t] = argmax_j of logits[t, j] /
+    first launch would (`store_row_bound`). Every other row: out[t] = argmax_j of logits[t, j] /
     temperature + gumbel(seed, position, j) over the tokens above -inf, the plain argmax of the
     logits for greedy rows (the filters always keep it); -1 without such a token or slot. With
     SPLIT, program (t, s) takes the DRAW_SEGMENT tokens of segment s and stores its (score, token)
@@ -427,7 +426,7 @@ def _draw_kernel(logits_ptr, logits_stride, idx_mapping_ptr, top_k_ptr, top_p_pt
     ws_row = ws_ptr + t.to(tl.int64) * ws_stride
     slot = load_slot(idx_mapping_ptr, t, num_slots)
     if filtered:
-        if (tl.program_id(1) == 0) & (scan_bounds_row(k, k_on, min_p, vocab_size, SAMPLE, SCAN_BOUNDS) == 0):
+        if tl.program_id(1) == 0:
             store_row_bound(logits_row, ws_row, vocab_size, num_segments, k, k_on, temp, min_p, SAMPLE, SEG_CAP)
     elif slot < 0:
         if not SPLIT:
@@ -492,7 +491,7 @@ def _sample_triton(logits, idx_mapping, temperature, top_k, top_p, min_p, seeds,
     launch(_draw_kernel, grid, *args, DRAW_SEGMENT=segment, SPLIT=split,
            BLOCK_V=min(block, segment), SAMPLE=settings.sample, SEG_CAP=settings.seg_cap, PDL=pdl,
            STAGES=stages, ARGMAX_STAGES=argmax_stages, REACH_SLOTS=gumbel.DRAW_REACH_SLOTS.value,
-           FULL_LANES=_DRAW_FULL_LANES, SCAN_BOUNDS=settings.scan_bounds_top_k, num_warps=_DRAW_WARPS)
+           FULL_LANES=_DRAW_FULL_LANES, num_warps=_DRAW_WARPS)
     for kernel, grid, meta in plan:
         launch(kernel, grid, *args, **meta)
     return out

@@ -8,9 +8,7 @@ the GPU), so a small batch still spreads over the GPU:
 1. `_sample_bound_kernel` (per row): a 2048-token sample gives a lower bound `lo` the threshold
    should clear: past the sample rank expected of the k-th token by a safe margin (top-k), or where
    about half the candidate capacity is expected above it (top-p alone; then also a second bound,
-   where a quarter is). With `scan_bounds_top_k`, a row with top-k on and a small k
-   (`scan_bounds_row`) is bounded by its scan programs instead, which then need not wait for this
-   launch.
+   where a quarter is).
 2. `_scan_segments_kernel` (one warp per row and segment; `scan_group` segments in large batches): the segment's max, softmax
    normaliser and the mass of its tokens >= lo (the candidates) and >= the second bound (all
    three only for top-p alone), and the candidates, with their positions, into its own region of

@@ -56,7 +56,6 @@ def _launch_plan(T: int, V: int, pdl: bool, settings: TruncationSettings | None 
                    SEGMENTS_P2=segments_p2, GATHER_IN_DRAW_MIN_T=s.gather_in_draw_min_t, DRAW=draw,
                    num_warps=s.select_warps, maxnreg=128, **follow))
     bound = [(_sample_bound_kernel, (T,), dict(SAMPLE=s.sample, SEG_CAP=s.seg_cap, PDL=pdl, DRAW=draw,
-                                               SCAN_BOUNDS=s.scan_bounds_top_k,
                                                num_warps=4 if T >= s.few_sample_warps_min_t else s.sample_warps))]
     # Read with DRAW only; always passed (a graph node of torch.compile takes every parameter), and
     # without DRAW the same at every T, so that top_k_top_p's scan is one compiled variant.
@@ -68,7 +67,7 @@ def _launch_plan(T: int, V: int, pdl: bool, settings: TruncationSettings | None 
         # 64 registers: 32 one-warp programs an SM
         (_scan_segments_kernel, (T, cdiv(num_segments, scan_group)),
          dict(SEGMENT=s.segment, SEG_CAP=s.seg_cap, STAGES=s.scan_stages, GROUP=scan_group, DRAW=draw, **draw_pairs,
-              SAMPLE=s.sample, SCAN_BOUNDS=s.scan_bounds_top_k, num_warps=1, maxnreg=64, **follow)),
+              num_warps=1, maxnreg=64, **follow)),
         # Otherwise the selection settles and gathers its row itself.
         *(settle if settle_launch and gathered else []),
         *(gather if gathered else []),

@@ -29,7 +29,6 @@ from .workspace import (
     _weighs_row,
     reduce_draw_pairs,
     row_settings,
-    scan_bounds_row,
 )
 
 _FLT_MAX = tl.constexpr(3.4028234663852886e38)  # the sample stores lo >= -_FLT_MAX: -inf is never a candidate
@@ -44,67 +43,15 @@ def _sample_bound_kernel(
     logits_ptr, logits_stride, idx_mapping_ptr, top_k_ptr, top_p_ptr, ws_ptr, ws_stride, num_slots, vocab_size,
     num_segments, temperature_ptr, min_p_ptr, seeds_ptr, output_lens_ptr, out_ptr, tol,
     SAMPLE: tl.constexpr, SEG_CAP: tl.constexpr, PDL: tl.constexpr, DRAW: tl.constexpr,
-    SCAN_BOUNDS: tl.constexpr,
 ):
-    """Launch 1 of top_k_top_p: each active row's bounds (store_row_bound), but those of the rows its
-    scan bounds itself (scan_bounds_row). (`sample` computes them in its first launch, beside its
-    full-row draws.)"""
+    """Launch 1 of top_k_top_p: each active row's bounds (store_row_bound). (`sample` computes them
+    in its first launch, beside its full-row draws.)"""
     t = tl.program_id(0)
     k, p, k_on, p_on, active, temp, min_p = row_settings(idx_mapping_ptr, top_k_ptr, top_p_ptr, temperature_ptr,
                                                               min_p_ptr, t, num_slots, vocab_size, PDL, DRAW)
-    if active & (scan_bounds_row(k, k_on, min_p, vocab_size, SAMPLE, SCAN_BOUNDS) == 0):
+    if active:
         store_row_bound(logits_ptr + t.to(tl.int64) * logits_stride, ws_ptr + t.to(tl.int64) * ws_stride,
                          vocab_size, num_segments, k, k_on, temp, min_p, SAMPLE, SEG_CAP)
-
-
-@triton.jit
-def _min_p_floor(sample_max, temp, min_p):
-    """`lo` of a row with min_p on and top-k off (`sample` only): just below what min_p keeps of the
-    sample (its max divided by temp, plus log(min_p)); the row's max is at least the sample's, so
-    every token min_p keeps is listed. The margin lies far above the roundings of the quotient; the
-    settle step checks it."""
-    kept_floor = tl.math.div_rn(sample_max, temp) + tl.log(min_p)
-    return tl.maximum((kept_floor - 2.0**-12 * (1.0 + tl.abs(kept_floor))) * temp, -_FLT_MAX)
-
-
-@triton.jit
-def _top_k_rank(k, vocab_size, n_sample, SAMPLE: tl.constexpr):
-    """The sample rank `lo` is taken at for top-k, before its clamp to [1, n_sample]: past the rank
-    expected of the k-th token by 4 sqrt + 4 (k itself when the sample is the whole row)."""
-    expected = k.to(tl.float32) * n_sample / vocab_size
-    return tl.where(vocab_size <= SAMPLE, k, (expected + 4.0 * tl.sqrt(expected) + 4.0).to(tl.int32))
-
-
-@triton.jit
-def _runs_floor(run_max, rank):
-    """The key of the rank-th largest of the sample's 32 run maxima (rank <= 32): each of those runs
-    holds a value >= it. On logits without runs of large values it lies within a sample rank or two
-    of the rank-th largest value. Exact (maxima and comparisons): any layout gives the same bits."""
-    runs_above = tl.sum((run_max[None, :] >= run_max[:, None]).to(tl.int32), axis=1)
-    return _float_key(tl.max(tl.where(runs_above >= rank, run_max, float("-inf"))))
-
-
-@triton.jit
-def _scan_own_bound(row_ptr, ws_row, vocab_size, k, k_on, temp, min_p, writes_header, SAMPLE: tl.constexpr):
-    """A scan program's `lo` for a row it bounds itself (scan_bounds_row, so vocab_size > SAMPLE):
-    what store_row_bound finds for such a row, from the same sample, read as [runs, tokens of a run];
-    the program that `writes_header` (the row's first) also stores the header words store_row_bound
-    would (lo, the second bound, which no later launch reads for such a row, and the sample's max)."""
-    RUN: tl.constexpr = SAMPLE // 32
-    # In the row: the last run ends at 31 (V // 32) + RUN <= V for V >= 32 RUN = SAMPLE.
-    offs = (tl.arange(0, 32) * (vocab_size // 32))[:, None] + tl.arange(0, RUN)[None, :]
-    x = tl.load(row_ptr + offs).to(tl.float32)
-    run_max = tl.max(tl.where(x == x, x, float("-inf")), axis=1)
-    if k_on:
-        rank = tl.minimum(tl.maximum(_top_k_rank(k, vocab_size, SAMPLE, SAMPLE), 1), SAMPLE)
-        lo = tl.maximum(_key_value(_runs_floor(run_max, rank)), -_FLT_MAX)
-    else:
-        lo = _min_p_floor(tl.max(run_max), temp, min_p)
-    if writes_header:
-        tl.store(ws_row + _LO, lo)
-        tl.store(ws_row + _SECOND_BOUND, tl.where(k_on, float("inf"), lo))
-        tl.store(ws_row + _REF, tl.max(run_max))
-    return lo
 
 
 @triton.jit
@@ -121,16 +68,20 @@ def store_row_bound(row_ptr, ws_row, vocab_size, num_segments, k, k_on, temp, mi
     x = tl.where(x == x, x, float("-inf"))
     n_sample = tl.minimum(vocab_size, SAMPLE)
     if k_on:  # top-p, if on, runs inside the top-k set
-        rank = _top_k_rank(k, vocab_size, n_sample, SAMPLE)
+        expected = k.to(tl.float32) * n_sample / vocab_size
+        rank = tl.where(vocab_size <= SAMPLE, k, (expected + 4.0 * tl.sqrt(expected) + 4.0).to(tl.int32))
     else:  # top-p alone: where half the candidate capacity is expected above it
         budget = 0.5 * SEG_CAP * num_segments
         rank = (budget * n_sample / vocab_size).to(tl.int32)
     rank = tl.minimum(tl.maximum(rank, 1), n_sample)
     # lo: at least `rank` sampled values are >= lo. In a long row with rank <= 32, the rank-th
-    # largest of the 32 runs' maxima (_runs_floor). Else (and always for top-p alone) the low end of
-    # a key interval at most 2^16 wide holding that value, from two histograms of the keys
-    # (_rank_bounds).
-    low = _runs_floor(tl.max(tl.reshape(x, [32, SAMPLE // 32]), axis=1), rank)
+    # largest of the 32 runs' maxima (each of those runs holds a value >= it): on logits without
+    # runs of large values, within a sample rank or two of the rank-th largest value. Else (and
+    # always for top-p alone) the low end of a key interval at most 2^16 wide holding that value,
+    # from two histograms of the keys (_rank_bounds).
+    run_max = tl.max(tl.reshape(x, [32, SAMPLE // 32]), axis=1)
+    runs_above = tl.sum((run_max[None, :] >= run_max[:, None]).to(tl.int32), axis=1)
+    low = _float_key(tl.max(tl.where(runs_above >= rank, run_max, float("-inf"))))
     # Top-p alone: also a second bound, where a quarter of the capacity is expected above it. The
     # scan counts the mass above it too; when that holds top_p, only the candidates above it are kept.
     high_low = low
@@ -138,8 +89,9 @@ def store_row_bound(row_ptr, ws_row, vocab_size, num_segments, k, k_on, temp, mi
     if ((k_on == 0) | (rank > 32) | (vocab_size <= SAMPLE)) & (minp_bound == 0):
         low, high_low = _rank_bounds(x, offs < vocab_size, low, rank, tl.where(k_on, rank, (rank + 1) // 2))
     lo = tl.maximum(_key_value(low), -_FLT_MAX)  # -inf is never a candidate
-    if minp_bound:
-        lo = _min_p_floor(tl.max(x), temp, min_p)
+    if minp_bound:  # a margin far above the roundings of the quotient; the settle step checks it
+        kept_floor = tl.math.div_rn(tl.max(x), temp) + tl.log(tl.where(minp_bound, min_p, 1.0))
+        lo = tl.maximum((kept_floor - 2.0**-12 * (1.0 + tl.abs(kept_floor))) * temp, -_FLT_MAX)
     tl.store(ws_row + _LO, lo)
     high_bound = tl.where(k_on, float("inf"), tl.maximum(_key_value(high_low), lo))
     tl.store(ws_row + _SECOND_BOUND, high_bound)
@@ -328,7 +280,7 @@ def _scan_segments_kernel(
     num_segments, temperature_ptr, min_p_ptr, seeds_ptr, output_lens_ptr, out_ptr, tol,
     SEGMENT: tl.constexpr, SEG_CAP: tl.constexpr, STAGES: tl.constexpr, GROUP: tl.constexpr,
     PDL: tl.constexpr, DRAW: tl.constexpr, DRAW_SEGMENT: tl.constexpr, DRAW_SEGMENTS_P2: tl.constexpr,
-    SPLIT_DRAW_MAX_T: tl.constexpr, SAMPLE: tl.constexpr, SCAN_BOUNDS: tl.constexpr,
+    SPLIT_DRAW_MAX_T: tl.constexpr,
 ):
     """Statistics and candidates of GROUP consecutive segments in turn, in one warp: each one's max,
     normaliser and candidate mass (only for a row it weighs, `_weighs_row`: otherwise the selection
@@ -337,16 +289,13 @@ def _scan_segments_kernel(
     Triton 3.6 spread a tile's lanes over warps).
     With DRAW (`sample`), below SPLIT_DRAW_MAX_T rows the first program of a row the truncation
     leaves alone writes its token: the best of the pairs its split full-row draw (DRAW_SEGMENT
-    tokens a program) left in its workspace; -1 for a slot out of range.
-    A row it bounds itself (scan_bounds_row) is scanned without waiting for the launch before
-    (row_settings)."""
+    tokens a program) left in its workspace; -1 for a slot out of range."""
     t = tl.program_id(0)
     # With DRAW, below SPLIT_DRAW_MAX_T rows a row's first program reads its split draw's pairs.
     reduces_draw = DRAW & (tl.program_id(1) == 0) & (tl.num_programs(0) < SPLIT_DRAW_MAX_T)
     k, p, k_on, p_on, active, temp, min_p = row_settings(idx_mapping_ptr, top_k_ptr, top_p_ptr, temperature_ptr,
                                                               min_p_ptr, t, num_slots, vocab_size, PDL, DRAW,
-                                                              reduces_draw, SCAN_BOUNDS, SAMPLE)
-    bounds_itself = active & scan_bounds_row(k, k_on, min_p, vocab_size, SAMPLE, SCAN_BOUNDS)
+                                                              reduces_draw)
     if DRAW:
         if (active == 0) & reduces_draw:
             token = tl.full([], -1, tl.int32)
@@ -356,21 +305,13 @@ def _scan_segments_kernel(
             tl.store(out_ptr + t, token.to(tl.int64))
     if active:
         ws_row = ws_ptr + t.to(tl.int64) * ws_stride
-        if bounds_itself:
-            lo = _scan_own_bound(logits_ptr + t.to(tl.int64) * logits_stride, ws_row, vocab_size, k, k_on, temp, min_p,
-                                 tl.program_id(1) == 0, SAMPLE)
-        else:
-            lo = tl.load(ws_row + _LO)
+        lo = tl.load(ws_row + _LO)
         if DRAW:  # the logits as read, x: the masses of y = x / temperature
             log2_scale = tl.math.div_rn(_LOG2E, temp)
         else:
             log2_scale = _LOG2E
-        if bounds_itself:  # top-k or min_p on: the row is not weighed, so these go unread
-            ref2 = 0.0
-            high_bound = float("inf")
-        else:
-            ref2 = tl.load(ws_row + _REF) * log2_scale
-            high_bound = tl.load(ws_row + _SECOND_BOUND)
+        ref2 = tl.load(ws_row + _REF) * log2_scale
+        high_bound = tl.load(ws_row + _SECOND_BOUND)
         row_ptr = logits_ptr + t.to(tl.int64) * logits_stride
         max_ptr = _segment_max_ptr(ws_row)
         sum_ptr = _segment_total_ptr(ws_row, num_segments)

@@ -39,12 +39,6 @@ class TruncationSettings:
     """Tokens per program of the gather and fill launches (a whole number of segments)."""
     sample: int = 2048
     """Sampled tokens of the bound launch: 32 runs spread over the row."""
-    scan_bounds_top_k: bool = False
-    """Rows longer than the sample with top-k on and k <= 14 V / sample (the bound's sample rank at
-    most 32), or in `sample` with min_p on and top-k off, are bounded by their scan programs, which
-    then start without waiting for the bound launch (`sample`'s first launch), instead of by that
-    launch. The bound is the same function of the row either way. Off until it is timed on a GPU
-    (docs/notes/top-k-top-p-tuning.md)."""
     tile: int = 1024
     """Candidates per step of the selection, and held in its registers."""
     small: int = 128

@@ -165,24 +165,8 @@ def _weighs_row(k_on, p_on, min_p):
 
 
 @triton.jit
-def scan_bounds_row(k, k_on, min_p, vocab_size, SAMPLE: tl.constexpr, SCAN_BOUNDS: tl.constexpr):
-    """Whether the scan programs of a row compute its bound themselves, without waiting for the
-    launch before them (settings.scan_bounds_top_k), in a row longer than the sample: with top-k on
-    and k * SAMPLE <= 14 V (the bound's sample rank then at most 32, so `lo` is the rank-th largest
-    of the sample's 32 run maxima, _runs_floor), or, in `sample`, with min_p on and top-k off (`lo`
-    from the sample's max, _min_p_floor): a few loads and comparisons. Integer and exact tests, so
-    every launch agrees."""
-    if SCAN_BOUNDS:
-        few = k.to(tl.int64) * SAMPLE <= 14 * vocab_size
-        return (vocab_size > SAMPLE) & tl.where(k_on, few, min_p != 0.0)
-    else:
-        return tl.full([], False, tl.int1)
-
-
-@triton.jit
 def row_settings(idx_mapping_ptr, top_k_ptr, top_p_ptr, temperature_ptr, min_p_ptr, t, num_slots, vocab_size,
-                  PDL: tl.constexpr, DRAW: tl.constexpr, reads_inactive=False, SCAN_BOUNDS: tl.constexpr = False,
-                  SAMPLE: tl.constexpr = 1):
+                  PDL: tl.constexpr, DRAW: tl.constexpr, reads_inactive=False):
     """(k, p, k_on, p_on, active, temp, min_p) of row t; an inactive row (slot out of range, both
     filters off) is left alone. With DRAW (`sample`) the row is also read through its temperature
     (temp) and min_p; a greedy row (temp == 0) is inactive (its argmax is drawn elsewhere) and one
@@ -198,11 +182,7 @@ def row_settings(idx_mapping_ptr, top_k_ptr, top_p_ptr, temperature_ptr, min_p_p
     program's wait keeps the launches finishing in order (a launch cannot finish before it), so
     whatever follows the op's last launch finds every launch done. top_k_top_p keeps every program
     waiting: its batches with a few filtered rows ran slower with the early exit
-    (docs/notes/sampling-tuning.md).
-    The scan (SCAN_BOUNDS, with the bound's SAMPLE) does not wait for a row it bounds itself
-    (scan_bounds_row), the launch's first program aside: the launch before it touches nothing of
-    such a row, and, being the op's first launch, no dependent one, it started only once every
-    launch before the op had finished, so the logits and the row's workspace are free."""
+    (docs/notes/sampling-tuning.md)."""
     if PDL:
         gdc_launch_dependents()
     slot = load_slot(idx_mapping_ptr, t, num_slots)
@@ -222,11 +202,10 @@ def row_settings(idx_mapping_ptr, top_k_ptr, top_p_ptr, temperature_ptr, min_p_p
     else:
         active = (slot >= 0) & (k_on | p_on)
     if PDL:
-        first = (tl.program_id(0) == 0) & (tl.program_id(1) == 0) & (tl.program_id(2) == 0)
-        waits = active & (scan_bounds_row(k, k_on, min_p, vocab_size, SAMPLE, SCAN_BOUNDS) == 0)
         if DRAW:
-            if waits | reads_inactive | first:
+            first = (tl.program_id(0) == 0) & (tl.program_id(1) == 0) & (tl.program_id(2) == 0)
+            if active | reads_inactive | first:
                 gdc_wait()
-        elif waits | (active == 0) | first:
+        else:
             gdc_wait()
     return k, p, k_on, p_on, active, temp, min_p
