@@ -11,7 +11,8 @@ by an earlier subprocess ("cache filled"), or by `precompile` in a subprocess th
 - warmup(V, (fp32,)) serial and shared out among processes, then the same first calls (now loading nothing);
 - warmup(V, (fp32, bf16)) shared out among processes;
 - with the cache filled: warmup() and the first calls without warmup;
-- precompile(V) for the GPU's architecture without a GPU, then warmup() and the first calls.
+- precompile(V) for the GPU's architecture without a GPU, then warmup() and the first calls, and the
+  kernel variants the GPU's process still compiled itself (none where precompile matched them).
 
 With --offline, every fp32 variant that warmup(V) compiles is compiled one after the other for the
 given CUDA architecture, with an empty cache and no GPU (Triton is handed the target instead of
@@ -97,11 +98,23 @@ def run(V: int, max_num_tokens: int, warmup: str, cache_dir: str, workers: int |
         out = subprocess.run(command, env=dict(env, CUDA_VISIBLE_DEVICES=""), capture_output=True, text=True,
                              check=True)
         result.update(json.loads(out.stdout.strip().splitlines()[-1]))
+        precompiled = compiled_kernels(cache_dir)
     command = [sys.executable, __file__, "--worker", "--warmup", warmup] + sizes + (
         ["--workers", str(workers)] if workers else [])
     out = subprocess.run(command, env=env, capture_output=True, text=True, check=True)
     result.update(json.loads(out.stdout.strip().splitlines()[-1]))
+    if precompile_arch:  # what the GPU's process still compiled: none if precompile matched its variants
+        result["compiled after precompile"] = sorted(name for _, name in compiled_kernels(cache_dir) - precompiled)
     return result
+
+
+def compiled_kernels(cache_dir: str) -> set[tuple[str, str]]:
+    """(cache entry, kernel name) of every compiled kernel in a Triton cache directory."""
+    found = set()
+    for entry in os.listdir(cache_dir) if os.path.isdir(cache_dir) else []:
+        files = os.listdir(os.path.join(cache_dir, entry)) if os.path.isdir(os.path.join(cache_dir, entry)) else []
+        found.update((entry, os.path.splitext(f)[0]) for f in files if f.endswith(".cubin"))
+    return found
 
 
 def _time_compiler_stages() -> None:
@@ -222,6 +235,11 @@ def main():
     out = [f"Environment: {environment()}",
            print_table(f"Cold start, V = {args.V}, max_num_tokens = {args.max_num_tokens}, seconds",
                        ["process"] + [c.replace(" float32", "").replace("bfloat16", "bf16") for c in columns], rows)]
+    for label, r in runs.items():
+        if "compiled after precompile" in r:
+            names = r["compiled after precompile"]
+            out.append(f"{label}: the GPU's process compiled {len(names)} kernel variants itself"
+                       + (f" ({', '.join(names)})" if names else "") + "\n")
     if args.out:
         with open(args.out, "w") as f:
             f.write("\n".join(out) + "\n")

@@ -212,3 +212,31 @@ def test_host_cost_busy_times_calls_queued_behind_a_sleep(monkeypatch):
     assert slept_cycles == [10 * 50 * 2000] * 3
     done["value"] = True
     assert math.isnan(timing.host_cost_busy_us(lambda: None, calls=10, rounds=3))
+
+
+def test_cold_start_names_the_kernels_compiled_after_precompile(monkeypatch, tmp_path):
+    """bench_cold_start's precompiled run lists the kernel variants the GPU's process added to the
+    cache that precompile filled (the subprocesses faked: each adds a compiled kernel)."""
+    monkeypatch.syspath_prepend(os.path.join(ROOT, "benchmarks"))
+    import json
+
+    import bench_cold_start
+
+    cache = tmp_path / "cache"
+
+    def fake_run(command, env, **kwargs):
+        assert env["TRITON_CACHE_DIR"] == str(cache)
+        precompiling = "--precompile-worker" in command
+        assert (env.get("CUDA_VISIBLE_DEVICES") == "") == precompiling
+        entry = cache / ("A" if precompiling else "B")
+        entry.mkdir(parents=True)
+        (entry / ("_select_kernel.cubin" if precompiling else "_draw_kernel.cubin")).write_bytes(b"")
+        (entry / "_draw_kernel.json").write_text("{}")  # not a compiled kernel's binary
+        out = {"precompile": 1.0} if precompiling else {"warmup": 2.0}
+        return subprocess.CompletedProcess(command, 0, stdout=json.dumps(out) + "\n", stderr="")
+
+    monkeypatch.setattr(bench_cold_start.subprocess, "run", fake_run)
+    result = bench_cold_start.run(1000, 4, "parallel", str(cache), None, precompile_arch=90)
+    assert result == {"precompile": 1.0, "warmup": 2.0, "compiled after precompile": ["_draw_kernel"]}
+    assert bench_cold_start.compiled_kernels(str(cache)) == {("A", "_select_kernel"), ("B", "_draw_kernel")}
+    assert bench_cold_start.compiled_kernels(str(tmp_path / "missing")) == set()
