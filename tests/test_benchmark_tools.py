@@ -145,9 +145,9 @@ def test_speculative_launch_breakdown_tables_each_level(monkeypatch):
 
 @pytest.mark.interpret
 def test_logit_bias_must_move_table_times_each_form(monkeypatch):
-    """bench_logit_bias's floor table: at each batch size the write floor and five timed forms, each
-    recorded (timer and copy bandwidth faked); its probe kernel writes -inf over the rows and saves
-    the listed logits it read; the op's rows are not ones the probes filled with -inf."""
+    """bench_logit_bias's floor table: at each batch size the write floor and seven timed forms, each
+    recorded (timer and copy bandwidth faked); its probe kernel saves the listed logits it read and
+    writes -inf over the rows (with WRITE); the op's rows are not ones the probes filled with -inf."""
     monkeypatch.syspath_prepend(os.path.join(ROOT, "benchmarks"))
     monkeypatch.setenv("BENCH_T", "1,2")
     import bench_logit_bias
@@ -168,16 +168,22 @@ def test_logit_bias_must_move_table_times_each_form(monkeypatch):
     monkeypatch.setattr(bench_logit_bias, "record", lambda *args: recorded.append(args))
     table = bench_logit_bias.must_move_table(V=3001, chunk=1024, device="cpu")
     rows = [line for line in table.splitlines() if line.startswith(("| 1 |", "| 2 |"))]
-    assert len(rows) == 12 and rows[0] == "| 1 | write floor (the rows over the copy bandwidth) | 0.012 |"
-    assert len(recorded) == 10 and recorded[0][:3] == ("logit_bias", "must move: fill_ (torch)", 1)
+    assert len(rows) == 16 and rows[0] == "| 1 | write floor (the rows over the copy bandwidth) | 0.012 |"
+    assert len(recorded) == 14 and recorded[0][:3] == ("logit_bias", "must move: fill_ (torch)", 1)
 
     logits = torch.randn(2, 3001)
     ids = torch.stack([torch.randperm(3001)[:40] for _ in range(2)]).to(torch.int32)
     expected = torch.gather(logits, 1, ids.long())
     saved = torch.full((2, 40), 7.0)
     # one chunk a row, so that the program's reads come before its own stores
+    untouched = logits.clone()
     bench_logit_bias._fill_beside_reads_kernel[(2, 1)](logits, ids, saved, 3001, 40, CHUNK=4096, BLOCK=1024,
-                                                         IDS_A_PROGRAM=64, READ=True)
+                                                         IDS_A_PROGRAM=64, READ=True, WRITE=False,
+                                                         KEEP_READ_LINES=True)
+    assert torch.equal(logits, untouched) and torch.equal(saved, expected)
+    saved.fill_(7.0)
+    bench_logit_bias._fill_beside_reads_kernel[(2, 1)](logits, ids, saved, 3001, 40, CHUNK=4096, BLOCK=1024,
+                                                         IDS_A_PROGRAM=64, READ=True, STREAM_WRITES=True)
     assert torch.isneginf(logits).all() and torch.equal(saved, expected)
 
 
