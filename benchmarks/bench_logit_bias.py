@@ -102,8 +102,9 @@ def _fill_beside_reads_kernel(logits_ptr, ids_ptr, saved_ptr, vocab_size, num_id
 def must_move_table(V: int = 151936, chunk: int = 8192, device: str = "cuda"):
     """logit_bias with 1024 allowed ids against what it must move: the rows written (`fill_`, and a
     Triton kernel of 8192-token chunk programs) and, beside the write, the allowed ids' logits read
-    from anywhere in the row (random 32-byte sectors), with nothing waiting on those reads. CUDA
-    graph µs at BENCH_T's sizes."""
+    from anywhere in the row (random 32-byte sectors), with nothing waiting on those reads; the
+    reads alone, and the reads then the writes beside them in a second launch. CUDA graph µs at
+    BENCH_T's sizes."""
     bw = copy_bandwidth_gbps()
     chunks = triton.cdiv(V, chunk)
 
@@ -116,6 +117,7 @@ def must_move_table(V: int = 151936, chunk: int = 8192, device: str = "cuda"):
     def reads_then_writes(*a):  # the reads alone, then the writes beside the same reads (from the L2)
         probe(*a, True, WRITE=False, KEEP_READ_LINES=True)
         probe(*a, True, STREAM_WRITES=True)
+
     rows = []
     for T in (int(t) for t in os.environ.get("BENCH_T", "1,32,256").split(",")):
         sets = [logit_bias_inputs(T, V, device, seed=s) for s in range(3)]
