@@ -19,13 +19,16 @@ from conftest import (
 INT = torch.int32
 
 
-@pytest.fixture(params=["restore", "keep_bits"])
+@pytest.fixture(params=["restore", "keep_bits", "keep_bits_lines_first"])
 def allowed_design(request, monkeypatch):
     """Runs a Triton logit_bias test with each form of the allowed list (save, fill and restore
-    below `_KEEP_BITS_MIN_T` rows, keep bits from there), whatever its batch size."""
-    if request.param == "keep_bits" and request.node.callspec.params.get("backend") == "cpu":
+    below `_KEEP_BITS_MIN_T` rows, keep bits from there, and keep bits after a launch that asks the
+    L2 for the kept lines), whatever its batch size."""
+    keep_bits = request.param.startswith("keep_bits")
+    if keep_bits and request.node.callspec.params.get("backend") == "cpu":
         pytest.skip("one C++ kernel: the forms are the Triton kernel's")
-    monkeypatch.setattr(constraints, "_KEEP_BITS_MIN_T", 1 if request.param == "keep_bits" else 2**62)
+    monkeypatch.setattr(constraints, "_KEEP_BITS_MIN_T", 1 if keep_bits else 2**62)
+    monkeypatch.setattr(constraints, "_KEPT_LINES_FIRST", request.param == "keep_bits_lines_first")
 
 
 over_allowed_designs = pytest.mark.usefixtures("allowed_design")

@@ -54,6 +54,17 @@ def exp_flush_tiny(x):
 
 
 @triton.jit
+def prefetch_l2_evict_last(ptrs, mask):
+    """Asks for the lines of ptrs (where mask) in the L2, marked to be evicted last (PTX
+    prefetch.global.L2::evict_last: a hint, no value returned, no fault), so that a later launch's
+    loads of them hit the L2; nothing under the interpreter. Side-effecting, as prefetch_l1."""
+    if ON_GPU:
+        tl.inline_asm_elementwise(
+            "{ .reg .pred p; setp.ne.s32 p, $2, 0; @p prefetch.global.L2::evict_last [$1]; mov.u32 $0, 0; }",
+            "=r,l,r", [ptrs, mask.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
 def prefetch_l1(ptrs, mask):
     """Asks for the lines of ptrs (where mask) in the SM's L1 (PTX prefetch.global.L1: a hint, no
     value returned, no fault), so that a later load of them by any thread of the program hits L1;

@@ -41,7 +41,7 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 from . import _checks
 from ._launch import cdiv, next_power_of_2
 from ._registry import define_op, launch
-from ._triton_helpers import load_slot, prefetch_l1
+from ._triton_helpers import load_slot, prefetch_l1, prefetch_l2_evict_last
 from .truncation import plan as truncation_plan
 
 _BLOCK_V = 4096  # tokens per step of a pass over the row
@@ -51,6 +51,11 @@ _MAX_BLOCK_IDS = 2048  # list ids one program holds in registers
 _WARPS = 8
 _KEEP_CHUNK_V = 2 * _BLOCK_V  # tokens per program of _allowed_and_bias_kernel under keep bits, filled in one step
 _PREFETCH_KEPT = True  # under keep bits, the kept logits' lines prefetched into L1 as their bits are set
+# Under keep bits, a launch before the fill asks the L2 for every kept logit's line (to be evicted
+# last), and the fill's stores are marked to be evicted first: the scattered reads then happen
+# before the fill's write stream instead of amid it (an A/B form: docs/notes/constraints-tuning.md).
+_KEPT_LINES_FIRST = False
+_KEPT_LINES_BLOCK = 1024  # list entries a program of that launch
 
 
 def _ids_block(width: int) -> int:
@@ -96,12 +101,13 @@ def _write_listed(row_ptr, ids_ptr, n, lo, hi, scratch_ptr, BLOCK: tl.constexpr,
 
 
 @triton.jit
-def _fill_kept(row_ptr, keep_bits_ptr, lo, hi, BLOCK_V: tl.constexpr):
+def _fill_kept(row_ptr, keep_bits_ptr, lo, hi, BLOCK_V: tl.constexpr, STREAM_STORES: tl.constexpr):
     """row[v] for v in [lo, hi): its logit where its bit (bit v - lo of keep_bits) is set, else -inf.
 
     A block is a [BLOCK_V / 32, 32] tile: row w of the tile is one bit word, so a thread loads the
     words of its tile rows once and shifts them, instead of loading a word per token. The thread
-    that stores a token is the one that read it, and only kept tokens are read.
+    that stores a token is the one that read it, and only kept tokens are read. STREAM_STORES marks
+    the stores' lines to be evicted from the L2 first.
     """
     WORDS: tl.constexpr = BLOCK_V // 32
     w = tl.arange(0, WORDS)
@@ -112,7 +118,26 @@ def _fill_kept(row_ptr, keep_bits_ptr, lo, hi, BLOCK_V: tl.constexpr):
         in_chunk = offs < hi
         keep = ((words[:, None] >> j[None, :]) & 1) != 0
         vals = tl.load(row_ptr + offs, mask=in_chunk & keep, other=float("-inf"))
-        tl.store(row_ptr + offs, vals, mask=in_chunk)
+        if STREAM_STORES:
+            tl.store(row_ptr + offs, vals, mask=in_chunk, eviction_policy="evict_first")
+        else:
+            tl.store(row_ptr + offs, vals, mask=in_chunk)
+
+
+@triton.jit
+def _kept_lines_to_l2_kernel(logits_ptr, logits_stride, idx_mapping_ptr, allowed_ids_ptr, allowed_stride,
+                             num_allowed_ptr, max_allowed, num_slots, vocab_size, BLOCK: tl.constexpr):
+    """Program (row, block of BLOCK list entries) asks the L2 for the lines of the row's allowed
+    logits (`_KEPT_LINES_FIRST`): a hint that reads nothing back and writes nothing, so the launch
+    after it needs no ordering against it to be exact."""
+    t = tl.program_id(0)
+    slot = load_slot(idx_mapping_ptr, t, num_slots)
+    if slot < 0:
+        return
+    n_allowed = _list_length(num_allowed_ptr, slot, max_allowed)
+    k = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    ids, ok = _load_listed(allowed_ids_ptr + slot * allowed_stride, k, n_allowed, 0, vocab_size)
+    prefetch_l2_evict_last(logits_ptr + t.to(tl.int64) * logits_stride + ids, ok)
 
 
 @triton.jit
@@ -175,7 +200,7 @@ def _allowed_and_bias_kernel(
     HAS_ALLOWED: tl.constexpr, KEEP_BITS: tl.constexpr, ALLOWED_IN_REGISTERS: tl.constexpr,
     HAS_BIAS: tl.constexpr, BIAS_IN_REGISTERS: tl.constexpr,
     BLOCK_V: tl.constexpr, CHUNK_V: tl.constexpr, BLOCK_ALLOWED: tl.constexpr,
-    BLOCK_BIAS: tl.constexpr, PREFETCH_KEPT: tl.constexpr, PDL: tl.constexpr,
+    BLOCK_BIAS: tl.constexpr, PREFETCH_KEPT: tl.constexpr, STREAM_STORES: tl.constexpr, PDL: tl.constexpr,
 ):
     """PDL: the min-tokens launch that follows is a programmatic dependent one, placed once every
     program here has started."""
@@ -231,7 +256,7 @@ def _allowed_and_bias_kernel(
         biased = biased.to(tl.float32) + bias_add
     if HAS_ALLOWED and KEEP_BITS:
         if n_allowed > 0:
-            _fill_kept(row_ptr, bits_ptr, lo, hi, CHUNK_V)
+            _fill_kept(row_ptr, bits_ptr, lo, hi, CHUNK_V, STREAM_STORES)
 
     if HAS_BIAS:
         tl.debug_barrier()  # the fill's stores, and every read of a biased logit, before the bias's stores
@@ -370,6 +395,11 @@ def _logit_bias_triton(logits, idx_mapping, output_lens, allowed_ids, num_allowe
     first = allowed_w > 0 or bias_w > 0
     # On Hopper and later the min-tokens launch, after that one, is placed while it drains.
     pdl = first and truncation_plan.uses_dependent_launches(logits.device)
+    lines_first = keep_bits and _KEPT_LINES_FIRST
+    if lines_first:
+        launch(_kept_lines_to_l2_kernel, (T, cdiv(allowed_w, _KEPT_LINES_BLOCK)),
+               logits, logits.stride(0), idx_mapping, allowed_ids, allowed_ids.stride(0), num_allowed, allowed_w, R, V,
+               BLOCK=_KEPT_LINES_BLOCK, num_warps=4)
     if first:
         launch(
             _allowed_and_bias_kernel, (T, chunks),
@@ -379,7 +409,8 @@ def _logit_bias_triton(logits, idx_mapping, output_lens, allowed_ids, num_allowe
             bits, bits_stride, scratch, scratch_stride, staged_w, R, V,
             HAS_ALLOWED=allowed_w > 0, KEEP_BITS=keep_bits, ALLOWED_IN_REGISTERS=allowed_w <= _MAX_BLOCK_IDS,
             HAS_BIAS=bias_w > 0, BIAS_IN_REGISTERS=bias_w <= _MAX_BLOCK_IDS, BLOCK_V=_BLOCK_V, CHUNK_V=chunk_v,
-            BLOCK_ALLOWED=_ids_block(allowed_w), BLOCK_BIAS=_ids_block(bias_w), PREFETCH_KEPT=_PREFETCH_KEPT, PDL=pdl,
+            BLOCK_ALLOWED=_ids_block(allowed_w), BLOCK_BIAS=_ids_block(bias_w), PREFETCH_KEPT=_PREFETCH_KEPT,
+            STREAM_STORES=lines_first, PDL=pdl,
             num_warps=_WARPS,
         )
     if stop_w > 0:
