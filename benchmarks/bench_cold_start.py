@@ -66,12 +66,23 @@ def worker(V: int, max_num_tokens: int, warmup: str, workers: int | None) -> dic
     import torch
 
     import torch_sampling_ops as tso
+    from torch_sampling_ops import _warmup
 
     torch.cuda.init()
     torch.empty(1, device="cuda")
     result = {}
     if warmup != "none":
         dtypes = (torch.float32, torch.bfloat16) if warmup.endswith("+bf16") else (torch.float32,)
+        compile_in_processes = _warmup._compile_in_processes
+
+        def timed_workers(*args, **kwargs):  # the warm-up's forked phase, apart from its final load
+            start = time.perf_counter()
+            try:
+                return compile_in_processes(*args, **kwargs)
+            finally:
+                result["warmup: forked phase"] = time.perf_counter() - start
+
+        _warmup._compile_in_processes = timed_workers
         start = time.perf_counter()
         tso.warmup(V, dtypes=dtypes, max_num_tokens=max_num_tokens, logit_bias_widths=(LOGIT_BIAS_WIDTHS,),
                    parallel=warmup.startswith("parallel"), workers=workers)
@@ -230,7 +241,7 @@ def main():
             arch = _gpu_arch() if label.startswith("precompiled") else 0
             runs[label] = run(args.V, args.max_num_tokens, warmup, os.path.join(root, cache), args.workers, arch)
             print(label, runs[label], flush=True)
-    columns = ["precompile", "warmup"] + [f"{n} T={t} {d}" for n, t, d in FIRST_CALLS]
+    columns = ["precompile", "warmup", "warmup: forked phase"] + [f"{n} T={t} {d}" for n, t, d in FIRST_CALLS]
     rows = [[label] + [r.get(c, float("nan")) for c in columns] for label, r in runs.items()]
     out = [f"Environment: {environment()}",
            print_table(f"Cold start, V = {args.V}, max_num_tokens = {args.max_num_tokens}, seconds",
