@@ -31,26 +31,29 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def _inputs(name, T, V, dtype, R):
+def _inputs(name, T, V, dtype, R, device="cuda"):
     """The first call's arguments: T rows against R request slots (as a server's slot table, and as
     warmup(num_slots=R) prepares; Triton specialises R == 1 apart from R > 1)."""
     import bench_filtering
     import bench_logit_bias
     import bench_truncation
+    import torch
 
     if name == "apply_token_bitmask":  # no slots: one mask row a logits row
-        args = bench_logit_bias.bitmask_inputs(T, V, "cuda")
+        args = bench_logit_bias.bitmask_inputs(T, V, device)
     else:
         if name == "temperature":
-            args = bench_filtering.filter_inputs(R, V, "cuda", 1.0)
+            args = bench_filtering.filter_inputs(R, V, device, 1.0)
         elif name == "min_p":
-            args = bench_filtering.filter_inputs(R, V, "cuda", 0.05)
+            args = bench_filtering.filter_inputs(R, V, device, 0.05)
         elif name == "top_k_top_p":
-            args = bench_truncation.truncation_inputs(R, V, "cuda", 50, 0.9)
+            args = bench_truncation.truncation_inputs(R, V, device, 50, 0.9)
         else:
-            args = bench_logit_bias.logit_bias_inputs(R, V, "cuda", stops=LOGIT_BIAS_WIDTHS[2])
+            args = bench_logit_bias.logit_bias_inputs(R, V, device, stops=LOGIT_BIAS_WIDTHS[2])
         rows = 3 if name == "logit_bias" else 2  # logits, idx_mapping (and output_lens): the first T rows
         args[:rows] = [a[:T].contiguous() for a in args[:rows]]
+        if name == "logit_bias":  # output_lens in warmup's index dtype, as a server that warms up passes it
+            args[2] = args[2].to(torch.int32)
     args[0] = args[0].to(dtype)
     return args
 

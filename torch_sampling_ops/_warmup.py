@@ -421,8 +421,9 @@ def warmup(
         device: the CUDA device (default: the current one).
         num_slots: R, the number of request slots of the per-slot tensors (default: max_num_tokens;
             Triton compiles R == 1 apart from R > 1).
-        index_dtype: the dtype of idx_mapping and of the logit_bias lists and counts (token ids of
-            logprobs and update_output_counts: this one and int64, the dtype of sample's tokens).
+        index_dtype: the dtype of idx_mapping, of output_lens and of the logit_bias lists and
+            counts (token ids of logprobs and update_output_counts: this one and int64, the dtype
+            of sample's tokens). A call with another dtype there compiles its variant then.
         logit_bias_widths: (allowed, bias, stop) list widths W of the logit_bias calls to prepare.
         num_logprobs: the num_logprobs values of the logprobs calls to prepare (its kernel is
             compiled per power of two >= num_logprobs, and once for 0).
