@@ -248,42 +248,32 @@ def test_cold_start_names_the_kernels_compiled_after_precompile(monkeypatch, tmp
     assert bench_cold_start.compiled_kernels(str(tmp_path / "missing")) == set()
 
 
-_FIRST_CALLS_CHECK = """
-import sys
-import torch
-import bench_cold_start
-from torch_sampling_ops import _launch, _warmup
-from torch_sampling_ops._registry import triton_impl
-
-V, R = 4099, 8
-launch_args = _warmup._launch_args(V, (torch.float32,), R, torch.device("cpu"), None, torch.int32,
-                                   (bench_cold_start.LOGIT_BIAS_WIDTHS,), 4, (0, 20), (8, 8, 8))
-missing, calls = [], 0
-with _warmup._compiling_for(90):
-    warm = {_warmup._variant_key(*variant) for variant in _warmup._distinct_variants(launch_args)}
-    for name, T, dtype in bench_cold_start.FIRST_CALLS:
-        if dtype != "float32":
-            continue
-        def note(kernel, args, meta):
-            if _warmup._variant_key(kernel, args, meta) not in warm:
-                missing.append((name, T, _warmup._kernel_name(kernel)))
-            return False
-        args = bench_cold_start._inputs(name, min(T, R), V, torch.float32, R, device="cpu")
-        with _launch.compiling_only(note):
-            triton_impl(name)(*args)
-        calls += 1
-print(calls, missing)
-"""
-
-
-def test_cold_start_first_calls_are_variants_warmup_compiles():
+def test_cold_start_first_calls_are_variants_warmup_compiles(monkeypatch):
     """bench_cold_start's first fp32 calls after warmup launch only variants that warmup (with the
-    benchmark's logit_bias widths) compiles, so that they time a warmed-up server's first request:
-    their launches recorded on CPU tensors for sm_90 (nothing compiled), in a process without the
-    interpreter, whose launches compile nothing to compare."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env.update(CUDA_VISIBLE_DEVICES="", PYTHONPATH=os.pathsep.join([os.path.join(ROOT, "benchmarks"), ROOT]))
-    done = subprocess.run([sys.executable, "-c", _FIRST_CALLS_CHECK], env=env, capture_output=True, text=True,
-                          timeout=300)
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.split()[-1] == "[]" and done.stdout.startswith("6 "), done.stdout
+    benchmark's logit_bias widths) compiles, so that they time a warmed-up server's first request
+    (their launches recorded on CPU tensors against warmup's variant keys; nothing compiles)."""
+    monkeypatch.syspath_prepend(os.path.join(ROOT, "benchmarks"))
+    import bench_cold_start
+    import torch
+
+    from torch_sampling_ops import _launch, _warmup
+    from torch_sampling_ops._registry import triton_impl
+
+    V, R = 4099, 8
+    launch_args = _warmup._launch_args(V, (torch.float32,), R, torch.device("cpu"), None, torch.int32,
+                                       (bench_cold_start.LOGIT_BIAS_WIDTHS,), 4, (0, 20), (8, 8, 8))
+    warm = {_warmup._variant_key(*variant) for variant in _warmup._distinct_variants(launch_args)}
+    missing, calls = [], 0
+
+    def note(kernel, args, meta):
+        if _warmup._variant_key(kernel, args, meta) not in warm:
+            missing.append((name, _warmup._kernel_name(kernel)))
+        return False
+
+    for name, T, dtype in bench_cold_start.FIRST_CALLS:
+        if dtype == "float32":
+            args = bench_cold_start._inputs(name, min(T, R), V, torch.float32, R, device="cpu")
+            with _launch.compiling_only(note):
+                triton_impl(name)(*args)
+            calls += 1
+    assert calls == 6 and not missing
