@@ -21,6 +21,7 @@ asking the driver), and timed: which kernels set the cold start, on any machine.
 from __future__ import annotations
 
 import argparse
+import glob
 import json
 import os
 import subprocess
@@ -124,11 +125,8 @@ def run(V: int, max_num_tokens: int, warmup: str, cache_dir: str, workers: int |
 
 def compiled_kernels(cache_dir: str) -> set[tuple[str, str]]:
     """(cache entry, kernel name) of every compiled kernel in a Triton cache directory."""
-    found = set()
-    for entry in os.listdir(cache_dir) if os.path.isdir(cache_dir) else []:
-        files = os.listdir(os.path.join(cache_dir, entry)) if os.path.isdir(os.path.join(cache_dir, entry)) else []
-        found.update((entry, os.path.splitext(f)[0]) for f in files if f.endswith(".cubin"))
-    return found
+    paths = glob.glob(os.path.join(glob.escape(cache_dir), "*", "*.cubin"))
+    return {(os.path.basename(os.path.dirname(p)), os.path.basename(p).removesuffix(".cubin")) for p in paths}
 
 
 def _time_compiler_stages() -> None:
