@@ -19,16 +19,18 @@ from conftest import (
 INT = torch.int32
 
 
-@pytest.fixture(params=["restore", "keep_bits", "keep_bits_lines_first"])
+@pytest.fixture(params=["restore", "keep_bits", "keep_bits_lines_first", "save_launch"])
 def allowed_design(request, monkeypatch):
     """Runs a Triton logit_bias test with each form of the allowed list (save, fill and restore
-    below `_KEEP_BITS_MIN_T` rows, keep bits from there, and keep bits after a launch that asks the
-    L2 for the kept lines), whatever its batch size."""
+    below `_KEEP_BITS_MIN_T` rows, keep bits from there, keep bits after a launch that asks the
+    L2 for the kept lines, and save, fill and restore after a launch that saves the allowed
+    logits), whatever its batch size."""
     keep_bits = request.param.startswith("keep_bits")
-    if keep_bits and request.node.callspec.params.get("backend") == "cpu":
+    if request.param != "restore" and request.node.callspec.params.get("backend") == "cpu":
         pytest.skip("one C++ kernel: the forms are the Triton kernel's")
     monkeypatch.setattr(constraints, "_KEEP_BITS_MIN_T", 1 if keep_bits else 2**62)
     monkeypatch.setattr(constraints, "_KEPT_LINES_FIRST", request.param == "keep_bits_lines_first")
+    monkeypatch.setattr(constraints, "_SAVE_LAUNCH_MIN_T", 1 if request.param == "save_launch" else 2**62)
 
 
 over_allowed_designs = pytest.mark.usefixtures("allowed_design")

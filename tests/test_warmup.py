@@ -41,6 +41,8 @@ def test_warmup_covers_every_top_k_top_p_variant(monkeypatch):
                 continue  # kernels of the tests only
             if name == "_kept_lines_to_l2_kernel" and not constraints._KEPT_LINES_FIRST:
                 continue  # the launch of an A/B form that is off
+            if name == "_save_allowed_kernel" and constraints._SAVE_LAUNCH_MIN_T > 2**31:
+                continue  # likewise
             if name.endswith("_kernel") and hasattr(obj, "run"):
                 assert obj in kernels, f"warmup never launches {name}"
 

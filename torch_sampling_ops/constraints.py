@@ -56,6 +56,12 @@ _PREFETCH_KEPT = True  # under keep bits, the kept logits' lines prefetched into
 # before the fill's write stream instead of amid it (an A/B form: docs/notes/constraints-tuning.md).
 _KEPT_LINES_FIRST = False
 _KEPT_LINES_BLOCK = 1024  # list entries a program of that launch
+# From this many rows (instead of keep bits), a launch of its own saves the allowed logits into the
+# scratch before the chunk programs, which then fill and restore from it: the scattered reads then
+# all happen before the write stream, and the chunk programs' restores read the L2 (an A/B form:
+# docs/notes/constraints-tuning.md; off at 2**62).
+_SAVE_LAUNCH_MIN_T = 2**62
+_SAVE_BLOCK = 1024  # list entries a program of the save launch
 
 
 def _ids_block(width: int) -> int:
@@ -141,6 +147,26 @@ def _kept_lines_to_l2_kernel(logits_ptr, logits_stride, idx_mapping_ptr, allowed
 
 
 @triton.jit
+def _save_allowed_kernel(logits_ptr, logits_stride, idx_mapping_ptr, allowed_ids_ptr, allowed_stride,
+                         num_allowed_ptr, max_allowed, scratch_ptr, scratch_stride, allowed_scratch_offset,
+                         num_slots, vocab_size, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    """Program (row, block of BLOCK list entries) saves the row's allowed logits, entry k's at
+    scratch[t, allowed_scratch_offset + k] (`_SAVE_LAUNCH_MIN_T`). PDL: the chunk launch after it
+    is a programmatic dependent one, whose programs wait for this launch before they store."""
+    if PDL:
+        gdc_launch_dependents()
+    t = tl.program_id(0)
+    slot = load_slot(idx_mapping_ptr, t, num_slots)
+    if slot < 0:
+        return
+    n_allowed = _list_length(num_allowed_ptr, slot, max_allowed)
+    k = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    ids, ok = _load_listed(allowed_ids_ptr + slot * allowed_stride, k, n_allowed, 0, vocab_size)
+    vals = tl.load(logits_ptr + t.to(tl.int64) * logits_stride + ids, mask=ok)
+    tl.store(scratch_ptr + t.to(tl.int64) * scratch_stride + allowed_scratch_offset + k, vals.to(tl.float32), mask=ok)
+
+
+@triton.jit
 def _set_bits(bits_ptr, rel, ok):
     """Sets bit rel of bits_ptr's words where ok (relaxed atomics: a barrier orders them)."""
     tl.atomic_or(bits_ptr + (rel >> 5), 1 << (rel & 31), mask=ok, sem="relaxed", scope="cta")
@@ -148,14 +174,19 @@ def _set_bits(bits_ptr, rel, ok):
 
 @triton.jit
 def _restore_allowed(row_ptr, ids_ptr, n_allowed, lo, hi, allowed_scratch, IN_REGISTERS: tl.constexpr,
-                     BLOCK_ALLOWED: tl.constexpr, BLOCK_V: tl.constexpr):
+                     SAVED: tl.constexpr, BLOCK_ALLOWED: tl.constexpr, BLOCK_V: tl.constexpr):
     """The allowed list over [lo, hi) by save, fill and restore: the listed logits are read (into
     registers, or allowed_scratch for long lists), a barrier, -inf is stored over the whole chunk
-    (written, never read), a barrier, the listed logits are stored back."""
+    (written, never read), a barrier, the listed logits are stored back. SAVED: the save launch
+    has already copied them into allowed_scratch, which the restore reads instead of the row."""
     if IN_REGISTERS:
         ids, ok = _load_listed(ids_ptr, tl.arange(0, BLOCK_ALLOWED), n_allowed, lo, hi)
-        kept = tl.load(row_ptr + ids, mask=ok)
-    else:
+        if SAVED:
+            kept = tl.load(allowed_scratch + tl.arange(0, BLOCK_ALLOWED), mask=ok, cache_modifier=".cg")
+            kept = kept.to(row_ptr.dtype.element_ty)
+        else:
+            kept = tl.load(row_ptr + ids, mask=ok)
+    elif not SAVED:
         _save_listed(row_ptr, ids_ptr, n_allowed, lo, hi, allowed_scratch, allowed_scratch, BLOCK_ALLOWED, False)
     tl.debug_barrier()
     neg_inf = tl.full([BLOCK_V], float("-inf"), row_ptr.dtype.element_ty)
@@ -197,13 +228,16 @@ def _allowed_and_bias_kernel(
     allowed_ids_ptr, allowed_stride, num_allowed_ptr, max_allowed,
     bias_ids_ptr, bias_ids_stride, bias_values_ptr, bias_values_stride, num_bias_ptr, max_bias,
     keep_bits_ptr, keep_bits_stride, scratch_ptr, scratch_stride, allowed_scratch_offset, num_slots, vocab_size,
-    HAS_ALLOWED: tl.constexpr, KEEP_BITS: tl.constexpr, ALLOWED_IN_REGISTERS: tl.constexpr,
+    HAS_ALLOWED: tl.constexpr, KEEP_BITS: tl.constexpr, ALLOWED_IN_REGISTERS: tl.constexpr, SAVED: tl.constexpr,
     HAS_BIAS: tl.constexpr, BIAS_IN_REGISTERS: tl.constexpr,
     BLOCK_V: tl.constexpr, CHUNK_V: tl.constexpr, BLOCK_ALLOWED: tl.constexpr,
     BLOCK_BIAS: tl.constexpr, PREFETCH_KEPT: tl.constexpr, STREAM_STORES: tl.constexpr, PDL: tl.constexpr,
+    WAIT: tl.constexpr,
 ):
     """PDL: the min-tokens launch that follows is a programmatic dependent one, placed once every
-    program here has started."""
+    program here has started. SAVED: the allowed logits are in the scratch, saved by the launch
+    before this one; WAIT: this launch is a programmatic dependent one of that launch, and its
+    programs wait for it before they touch the logits."""
     if PDL:
         gdc_launch_dependents()
     t = tl.program_id(0)
@@ -225,6 +259,8 @@ def _allowed_and_bias_kernel(
             bias_add = tl.load(bias_values_row + k_bias, mask=bias_ok, other=0.0)
             kept = bias_ok  # the biased tokens whose logit is read
             touched = bias_ok  # the biased tokens stored
+    if WAIT:
+        gdc_wait()
 
     if HAS_ALLOWED:
         n_allowed = _list_length(num_allowed_ptr, slot, max_allowed)
@@ -242,11 +278,11 @@ def _allowed_and_bias_kernel(
                     kept = bias_ok & (((words >> (rel & 31)) & 1) != 0)
                     touched = kept | (bias_ok & ((bias_add == float("inf")) | (bias_add != bias_add)))
             else:
-                allowed_scratch = scratch_ptr  # None where the list fits in registers
-                if not ALLOWED_IN_REGISTERS:
+                allowed_scratch = scratch_ptr  # None where the list fits in registers and is not saved
+                if SAVED or not ALLOWED_IN_REGISTERS:
                     allowed_scratch = scratch_ptr + t.to(tl.int64) * scratch_stride + allowed_scratch_offset
                 _restore_allowed(row_ptr, ids_ptr, n_allowed, lo, hi, allowed_scratch, ALLOWED_IN_REGISTERS,
-                                 BLOCK_ALLOWED, BLOCK_V)
+                                 SAVED, BLOCK_ALLOWED, BLOCK_V)
                 tl.debug_barrier()
 
     if HAS_BIAS and BIAS_IN_REGISTERS:
@@ -383,11 +419,12 @@ def _logit_bias_triton(logits, idx_mapping, output_lens, allowed_ids, num_allowe
     # registers: the bias's or the stops' (one launch after the other) from word 0, then (save,
     # fill and restore only) the allowed list's: all chunks of a row stage their allowed and their
     # biased logits at the same time, in disjoint entries of each list.
-    keep_bits = allowed_w > 0 and T >= _KEEP_BITS_MIN_T
+    saved = allowed_w > 0 and T >= _SAVE_LAUNCH_MIN_T
+    keep_bits = allowed_w > 0 and T >= _KEEP_BITS_MIN_T and not saved
     chunk_v = _KEEP_CHUNK_V if keep_bits else _CHUNK_V
     chunks = cdiv(V, chunk_v)
     staged_w = max(bias_w, stop_w) if max(bias_w, stop_w) > _MAX_BLOCK_IDS else 0
-    allowed_staged_w = allowed_w if allowed_w > _MAX_BLOCK_IDS and not keep_bits else 0
+    allowed_staged_w = allowed_w if saved or (allowed_w > _MAX_BLOCK_IDS and not keep_bits) else 0
     scratch_stride = staged_w + allowed_staged_w
     scratch = logits.new_empty((T, scratch_stride), dtype=torch.float32) if scratch_stride > 0 else None
     bits_stride = chunks * chunk_v // 32
@@ -400,6 +437,10 @@ def _logit_bias_triton(logits, idx_mapping, output_lens, allowed_ids, num_allowe
         launch(_kept_lines_to_l2_kernel, (T, cdiv(allowed_w, _KEPT_LINES_BLOCK)),
                logits, logits.stride(0), idx_mapping, allowed_ids, allowed_ids.stride(0), num_allowed, allowed_w, R, V,
                BLOCK=_KEPT_LINES_BLOCK, num_warps=4)
+    if saved:
+        launch(_save_allowed_kernel, (T, cdiv(allowed_w, _SAVE_BLOCK)),
+               logits, logits.stride(0), idx_mapping, allowed_ids, allowed_ids.stride(0), num_allowed, allowed_w,
+               scratch, scratch_stride, staged_w, R, V, BLOCK=_SAVE_BLOCK, PDL=pdl, num_warps=4)
     if first:
         launch(
             _allowed_and_bias_kernel, (T, chunks),
@@ -408,10 +449,10 @@ def _logit_bias_triton(logits, idx_mapping, output_lens, allowed_ids, num_allowe
             bias_ids, bias_ids.stride(0), bias_values, bias_values.stride(0), num_bias, bias_w,
             bits, bits_stride, scratch, scratch_stride, staged_w, R, V,
             HAS_ALLOWED=allowed_w > 0, KEEP_BITS=keep_bits, ALLOWED_IN_REGISTERS=allowed_w <= _MAX_BLOCK_IDS,
-            HAS_BIAS=bias_w > 0, BIAS_IN_REGISTERS=bias_w <= _MAX_BLOCK_IDS, BLOCK_V=_BLOCK_V, CHUNK_V=chunk_v,
+            SAVED=saved, HAS_BIAS=bias_w > 0, BIAS_IN_REGISTERS=bias_w <= _MAX_BLOCK_IDS, BLOCK_V=_BLOCK_V, CHUNK_V=chunk_v,
             BLOCK_ALLOWED=_ids_block(allowed_w), BLOCK_BIAS=_ids_block(bias_w), PREFETCH_KEPT=_PREFETCH_KEPT,
-            STREAM_STORES=lines_first, PDL=pdl,
-            num_warps=_WARPS,
+            STREAM_STORES=lines_first, PDL=pdl, WAIT=saved and pdl,
+            num_warps=_WARPS, launch_pdl=saved and pdl,
         )
     if stop_w > 0:
         launch(
