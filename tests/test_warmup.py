@@ -39,10 +39,9 @@ def test_warmup_covers_every_top_k_top_p_variant(monkeypatch):
         for name, obj in vars(module).items():
             if name in ("_random_stream_kernel", "_gumbel_noise_kernel"):
                 continue  # kernels of the tests only
-            if name == "_kept_lines_to_l2_kernel" and not constraints._KEPT_LINES_FIRST:
-                continue  # the launch of an A/B form that is off
-            if name == "_save_allowed_kernel" and constraints._SAVE_LAUNCH_MIN_T > 2**31:
-                continue  # likewise
+            if name == "_allowed_lines_kernel" and not constraints._KEPT_LINES_FIRST \
+                    and constraints._SAVE_LAUNCH_MIN_T > 2**31:
+                continue  # the launch of two A/B forms that are off
             if name.endswith("_kernel") and hasattr(obj, "run"):
                 assert obj in kernels, f"warmup never launches {name}"
 

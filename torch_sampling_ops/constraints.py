@@ -55,13 +55,12 @@ _PREFETCH_KEPT = True  # under keep bits, the kept logits' lines prefetched into
 # last), and the fill's stores are marked to be evicted first: the scattered reads then happen
 # before the fill's write stream instead of amid it (an A/B form: docs/notes/constraints-tuning.md).
 _KEPT_LINES_FIRST = False
-_KEPT_LINES_BLOCK = 1024  # list entries a program of that launch
 # From this many rows (instead of keep bits), a launch of its own saves the allowed logits into the
 # scratch before the chunk programs, which then fill and restore from it: the scattered reads then
 # all happen before the write stream, and the chunk programs' restores read the L2 (an A/B form:
 # docs/notes/constraints-tuning.md; off at 2**62).
 _SAVE_LAUNCH_MIN_T = 2**62
-_SAVE_BLOCK = 1024  # list entries a program of the save launch
+_ALLOWED_LINES_BLOCK = 1024  # list entries a program of the launch of either form
 
 
 def _ids_block(width: int) -> int:
@@ -131,28 +130,14 @@ def _fill_kept(row_ptr, keep_bits_ptr, lo, hi, BLOCK_V: tl.constexpr, STREAM_STO
 
 
 @triton.jit
-def _kept_lines_to_l2_kernel(logits_ptr, logits_stride, idx_mapping_ptr, allowed_ids_ptr, allowed_stride,
-                             num_allowed_ptr, max_allowed, num_slots, vocab_size, BLOCK: tl.constexpr):
-    """Program (row, block of BLOCK list entries) asks the L2 for the lines of the row's allowed
-    logits (`_KEPT_LINES_FIRST`): a hint that reads nothing back and writes nothing, so the launch
-    after it needs no ordering against it to be exact."""
-    t = tl.program_id(0)
-    slot = load_slot(idx_mapping_ptr, t, num_slots)
-    if slot < 0:
-        return
-    n_allowed = _list_length(num_allowed_ptr, slot, max_allowed)
-    k = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    ids, ok = _load_listed(allowed_ids_ptr + slot * allowed_stride, k, n_allowed, 0, vocab_size)
-    prefetch_l2_evict_last(logits_ptr + t.to(tl.int64) * logits_stride + ids, ok)
-
-
-@triton.jit
-def _save_allowed_kernel(logits_ptr, logits_stride, idx_mapping_ptr, allowed_ids_ptr, allowed_stride,
-                         num_allowed_ptr, max_allowed, scratch_ptr, scratch_stride, allowed_scratch_offset,
-                         num_slots, vocab_size, BLOCK: tl.constexpr, PDL: tl.constexpr):
-    """Program (row, block of BLOCK list entries) saves the row's allowed logits, entry k's at
-    scratch[t, allowed_scratch_offset + k] (`_SAVE_LAUNCH_MIN_T`). PDL: the chunk launch after it
-    is a programmatic dependent one, whose programs wait for this launch before they store."""
+def _allowed_lines_kernel(logits_ptr, logits_stride, idx_mapping_ptr, allowed_ids_ptr, allowed_stride,
+                          num_allowed_ptr, max_allowed, scratch_ptr, scratch_stride, allowed_scratch_offset,
+                          num_slots, vocab_size, BLOCK: tl.constexpr, SAVE: tl.constexpr, PDL: tl.constexpr):
+    """Program (row, block of BLOCK list entries), before the chunk launch, over the row's allowed
+    logits. SAVE (`_SAVE_LAUNCH_MIN_T`): saves them, entry k's at scratch[t, allowed_scratch_offset
+    + k]. Else (`_KEPT_LINES_FIRST`): asks the L2 for their lines, a hint that reads nothing back and
+    writes nothing, so the launch after it needs no ordering against it to be exact. PDL: the chunk
+    launch is a programmatic dependent one, whose programs wait for this launch before they store."""
     if PDL:
         gdc_launch_dependents()
     t = tl.program_id(0)
@@ -162,8 +147,13 @@ def _save_allowed_kernel(logits_ptr, logits_stride, idx_mapping_ptr, allowed_ids
     n_allowed = _list_length(num_allowed_ptr, slot, max_allowed)
     k = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     ids, ok = _load_listed(allowed_ids_ptr + slot * allowed_stride, k, n_allowed, 0, vocab_size)
-    vals = tl.load(logits_ptr + t.to(tl.int64) * logits_stride + ids, mask=ok)
-    tl.store(scratch_ptr + t.to(tl.int64) * scratch_stride + allowed_scratch_offset + k, vals.to(tl.float32), mask=ok)
+    row_ptr = logits_ptr + t.to(tl.int64) * logits_stride
+    if SAVE:
+        vals = tl.load(row_ptr + ids, mask=ok)
+        tl.store(scratch_ptr + t.to(tl.int64) * scratch_stride + allowed_scratch_offset + k, vals.to(tl.float32),
+                 mask=ok)
+    else:
+        prefetch_l2_evict_last(row_ptr + ids, ok)
 
 
 @triton.jit
@@ -433,14 +423,11 @@ def _logit_bias_triton(logits, idx_mapping, output_lens, allowed_ids, num_allowe
     # On Hopper and later the min-tokens launch, after that one, is placed while it drains.
     pdl = first and truncation_plan.uses_dependent_launches(logits.device)
     lines_first = keep_bits and _KEPT_LINES_FIRST
-    if lines_first:
-        launch(_kept_lines_to_l2_kernel, (T, cdiv(allowed_w, _KEPT_LINES_BLOCK)),
-               logits, logits.stride(0), idx_mapping, allowed_ids, allowed_ids.stride(0), num_allowed, allowed_w, R, V,
-               BLOCK=_KEPT_LINES_BLOCK, num_warps=4)
-    if saved:
-        launch(_save_allowed_kernel, (T, cdiv(allowed_w, _SAVE_BLOCK)),
+    if lines_first or saved:
+        launch(_allowed_lines_kernel, (T, cdiv(allowed_w, _ALLOWED_LINES_BLOCK)),
                logits, logits.stride(0), idx_mapping, allowed_ids, allowed_ids.stride(0), num_allowed, allowed_w,
-               scratch, scratch_stride, staged_w, R, V, BLOCK=_SAVE_BLOCK, PDL=pdl, num_warps=4)
+               scratch, scratch_stride, staged_w, R, V, BLOCK=_ALLOWED_LINES_BLOCK, SAVE=saved, PDL=saved and pdl,
+               num_warps=4)
     if first:
         launch(
             _allowed_and_bias_kernel, (T, chunks),
