@@ -84,19 +84,14 @@ def _fill_beside_reads_kernel(logits_ptr, ids_ptr, saved_ptr, vocab_size, num_id
         j = chunk * IDS_A_PROGRAM + tl.arange(0, IDS_A_PROGRAM)
         listed = j < num_ids
         ids = tl.load(ids_ptr + row * num_ids + j, mask=listed, other=0)
-        if KEEP_READ_LINES:
-            vals = tl.load(logits_row + ids, mask=listed, other=0.0, eviction_policy="evict_last")
-        else:
-            vals = tl.load(logits_row + ids, mask=listed, other=0.0)
+        vals = tl.load(logits_row + ids, mask=listed, other=0.0,
+                       eviction_policy="evict_last" if KEEP_READ_LINES else "")
         tl.store(saved_ptr + row * num_ids + j, vals, mask=listed)
     if WRITE:
         for start in tl.static_range(0, CHUNK, BLOCK):
             offs = chunk * CHUNK + start + tl.arange(0, BLOCK)
-            neg_inf = tl.full([BLOCK], float("-inf"), tl.float32)
-            if STREAM_WRITES:
-                tl.store(logits_row + offs, neg_inf, mask=offs < vocab_size, eviction_policy="evict_first")
-            else:
-                tl.store(logits_row + offs, neg_inf, mask=offs < vocab_size)
+            tl.store(logits_row + offs, tl.full([BLOCK], float("-inf"), tl.float32), mask=offs < vocab_size,
+                     eviction_policy="evict_first" if STREAM_WRITES else "")
 
 
 def must_move_table(V: int = 151936, chunk: int = 8192, device: str = "cuda"):
